@@ -1,0 +1,55 @@
+"""shardflow: a data loader for machine learning.
+
+A Rust core reads, decodes, shuffles and batches data off the GIL; this package is
+the Python face of it::
+
+    import shardflow as sf
+
+    ds = sf.dataset("data/train-*.parquet")
+    loader = sf.DataLoader(ds, batch_size=256, shuffle=True, seed=0)
+    for batch in loader:          # dict[str, numpy.ndarray]
+        ...
+"""
+
+from __future__ import annotations
+
+from shardflow._batch import Batch
+from shardflow._native import (
+    BatchIterator,
+    DataLoader,
+    Dataset,
+    RecordBatch,
+    SampleIterator,
+    dataset,
+)
+from shardflow.errors import (
+    AccessDeniedError,
+    DecodeError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    ReadError,
+    SchemaError,
+    ShardflowError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessDeniedError",
+    "Batch",
+    "BatchIterator",
+    "DataLoader",
+    "Dataset",
+    "DecodeError",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "ReadError",
+    "RecordBatch",
+    "SampleIterator",
+    "SchemaError",
+    "ShardflowError",
+    "__version__",
+    "dataset",
+]

@@ -1,0 +1,25 @@
+"""The batch type `DataLoader(output="numpy")` yields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Batch(dict):  # type: ignore[type-arg]
+    """``dict[str, numpy.ndarray]`` that also exports the Arrow PyCapsule interface.
+
+    Numeric columns are numpy arrays over the batch's Arrow buffers (no copy);
+    ``pyarrow.record_batch(batch)`` reads the same memory.
+    """
+
+    __slots__ = ("_record_batch",)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self._record_batch.num_rows)
+
+    def __arrow_c_schema__(self) -> Any:
+        return self._record_batch.__arrow_c_schema__()
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> Any:
+        return self._record_batch.__arrow_c_array__(requested_schema)

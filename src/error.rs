@@ -1,0 +1,159 @@
+//! The crate's one error type. Every variant that concerns data names the file/URL
+//! and, where it is known, the position inside it, so a user can find the bad bytes.
+
+use std::fmt;
+
+/// Where inside a file an error happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Position {
+    #[default]
+    Unknown,
+    /// Byte offset from the start of the (decompressed) stream.
+    Byte(u64),
+    /// 1-based line number (line-oriented formats).
+    Line(u64),
+    /// 0-based Parquet row group.
+    RowGroup(usize),
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Position::Unknown => Ok(()),
+            Position::Byte(offset) => write!(f, " at byte {offset}"),
+            Position::Line(line) => write!(f, " at line {line}"),
+            Position::RowGroup(rg) => write!(f, " in row group {rg}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{url}: no such file")]
+    NotFound { url: String },
+
+    #[error("no files match {pattern:?}")]
+    NoMatch { pattern: String },
+
+    #[error("{url}: permission denied")]
+    PermissionDenied { url: String },
+
+    #[error("{url}{position}: I/O error: {source}")]
+    Io {
+        url: String,
+        position: Position,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The bytes are not valid data of the expected format.
+    #[error("{url}{position}: invalid {format} data: {message}")]
+    Decode {
+        url: String,
+        format: &'static str,
+        position: Position,
+        message: String,
+    },
+
+    /// Valid data whose columns do not fit the dataset's schema.
+    #[error("{url}: schema mismatch: {message}")]
+    Schema { url: String, message: String },
+
+    /// A bad argument from the caller.
+    #[error("{0}")]
+    InvalidArgument(String),
+
+    /// An error raised by a user function (map/filter/...); carried through unchanged.
+    #[error("{0}")]
+    Callback(Box<dyn std::error::Error + Send + Sync>),
+
+    /// A bug in shardflow, including a panic caught inside a decoder.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn invalid_argument(message: impl Into<String>) -> Self {
+        Error::InvalidArgument(message.into())
+    }
+
+    pub fn decode(
+        url: impl Into<String>,
+        format: &'static str,
+        position: Position,
+        message: impl fmt::Display,
+    ) -> Self {
+        Error::Decode {
+            url: url.into(),
+            format,
+            position,
+            message: message.to_string(),
+        }
+    }
+
+    /// Maps an `std::io::Error` from opening or reading `url` to the most precise variant.
+    pub fn io(url: impl Into<String>, position: Position, source: std::io::Error) -> Self {
+        let url = url.into();
+        match source.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound { url },
+            std::io::ErrorKind::PermissionDenied => Error::PermissionDenied { url },
+            _ => Error::Io {
+                url,
+                position,
+                source,
+            },
+        }
+    }
+
+    /// The file or URL the error concerns, if any.
+    pub fn url(&self) -> Option<&str> {
+        match self {
+            Error::NotFound { url }
+            | Error::PermissionDenied { url }
+            | Error::Io { url, .. }
+            | Error::Decode { url, .. }
+            | Error::Schema { url, .. } => Some(url),
+            Error::NoMatch { pattern } => Some(pattern),
+            _ => None,
+        }
+    }
+
+    /// Errors in the data itself, which `on_error="skip"` may skip.
+    pub fn is_data_error(&self) -> bool {
+        matches!(self, Error::Decode { .. } | Error::Schema { .. })
+    }
+}
+
+/// Formats a caught panic payload for an `Internal` error.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_file_and_position() {
+        let e = Error::decode("data/a.jsonl", "JSON", Position::Line(7), "expected value");
+        assert_eq!(
+            e.to_string(),
+            "data/a.jsonl at line 7: invalid JSON data: expected value"
+        );
+        let e = Error::io(
+            "x.parquet",
+            Position::Byte(10),
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        );
+        assert!(matches!(e, Error::NotFound { .. }));
+        assert_eq!(e.url(), Some("x.parquet"));
+    }
+}

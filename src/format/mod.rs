@@ -1,0 +1,207 @@
+//! HOW bytes become records. Each format turns a shard into Arrow `RecordBatch`es; the
+//! pipeline only sees the [`Format`] / [`PreparedShards`] traits below.
+//!
+//! Adding a format: one file in this folder and one line in [`REGISTRY`].
+
+mod json_infer;
+pub mod jsonl;
+pub mod parquet;
+
+use std::io::Read;
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+
+use crate::error::{Error, Result};
+use crate::source::ranges::RangeSet;
+use crate::source::{IoCounters, ShardMeta};
+
+/// What to do with data that cannot be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    #[default]
+    Raise,
+    /// Skip the bad record (or, where records cannot be told apart, the bad unit or
+    /// file) and count it in the stats.
+    Skip,
+}
+
+impl OnError {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "raise" => Ok(OnError::Raise),
+            "skip" => Ok(OnError::Skip),
+            other => Err(Error::invalid_argument(format!(
+                "on_error must be \"raise\" or \"skip\", not {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Options every format understands.
+#[derive(Debug, Clone, Default)]
+pub struct ReadOptions {
+    /// Column projection, in the order the user wants them.
+    pub columns: Option<Vec<String>>,
+    /// A schema given by the user instead of one inferred from the data.
+    pub schema: Option<SchemaRef>,
+    pub on_error: OnError,
+}
+
+/// A part of one shard that is fetched and decoded on its own: the unit of parallel
+/// work and of shuffled shard order (a Parquet row group, a whole JSONL file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkUnit {
+    /// Index into [`PreparedShards::shards`].
+    pub shard: usize,
+    /// Format-specific part number (row group index for Parquet, 0 for whole files).
+    pub part: usize,
+    /// Rows in the unit, where the format's metadata says so.
+    pub rows: Option<u64>,
+}
+
+/// The output of one decode task.
+#[derive(Debug, Default)]
+pub struct Decoded {
+    pub batches: Vec<RecordBatch>,
+    /// Records dropped under `OnError::Skip`.
+    pub skipped: u64,
+}
+
+/// CPU work that turns fetched bytes into batches; runs on the decode thread pool.
+pub type DecodeTask = Box<dyn FnOnce() -> Result<Decoded> + Send>;
+
+/// Emits a decode task; returns false once the consumer has gone away.
+pub type EmitTask<'a> = dyn FnMut(DecodeTask) -> bool + 'a;
+
+/// How the pipeline should fetch one unit's bytes.
+pub enum UnitJob {
+    /// Random access: fetch these byte ranges (concurrently), then decode them.
+    Ranges {
+        ranges: Vec<Range<u64>>,
+        decode: Box<dyn FnOnce(RangeSet) -> Result<Decoded> + Send>,
+    },
+    /// Sequential: read the shard front to back on a blocking thread, cutting it into
+    /// decode tasks as it goes (so a large file is decoded in parallel, in bounded memory).
+    Stream(Box<dyn FnOnce(Box<dyn Read + Send>, &mut EmitTask) -> Result<()> + Send>),
+}
+
+/// Shards a format has looked at (footers read, schema known), ready to be read.
+pub trait PreparedShards: Send + Sync {
+    /// The schema of every batch this reader yields (after projection).
+    fn schema(&self) -> SchemaRef;
+    /// The shards that are read; units refer to them by index.
+    fn shards(&self) -> &[ShardMeta];
+    fn units(&self) -> &[WorkUnit];
+    fn job(&self, unit: &WorkUnit) -> UnitJob;
+    /// Shards dropped while preparing because they were unreadable and `on_error="skip"`.
+    fn skipped_shards(&self) -> u64 {
+        0
+    }
+}
+
+pub trait Format: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Reads what is needed up front (Parquet footers, a JSON schema sample) and splits
+    /// the shards into work units.
+    fn prepare(
+        &self,
+        shards: Vec<ShardMeta>,
+        options: &ReadOptions,
+        counters: &Arc<IoCounters>,
+    ) -> Result<Arc<dyn PreparedShards>>;
+}
+
+struct Registration {
+    name: &'static str,
+    /// Extensions that select this format when `format=None`; `.gz` variants included.
+    extensions: &'static [&'static str],
+    make: fn() -> Arc<dyn Format>,
+}
+
+static REGISTRY: &[Registration] = &[
+    Registration {
+        name: "parquet",
+        extensions: &[".parquet", ".pq"],
+        make: || Arc::new(parquet::Parquet),
+    },
+    Registration {
+        name: "jsonl",
+        extensions: &[".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz"],
+        make: || Arc::new(jsonl::JsonLines),
+    },
+];
+
+/// Looks a format up by the name users pass as `format=`.
+pub fn by_name(name: &str) -> Result<Arc<dyn Format>> {
+    REGISTRY
+        .iter()
+        .find(|r| r.name == name)
+        .map(|r| (r.make)())
+        .ok_or_else(|| {
+            let known: Vec<_> = REGISTRY.iter().map(|r| r.name).collect();
+            Error::invalid_argument(format!(
+                "unknown format {name:?}; known formats: {}",
+                known.join(", ")
+            ))
+        })
+}
+
+/// The format name implied by a file name's extension.
+pub fn name_for_path(url: &str) -> Option<&'static str> {
+    let lower = url.to_ascii_lowercase();
+    REGISTRY
+        .iter()
+        .find(|r| r.extensions.iter().any(|ext| lower.ends_with(ext)))
+        .map(|r| r.name)
+}
+
+/// Picks the format for a shard list: the one named, or the one every file's extension implies.
+pub fn infer(shards: &[ShardMeta]) -> Result<&'static str> {
+    let mut found: Option<&'static str> = None;
+    for shard in shards {
+        let Some(name) = name_for_path(&shard.url) else {
+            return Err(Error::invalid_argument(format!(
+                "{}: cannot infer the format from the file name; pass format=",
+                shard.url
+            )));
+        };
+        match found {
+            Some(previous) if previous != name => {
+                return Err(Error::invalid_argument(format!(
+                    "the sources mix formats ({previous} and {name}, e.g. {}); pass format= or narrow the pattern",
+                    shard.url
+                )));
+            }
+            _ => found = Some(name),
+        }
+    }
+    found.ok_or_else(|| Error::invalid_argument("no source given"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(url: &str) -> ShardMeta {
+        ShardMeta {
+            url: url.into(),
+            size: None,
+        }
+    }
+
+    #[test]
+    fn format_inferred_from_extension() {
+        assert_eq!(infer(&[shard("a/b.parquet")]).unwrap(), "parquet");
+        assert_eq!(
+            infer(&[shard("x.JSONL.GZ"), shard("y.ndjson")]).unwrap(),
+            "jsonl"
+        );
+        assert!(infer(&[shard("a.parquet"), shard("b.jsonl")]).is_err());
+        assert!(infer(&[shard("a.bin")]).is_err());
+        assert!(by_name("nope").is_err());
+        assert_eq!(by_name("jsonl").unwrap().name(), "jsonl");
+    }
+}

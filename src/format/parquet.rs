@@ -1,0 +1,431 @@
+//! Parquet: footers are read once when the dataset is prepared; each row group is a
+//! work unit whose projected column chunks are fetched as byte ranges and decoded.
+//! A file is never loaded whole.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::{Schema, SchemaRef};
+use bytes::{Buf, Bytes};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::file::reader::{ChunkReader, Length};
+
+use super::{Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit};
+use crate::error::{Error, Position, Result};
+use crate::source::ranges::{RangeSet, coalesce};
+use crate::source::{self, IoCounters, ShardMeta, Source};
+
+const FORMAT: &str = "Parquet";
+/// First guess at the footer size; one more read fetches the rest when it is larger.
+const FOOTER_GUESS: u64 = 64 * 1024;
+/// Column chunks closer than this are fetched in one read.
+const COALESCE_GAP: u64 = 1024 * 1024;
+/// Decoded batches aim at about this many bytes, so wide rows give short batches.
+const TARGET_BATCH_BYTES: u64 = 8 * 1024 * 1024;
+const MAX_BATCH_ROWS: u64 = 64 * 1024;
+/// Footers read at once while preparing many files.
+const FOOTER_CONCURRENCY: usize = 32;
+
+pub struct Parquet;
+
+struct ParquetFile {
+    url: String,
+    size: u64,
+    metadata: ArrowReaderMetadata,
+    mask: ProjectionMask,
+    /// Leaf column indices read under `mask`.
+    leaves: Vec<usize>,
+    /// Reorders decoded columns (file order) into the order the user asked for.
+    reorder: Option<Vec<usize>>,
+    /// The projected columns in the user's order; every batch is stamped with it so
+    /// batches from different files concatenate.
+    schema: SchemaRef,
+}
+
+struct PreparedParquet {
+    shards: Vec<ShardMeta>,
+    files: Vec<Arc<ParquetFile>>,
+    schema: SchemaRef,
+    units: Vec<WorkUnit>,
+    skipped_shards: u64,
+}
+
+impl Format for Parquet {
+    fn name(&self) -> &'static str {
+        "parquet"
+    }
+
+    fn prepare(
+        &self,
+        shards: Vec<ShardMeta>,
+        options: &ReadOptions,
+        counters: &Arc<IoCounters>,
+    ) -> Result<Arc<dyn PreparedShards>> {
+        if options.schema.is_some() {
+            return Err(Error::invalid_argument(
+                "schema= is not used for Parquet, whose files carry their own schema; use columns= to select columns",
+            ));
+        }
+        let footers = read_footers(&shards, counters)?;
+        let mut kept_shards = Vec::new();
+        let mut files = Vec::new();
+        let mut skipped_shards = 0;
+        for (shard, footer) in shards.into_iter().zip(footers) {
+            let file = footer.and_then(|(size, metadata)| {
+                project(&shard.url, size, metadata, options.columns.as_deref())
+            });
+            match file {
+                Ok(file) => {
+                    kept_shards.push(shard);
+                    files.push(Arc::new(file));
+                }
+                Err(e) if options.on_error == OnError::Skip && e.is_data_error() => {
+                    skipped_shards += 1
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Some(first) = files.first() else {
+            return Err(Error::invalid_argument(
+                "every Parquet file was unreadable and skipped",
+            ));
+        };
+        let schema = first.schema.clone();
+        for file in &files[1..] {
+            let other = &file.schema;
+            if other.fields() != schema.fields() {
+                return Err(Error::Schema {
+                    url: file.url.clone(),
+                    message: format!(
+                        "columns {} differ from {} in {}",
+                        describe(other),
+                        describe(&schema),
+                        first.url
+                    ),
+                });
+            }
+        }
+        let units = files
+            .iter()
+            .enumerate()
+            .flat_map(|(shard, file)| {
+                file.metadata
+                    .metadata()
+                    .row_groups()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, rg)| rg.num_rows() > 0)
+                    .map(move |(part, rg)| WorkUnit {
+                        shard,
+                        part,
+                        rows: Some(rg.num_rows() as u64),
+                    })
+            })
+            .collect();
+        Ok(Arc::new(PreparedParquet {
+            shards: kept_shards,
+            files,
+            schema,
+            units,
+            skipped_shards,
+        }))
+    }
+}
+
+fn describe(schema: &Schema) -> String {
+    let cols: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| format!("{}: {}", f.name(), f.data_type()))
+        .collect();
+    format!("[{}]", cols.join(", "))
+}
+
+/// Reads every file's footer, many at a time on the I/O runtime.
+fn read_footers(
+    shards: &[ShardMeta],
+    counters: &Arc<IoCounters>,
+) -> Result<Vec<Result<(u64, ArrowReaderMetadata)>>> {
+    let rt = source::runtime()?;
+    let limit = Arc::new(tokio::sync::Semaphore::new(FOOTER_CONCURRENCY));
+    let tasks: Vec<_> = shards
+        .iter()
+        .map(|shard| {
+            let (shard, counters, limit) = (shard.clone(), counters.clone(), limit.clone());
+            rt.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let source = source::open(&shard.url, counters)?;
+                let size = match shard.size {
+                    Some(size) => size,
+                    None => source.size().await?,
+                };
+                let metadata = read_metadata(source.as_ref(), size).await?;
+                Ok((size, metadata))
+            })
+        })
+        .collect();
+    rt.block_on(async {
+        let mut out = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            out.push(
+                task.await
+                    .map_err(|e| Error::Internal(format!("footer task failed: {e}")))?,
+            );
+        }
+        Ok(out)
+    })
+}
+
+async fn read_metadata(source: &dyn Source, size: u64) -> Result<ArrowReaderMetadata> {
+    let url = source.url();
+    let corrupt =
+        |e: ParquetError| Error::decode(url, FORMAT, Position::Unknown, footer_message(e));
+    if size < 12 {
+        return Err(Error::decode(
+            url,
+            FORMAT,
+            Position::Unknown,
+            format!("file is {size} bytes, too small to be Parquet"),
+        ));
+    }
+    let mut want = size.min(FOOTER_GUESS);
+    loop {
+        let tail = source.read_range(size - want..size).await?;
+        let mut reader = ParquetMetaDataReader::new();
+        match reader.try_parse_sized(&tail, size) {
+            Ok(()) => {
+                let metadata = reader.finish().map_err(corrupt)?;
+                return ArrowReaderMetadata::try_new(Arc::new(metadata), ArrowReaderOptions::new())
+                    .map_err(corrupt);
+            }
+            Err(ParquetError::NeedMoreData(needed))
+                if (needed as u64) > want && (needed as u64) <= size =>
+            {
+                want = needed as u64;
+            }
+            Err(e) => return Err(corrupt(e)),
+        }
+    }
+}
+
+fn footer_message(e: ParquetError) -> String {
+    format!("cannot read the footer: {e}")
+}
+
+/// Resolves `columns` against the file's schema.
+fn project(
+    url: &str,
+    size: u64,
+    metadata: ArrowReaderMetadata,
+    columns: Option<&[String]>,
+) -> Result<ParquetFile> {
+    let descr = metadata.parquet_schema();
+    let roots = descr.root_schema().get_fields();
+    let (mask, roots, reorder) = match columns {
+        None => (ProjectionMask::all(), (0..roots.len()).collect(), None),
+        Some(columns) => {
+            if columns.is_empty() {
+                return Err(Error::invalid_argument(
+                    "columns= must name at least one column",
+                ));
+            }
+            let mut wanted = Vec::with_capacity(columns.len());
+            for name in columns {
+                let Some(idx) = roots.iter().position(|f| f.name() == name) else {
+                    let names: Vec<_> = roots.iter().map(|f| f.name()).collect();
+                    return Err(Error::Schema {
+                        url: url.to_string(),
+                        message: format!("no column {name:?}; the file has {names:?}"),
+                    });
+                };
+                if wanted.contains(&idx) {
+                    return Err(Error::invalid_argument(format!(
+                        "column {name:?} is listed twice"
+                    )));
+                }
+                wanted.push(idx);
+            }
+            let mut sorted = wanted.clone();
+            sorted.sort_unstable();
+            let reorder: Vec<usize> = wanted
+                .iter()
+                .map(|idx| sorted.iter().position(|s| s == idx).unwrap_or(0))
+                .collect();
+            let identity = reorder.iter().enumerate().all(|(i, &r)| i == r);
+            (
+                ProjectionMask::roots(descr, sorted.iter().copied()),
+                sorted,
+                (!identity).then_some(reorder),
+            )
+        }
+    };
+    let leaves = (0..descr.num_columns())
+        .filter(|&i| mask.leaf_included(i))
+        .collect();
+    // Parquet root fields map one to one onto the Arrow schema's top-level fields.
+    let mut fields: Vec<_> = roots
+        .iter()
+        .map(|&i| metadata.schema().field(i).clone())
+        .collect();
+    if let Some(order) = &reorder {
+        fields = order.iter().map(|&i| fields[i].clone()).collect();
+    }
+    let schema = Arc::new(Schema::new(fields));
+    let file = ParquetFile {
+        url: url.to_string(),
+        size,
+        metadata,
+        mask,
+        leaves,
+        reorder,
+        schema,
+    };
+    check_chunk_bounds(&file)?;
+    Ok(file)
+}
+
+/// Corrupt metadata can point column chunks past the end of the file; catch that before
+/// allocating buffers for them.
+fn check_chunk_bounds(file: &ParquetFile) -> Result<()> {
+    for (rg_idx, rg) in file.metadata.metadata().row_groups().iter().enumerate() {
+        for &leaf in &file.leaves {
+            let (start, len) = rg.column(leaf).byte_range();
+            if start.checked_add(len).is_none_or(|end| end > file.size) {
+                return Err(Error::decode(
+                    &file.url,
+                    FORMAT,
+                    Position::RowGroup(rg_idx),
+                    format!(
+                        "column chunk {leaf} spans bytes {start}..{} beyond the end of the {}-byte file",
+                        start.saturating_add(len),
+                        file.size
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl PreparedShards for PreparedParquet {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn shards(&self) -> &[ShardMeta] {
+        &self.shards
+    }
+
+    fn units(&self) -> &[WorkUnit] {
+        &self.units
+    }
+
+    fn skipped_shards(&self) -> u64 {
+        self.skipped_shards
+    }
+
+    fn job(&self, unit: &WorkUnit) -> UnitJob {
+        let file = self.files[unit.shard].clone();
+        let row_group = unit.part;
+        let rg = file.metadata.metadata().row_group(row_group);
+        let ranges: Vec<Range<u64>> = file
+            .leaves
+            .iter()
+            .map(|&leaf| {
+                let (start, len) = rg.column(leaf).byte_range();
+                start..start + len
+            })
+            .collect();
+        let projected_bytes: i64 = file
+            .leaves
+            .iter()
+            .map(|&l| rg.column(l).uncompressed_size())
+            .sum();
+        let row_bytes = (projected_bytes.max(1) as u64 / (rg.num_rows().max(1) as u64)).max(1);
+        let batch_rows = (TARGET_BATCH_BYTES / row_bytes).clamp(1, MAX_BATCH_ROWS) as usize;
+        UnitJob::Ranges {
+            ranges: coalesce(ranges, COALESCE_GAP),
+            decode: Box::new(move |fetched| {
+                decode_row_group(&file, row_group, batch_rows, fetched)
+            }),
+        }
+    }
+}
+
+fn decode_row_group(
+    file: &ParquetFile,
+    row_group: usize,
+    batch_rows: usize,
+    fetched: RangeSet,
+) -> Result<Decoded> {
+    let corrupt = |e: &dyn std::fmt::Display| {
+        Error::decode(&file.url, FORMAT, Position::RowGroup(row_group), e)
+    };
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+        FetchedChunks(fetched),
+        file.metadata.clone(),
+    )
+    .with_row_groups(vec![row_group])
+    .with_projection(file.mask.clone())
+    .with_batch_size(batch_rows)
+    .build()
+    .map_err(|e| corrupt(&e))?;
+    let mut batches = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| corrupt(&e))?;
+        let batch = match file.reorder.as_deref() {
+            Some(order) => batch.project(order),
+            None => Ok(batch),
+        }
+        .and_then(|b| RecordBatch::try_new(file.schema.clone(), b.columns().to_vec()))
+        .map_err(|e| corrupt(&e))?;
+        batches.push(batch);
+    }
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let expected = file.metadata.metadata().row_group(row_group).num_rows();
+    if rows as i64 != expected {
+        return Err(corrupt(&format!(
+            "decoded {rows} rows, the footer says {expected}"
+        )));
+    }
+    Ok(Decoded {
+        batches,
+        skipped: 0,
+    })
+}
+
+/// The fetched column chunks of one row group, read by the Parquet decoder as if they
+/// were the whole file.
+struct FetchedChunks(RangeSet);
+
+impl Length for FetchedChunks {
+    fn len(&self) -> u64 {
+        self.0.total_len()
+    }
+}
+
+impl ChunkReader for FetchedChunks {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        self.0.tail_from(start).map(Buf::reader).ok_or_else(|| {
+            ParquetError::General(format!(
+                "read at byte {start} outside the fetched column chunks"
+            ))
+        })
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.0.get(start, length as u64).ok_or_else(|| {
+            ParquetError::General(format!(
+                "read of {length} bytes at byte {start} outside the fetched column chunks"
+            ))
+        })
+    }
+}

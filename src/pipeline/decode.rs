@@ -1,0 +1,371 @@
+//! Parallel work, ordered output. Work units are fetched on the I/O runtime (several
+//! units open at once) and their decode tasks run on a rayon pool of `num_threads`;
+//! results are handed out strictly in unit order, then task order within a unit, so the
+//! batch sequence never depends on thread timing.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use tokio::sync::mpsc;
+
+use super::stats::Stats;
+use crate::error::{Error, Result, panic_message};
+use crate::format::{DecodeTask, Decoded, OnError, PreparedShards, UnitJob};
+use crate::source::ranges::RangeSet;
+use crate::source::{self, Source};
+
+/// What a unit's fetcher sends, in order.
+enum Feed {
+    Task(DecodeTask),
+    Failed(Error),
+    /// Sent last; a feed that closes without it lost its fetcher to a panic.
+    Done,
+}
+
+/// A decode queued or running, or a marker kept in order with them.
+enum Pending {
+    Task {
+        unit: usize,
+        rx: std_mpsc::Receiver<Result<Decoded>>,
+    },
+    Failed {
+        unit: usize,
+        error: Error,
+    },
+    UnitDone,
+}
+
+struct OpenUnit {
+    unit: usize,
+    rx: mpsc::Receiver<Feed>,
+}
+
+/// Small LRU of open sources so a file's row groups share one handle, without keeping
+/// every file of a large dataset open at once.
+struct SourceCache {
+    entries: VecDeque<(usize, Arc<dyn Source>)>,
+}
+
+const OPEN_SOURCES: usize = 64;
+
+impl SourceCache {
+    fn get(&mut self, shard: usize, url: &str, stats: &Stats) -> Result<Arc<dyn Source>> {
+        if let Some(pos) = self.entries.iter().position(|(s, _)| *s == shard) {
+            let entry = self.entries.remove(pos).expect("position is in range");
+            let source = entry.1.clone();
+            self.entries.push_front(entry);
+            return Ok(source);
+        }
+        let source = source::open(url, stats.io.clone())?;
+        self.entries.push_front((shard, source.clone()));
+        self.entries.truncate(OPEN_SOURCES);
+        Ok(source)
+    }
+}
+
+pub struct UnitDecoder {
+    prepared: Arc<dyn PreparedShards>,
+    /// Units (indices into `prepared.units()`) not yet opened, in epoch order.
+    order: VecDeque<usize>,
+    open: VecDeque<OpenUnit>,
+    pending: VecDeque<Pending>,
+    ready: VecDeque<RecordBatch>,
+    sources: SourceCache,
+    pool: rayon::ThreadPool,
+    runtime: &'static tokio::runtime::Runtime,
+    stats: Arc<Stats>,
+    cancel: Arc<AtomicBool>,
+    on_error: OnError,
+    max_open: usize,
+    max_pending: usize,
+    finished: bool,
+}
+
+impl UnitDecoder {
+    pub fn new(
+        prepared: Arc<dyn PreparedShards>,
+        order: Vec<usize>,
+        num_threads: usize,
+        on_error: OnError,
+        stats: Arc<Stats>,
+    ) -> Result<Self> {
+        let num_threads = num_threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(num_threads)
+            .thread_name(|i| format!("shardflow-decode-{i}"))
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot start decode threads: {e}")))?;
+        Ok(Self {
+            prepared,
+            order: order.into(),
+            open: VecDeque::new(),
+            pending: VecDeque::new(),
+            ready: VecDeque::new(),
+            sources: SourceCache {
+                entries: VecDeque::new(),
+            },
+            pool,
+            runtime: source::runtime()?,
+            stats,
+            // Our own flag: this decoder may be dropped (e.g. after `take(n)`) while the
+            // rest of the pipeline goes on.
+            cancel: Arc::new(AtomicBool::new(false)),
+            on_error,
+            max_open: 2 * num_threads,
+            max_pending: 2 * num_threads,
+            finished: false,
+        })
+    }
+
+    /// Starts fetching the next units until `max_open` are open.
+    fn open_units(&mut self) -> Result<()> {
+        while self.open.len() < self.max_open {
+            let Some(unit) = self.order.pop_front() else {
+                return Ok(());
+            };
+            let (tx, rx) = mpsc::channel(2);
+            self.start_fetch(unit, tx)?;
+            self.open.push_back(OpenUnit { unit, rx });
+        }
+        Ok(())
+    }
+
+    fn start_fetch(&mut self, unit_idx: usize, tx: mpsc::Sender<Feed>) -> Result<()> {
+        let unit = &self.prepared.units()[unit_idx];
+        let shard = &self.prepared.shards()[unit.shard];
+        let source = self.sources.get(unit.shard, &shard.url, &self.stats)?;
+        let known_size = shard.size;
+        match self.prepared.job(unit) {
+            UnitJob::Ranges { ranges, decode } => {
+                self.runtime.spawn(async move {
+                    let fetched = fetch_ranges(source, known_size, ranges).await;
+                    let feed = match fetched {
+                        Ok(set) => Feed::Task(Box::new(move || decode(set))),
+                        Err(e) => Feed::Failed(e),
+                    };
+                    if tx.send(feed).await.is_ok() {
+                        let _ = tx.send(Feed::Done).await;
+                    }
+                });
+            }
+            UnitJob::Stream(job) => {
+                let cancel = self.cancel.clone();
+                self.runtime.spawn_blocking(move || {
+                    let run = || -> Result<()> {
+                        let reader = source.open_stream()?;
+                        job(reader, &mut |task| {
+                            !cancel.load(Ordering::Relaxed)
+                                && tx.blocking_send(Feed::Task(task)).is_ok()
+                        })
+                    };
+                    let last = match catch_unwind(AssertUnwindSafe(run)) {
+                        Ok(Ok(())) => Feed::Done,
+                        Ok(Err(e)) => Feed::Failed(e),
+                        Err(panic) => Feed::Failed(Error::Internal(format!(
+                            "{}: reader panicked: {}",
+                            source.url(),
+                            panic_message(&*panic)
+                        ))),
+                    };
+                    let _ = tx.blocking_send(last);
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves decode tasks of the front units onto the pool, in order, until
+    /// `max_pending` are queued. Blocks for the next task only when nothing is pending.
+    fn schedule(&mut self) -> Result<()> {
+        self.open_units()?;
+        while self.pending.len() < self.max_pending {
+            let Some(front) = self.open.front_mut() else {
+                return Ok(());
+            };
+            let unit = front.unit;
+            let feed = if self.pending.is_empty() {
+                front.rx.blocking_recv()
+            } else {
+                match front.rx.try_recv() {
+                    Ok(feed) => Some(feed),
+                    Err(mpsc::error::TryRecvError::Empty) => return Ok(()),
+                    Err(mpsc::error::TryRecvError::Disconnected) => None,
+                }
+            };
+            match feed {
+                Some(Feed::Task(task)) => self.spawn_decode(unit, task),
+                Some(Feed::Failed(error)) => {
+                    self.open.pop_front();
+                    self.pending.push_back(Pending::Failed { unit, error });
+                    self.open_units()?;
+                }
+                Some(Feed::Done) => {
+                    self.open.pop_front();
+                    self.pending.push_back(Pending::UnitDone);
+                    self.open_units()?;
+                }
+                None => {
+                    self.open.pop_front();
+                    let url = self.unit_url(unit).to_string();
+                    self.pending.push_back(Pending::Failed {
+                        unit,
+                        error: Error::Internal(format!(
+                            "{url}: the reader stopped without finishing"
+                        )),
+                    });
+                    self.open_units()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn_decode(&mut self, unit: usize, task: DecodeTask) {
+        let (tx, rx) = std_mpsc::sync_channel(1);
+        let (stats, cancel) = (self.stats.clone(), self.cancel.clone());
+        let url = self.unit_url(unit).to_string();
+        self.pool.spawn(move || {
+            if cancel.load(Ordering::Relaxed) {
+                return;
+            }
+            let start = Instant::now();
+            let result = catch_unwind(AssertUnwindSafe(task)).unwrap_or_else(|panic| {
+                Err(Error::Internal(format!(
+                    "{url}: decoder panicked: {}",
+                    panic_message(&*panic)
+                )))
+            });
+            Stats::add_time(&stats.decode_ns, start.elapsed());
+            let _ = tx.send(result);
+        });
+        self.pending.push_back(Pending::Task { unit, rx });
+    }
+
+    fn unit_url(&self, unit: usize) -> &str {
+        &self.prepared.shards()[self.prepared.units()[unit].shard].url
+    }
+
+    /// Handles a unit-level failure: skipped and counted, or returned.
+    fn unit_failed(&mut self, error: Error) -> Option<Error> {
+        if self.on_error == OnError::Skip && error.is_data_error() {
+            self.stats.skipped_units.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(error)
+    }
+
+    fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
+        loop {
+            if let Some(batch) = self.ready.pop_front() {
+                return Some(Ok(batch));
+            }
+            if self.cancel.load(Ordering::Relaxed) {
+                return None;
+            }
+            if let Err(e) = self.schedule() {
+                return Some(Err(e));
+            }
+            let Some(pending) = self.pending.pop_front() else {
+                return None;
+            };
+            match pending {
+                Pending::UnitDone => {
+                    self.stats.units.fetch_add(1, Ordering::Relaxed);
+                }
+                Pending::Failed { error, .. } => {
+                    if let Some(error) = self.unit_failed(error) {
+                        return Some(Err(error));
+                    }
+                }
+                Pending::Task { unit, rx } => match rx.recv() {
+                    Ok(Ok(decoded)) => {
+                        self.stats
+                            .skipped_records
+                            .fetch_add(decoded.skipped, Ordering::Relaxed);
+                        self.ready
+                            .extend(decoded.batches.into_iter().filter(|b| b.num_rows() > 0));
+                    }
+                    Ok(Err(error)) => {
+                        if let Some(error) = self.unit_failed(error) {
+                            return Some(Err(error));
+                        }
+                        self.discard_unit(unit);
+                    }
+                    Err(_) => {
+                        return Some(Err(Error::Internal(format!(
+                            "{}: a decode task vanished",
+                            self.unit_url(unit)
+                        ))));
+                    }
+                },
+            }
+        }
+    }
+
+    /// After a skipped decode failure, drops the rest of that unit: a unit is skipped
+    /// from its first bad task on, and counted once.
+    fn discard_unit(&mut self, unit: usize) {
+        self.pending.retain(|p| match p {
+            Pending::Task { unit: u, .. } | Pending::Failed { unit: u, .. } => *u != unit,
+            Pending::UnitDone => true,
+        });
+        if let Some(pos) = self.open.iter().position(|o| o.unit == unit) {
+            self.open.remove(pos);
+            self.pending.push_back(Pending::UnitDone);
+        }
+    }
+}
+
+impl Iterator for UnitDecoder {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.finished {
+            return None;
+        }
+        let item = self.next_batch();
+        if !matches!(item, Some(Ok(_))) {
+            self.finished = true;
+        }
+        item
+    }
+}
+
+impl Drop for UnitDecoder {
+    fn drop(&mut self) {
+        // Queued decode tasks see this and return at once; fetchers stop when their
+        // channels close with `self.open`.
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+async fn fetch_ranges(
+    source: Arc<dyn Source>,
+    known_size: Option<u64>,
+    ranges: Vec<std::ops::Range<u64>>,
+) -> Result<RangeSet> {
+    let size = match known_size {
+        Some(size) => size,
+        None => source.size().await?,
+    };
+    let reads: Vec<_> = ranges
+        .iter()
+        .map(|range| {
+            let (source, range) = (source.clone(), range.clone());
+            tokio::spawn(async move { source.read_range(range).await })
+        })
+        .collect();
+    let mut set = RangeSet::new(size);
+    for (range, read) in ranges.iter().zip(reads) {
+        let bytes = read
+            .await
+            .map_err(|e| Error::Internal(format!("{}: read task failed: {e}", source.url())))??;
+        set.insert(range.start, bytes);
+    }
+    Ok(set)
+}

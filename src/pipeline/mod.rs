@@ -1,0 +1,212 @@
+//! WHAT order and shape records arrive in: the dataset description (shards, format,
+//! chained ops), the epoch plan, and the stages that run on the pipeline thread.
+
+mod batch;
+mod decode;
+pub mod ops;
+mod prefetch;
+pub mod rng;
+mod shuffle;
+pub mod stats;
+
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+
+use crate::error::{Error, Result};
+use crate::format::{self, Format, PreparedShards, ReadOptions};
+use crate::source::{self, IoCounters, ShardMeta};
+pub use batch::Rebatch;
+pub use ops::{BatchTransform, Op};
+pub use prefetch::{BatchReceiver, Received};
+use rng::Rng;
+pub use stats::{Stats, StatsSnapshot};
+
+pub type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+
+/// Rows in the shuffle buffer when the user gives no `buffer_size`.
+pub const DEFAULT_SHUFFLE_BUFFER: usize = 10_000;
+
+/// Shards plus how to read them; prepared (footers read, schema known) on first use and
+/// shared by every dataset derived from it.
+pub struct DataSource {
+    shards: Vec<ShardMeta>,
+    format: Arc<dyn Format>,
+    options: ReadOptions,
+    prepared: Mutex<Option<Arc<dyn PreparedShards>>>,
+    /// I/O done while preparing (not part of any loader's stats).
+    counters: Arc<IoCounters>,
+}
+
+/// An immutable description of a dataset: a source and the ops chained onto it.
+#[derive(Clone)]
+pub struct Dataset {
+    source: Arc<DataSource>,
+    ops: Vec<Op>,
+}
+
+impl Dataset {
+    /// Resolves the shard list now, so a missing file or an empty glob fails here.
+    pub fn open(specs: &[String], format: Option<&str>, options: ReadOptions) -> Result<Self> {
+        let shards = source::resolve(specs)?;
+        let format = format::by_name(match format {
+            Some(name) => name,
+            None => format::infer(&shards)?,
+        })?;
+        Ok(Self {
+            source: Arc::new(DataSource {
+                shards,
+                format,
+                options,
+                prepared: Mutex::new(None),
+                counters: Arc::default(),
+            }),
+            ops: Vec::new(),
+        })
+    }
+
+    pub fn format_name(&self) -> &'static str {
+        self.source.format.name()
+    }
+
+    pub fn shards(&self) -> &[ShardMeta] {
+        &self.source.shards
+    }
+
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    pub fn on_error(&self) -> format::OnError {
+        self.source.options.on_error
+    }
+
+    pub fn with_op(&self, op: Op) -> Self {
+        let mut ds = self.clone();
+        ds.ops.push(op);
+        ds
+    }
+
+    /// Reads footers / infers the schema once; a failure is returned and retried next time.
+    pub fn prepared(&self) -> Result<Arc<dyn PreparedShards>> {
+        let mut slot = self
+            .source
+            .prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(prepared) = slot.as_ref() {
+            return Ok(prepared.clone());
+        }
+        let prepared = self.source.format.prepare(
+            self.source.shards.clone(),
+            &self.source.options,
+            &self.source.counters,
+        )?;
+        *slot = Some(prepared.clone());
+        Ok(prepared)
+    }
+
+    /// The schema of the source's records (before any user function changes them).
+    pub fn source_schema(&self) -> Result<SchemaRef> {
+        Ok(self.prepared()?.schema())
+    }
+
+    /// Whether no user function changes the records' columns.
+    pub fn keeps_source_schema(&self) -> bool {
+        !self.ops.iter().any(|op| matches!(op, Op::Transform(_)))
+    }
+
+    /// Number of rows, when metadata and the ops make it known.
+    pub fn num_rows(&self) -> Result<Option<u64>> {
+        let prepared = self.prepared()?;
+        let mut rows: Option<u64> = prepared.units().iter().map(|u| u.rows).sum();
+        for op in &self.ops {
+            rows = match op {
+                Op::Shuffle { .. } => rows,
+                Op::Take(n) => rows.map(|r| r.min(*n)),
+                Op::Skip(n) => rows.map(|r| r.saturating_sub(*n)),
+                Op::Transform(t) if t.preserves_rows() => rows,
+                Op::Transform(_) => None,
+            };
+        }
+        Ok(rows)
+    }
+
+    /// The seed that permutes unit order: the first shuffle's, unless a take/skip comes
+    /// before it (then *which* rows are taken must not depend on the seed).
+    fn unit_shuffle_seed(&self) -> Option<u64> {
+        for op in &self.ops {
+            match op {
+                Op::Shuffle { seed, .. } => return Some(*seed),
+                Op::Take(_) | Op::Skip(_) => return None,
+                Op::Transform(_) => {}
+            }
+        }
+        None
+    }
+
+    /// Builds this epoch's stream of batches. Runs on the pipeline thread.
+    pub fn stream(&self, run: &RunOptions, stats: Arc<Stats>) -> Result<BatchIter> {
+        let prepared = self.prepared()?;
+        stats.skipped_units.fetch_add(
+            prepared.skipped_shards(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let mut order: Vec<usize> = (0..prepared.units().len()).collect();
+        if let Some(seed) = self.unit_shuffle_seed() {
+            Rng::new(seed, run.epoch, 0).shuffle(&mut order);
+        }
+        let mut stream: BatchIter = Box::new(decode::UnitDecoder::new(
+            prepared,
+            order,
+            run.num_threads,
+            self.on_error(),
+            stats,
+        )?);
+        for (stage, op) in self.ops.iter().enumerate() {
+            stream = match op {
+                Op::Shuffle { seed, buffer_rows } => Box::new(shuffle::ShuffleBuffer::new(
+                    stream,
+                    Rng::new(*seed, run.epoch, 1 + stage as u64),
+                    *buffer_rows,
+                )),
+                Op::Take(n) => Box::new(ops::Take::new(stream, *n)),
+                Op::Skip(n) => Box::new(ops::Skip::new(stream, *n)),
+                Op::Transform(t) => Box::new(ops::Transformed::new(stream, t.clone())),
+            };
+        }
+        if let Some(rows) = run.batch_rows {
+            stream = Box::new(Rebatch::new(stream, rows, run.drop_last));
+        }
+        Ok(stream)
+    }
+
+    /// Starts a background pipeline thread for one epoch.
+    pub fn start(&self, run: RunOptions, stats: Arc<Stats>) -> Result<BatchReceiver> {
+        if run.num_threads == 0 {
+            return Err(Error::invalid_argument("num_threads must be at least 1"));
+        }
+        let ds = self.clone();
+        prefetch::spawn(run.prefetch, stats.clone(), move || ds.stream(&run, stats))
+    }
+}
+
+/// How one epoch is run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub epoch: u64,
+    /// Re-batch to exactly this many rows; `None` passes decoded batches through.
+    pub batch_rows: Option<usize>,
+    pub drop_last: bool,
+    pub num_threads: usize,
+    /// Batches buffered between the pipeline thread and the consumer.
+    pub prefetch: usize,
+}
+
+/// Default decode threads: one per core.
+pub fn default_num_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}

@@ -1,0 +1,150 @@
+//! The bounded channel between the pipeline thread and the consumer. Memory stays
+//! bounded by `prefetch` batches; dropping the receiver stops the pipeline.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+
+use super::BatchIter;
+use super::stats::Stats;
+use crate::error::{Error, Result};
+
+pub enum Received {
+    Batch(RecordBatch),
+    /// Nothing arrived within the timeout; the caller may check for Ctrl-C and wait again.
+    Timeout,
+    End,
+}
+
+pub struct BatchReceiver {
+    /// In a mutex only so the receiver can be shared (`Sync`) by Python objects; it is
+    /// reached through `&mut self`, so the lock is never contended.
+    rx: Mutex<Receiver<Result<RecordBatch>>>,
+    cancel: Arc<AtomicBool>,
+    stats: Arc<Stats>,
+    thread: Option<JoinHandle<()>>,
+    ended: bool,
+}
+
+pub(super) fn spawn(
+    prefetch: usize,
+    stats: Arc<Stats>,
+    build: impl FnOnce() -> Result<BatchIter> + Send + 'static,
+) -> Result<BatchReceiver> {
+    let (tx, rx) = sync_channel(prefetch.max(1));
+    let cancel = Arc::new(AtomicBool::new(false));
+    let thread_cancel = cancel.clone();
+    let thread = std::thread::Builder::new()
+        .name("shardflow-pipeline".into())
+        .spawn(move || run(build, tx, thread_cancel))
+        .map_err(|e| Error::Internal(format!("cannot start the pipeline thread: {e}")))?;
+    Ok(BatchReceiver {
+        rx: Mutex::new(rx),
+        cancel,
+        stats,
+        thread: Some(thread),
+        ended: false,
+    })
+}
+
+fn run(
+    build: impl FnOnce() -> Result<BatchIter>,
+    tx: SyncSender<Result<RecordBatch>>,
+    cancel: Arc<AtomicBool>,
+) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let stream = match build() {
+            Ok(stream) => stream,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        for item in stream {
+            let failed = item.is_err();
+            if cancel.load(Ordering::Relaxed) || tx.send(item).is_err() || failed {
+                return;
+            }
+        }
+    }));
+    if let Err(panic) = outcome {
+        let _ = tx.send(Err(Error::Internal(format!(
+            "pipeline panicked: {}",
+            crate::error::panic_message(&*panic)
+        ))));
+    }
+}
+
+impl BatchReceiver {
+    /// Waits up to `timeout` for the next batch, counting the wait in the stats.
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Received> {
+        if self.ended {
+            return Ok(Received::End);
+        }
+        let start = Instant::now();
+        let rx = self.rx.get_mut().unwrap_or_else(|p| p.into_inner());
+        let got = rx.recv_timeout(timeout);
+        Stats::add_time(&self.stats.wait_ns, start.elapsed());
+        match got {
+            Ok(Ok(batch)) => {
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .rows
+                    .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                Ok(Received::Batch(batch))
+            }
+            Ok(Err(e)) => {
+                self.ended = true;
+                Err(e)
+            }
+            Err(RecvTimeoutError::Timeout) => Ok(Received::Timeout),
+            Err(RecvTimeoutError::Disconnected) => {
+                self.ended = true;
+                Ok(Received::End)
+            }
+        }
+    }
+
+    /// Blocks until the next batch (no interruption; for Rust callers and benches).
+    pub fn recv(&mut self) -> Result<Option<RecordBatch>> {
+        loop {
+            match self.recv_timeout(Duration::from_secs(3600))? {
+                Received::Batch(batch) => return Ok(Some(batch)),
+                Received::End => return Ok(None),
+                Received::Timeout => {}
+            }
+        }
+    }
+
+    /// Stops the pipeline and waits for its thread to exit.
+    pub fn close(mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        let Self { rx, thread, .. } = &mut self;
+        // Drop our end so a pipeline thread waiting to send fails at once, then wait for it.
+        drop(std::mem::replace(rx, Mutex::new(sync_channel(1).1)));
+        if let Some(thread) = thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Iterator for BatchReceiver {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.recv().transpose()
+    }
+}
+
+impl Drop for BatchReceiver {
+    fn drop(&mut self) {
+        // The pipeline thread notices at its next send (which fails once `rx` is gone)
+        // or its next check of the flag; it is not joined here so that dropping never
+        // blocks a caller that may hold the GIL the pipeline needs.
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,244 @@
+//! The row shuffle buffer: holds up to `capacity` rows, hands out a random sample of
+//! them, refills from upstream. Rows are referenced, not copied, until they are emitted
+//! (one vectorised gather per output batch).
+
+use arrow_array::RecordBatch;
+use arrow_select::interleave::interleave_record_batch;
+
+use super::BatchIter;
+use super::rng::Rng;
+use crate::error::{Error, Result};
+
+/// Rows emitted per output batch, as a fraction of the buffer: small enough that the
+/// buffer stays nearly full, large enough to amortise the gather.
+const CHUNK_DIVISOR: usize = 16;
+const MAX_CHUNK: usize = 4096;
+
+pub struct ShuffleBuffer {
+    upstream: BatchIter,
+    upstream_done: bool,
+    /// The part of an upstream batch that did not fit into the buffer yet.
+    pending: Option<RecordBatch>,
+    rng: Rng,
+    capacity: usize,
+    chunk: usize,
+    /// Batches with rows still buffered, and how many of their rows are.
+    slots: Vec<Option<(RecordBatch, usize)>>,
+    free_slots: Vec<usize>,
+    /// Buffered rows as (slot, row in that batch).
+    rows: Vec<(usize, usize)>,
+    /// Rows of all batches held in slots; much more than `rows.len()` means memory is
+    /// held by a few leftover rows, and the buffer is compacted.
+    held_rows: usize,
+}
+
+impl ShuffleBuffer {
+    pub fn new(upstream: BatchIter, rng: Rng, capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Self {
+            upstream,
+            upstream_done: false,
+            pending: None,
+            rng,
+            capacity,
+            chunk: (capacity / CHUNK_DIVISOR).clamp(1, MAX_CHUNK),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            rows: Vec::with_capacity(capacity),
+            held_rows: 0,
+        }
+    }
+
+    fn admit(&mut self, batch: RecordBatch) {
+        let n = batch.num_rows();
+        let slot = match self.free_slots.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        self.slots[slot] = Some((batch, n));
+        self.rows.extend((0..n).map(|row| (slot, row)));
+        self.held_rows += n;
+    }
+
+    fn fill(&mut self) -> Result<()> {
+        while self.rows.len() < self.capacity {
+            let batch = match self.pending.take() {
+                Some(batch) => batch,
+                None if self.upstream_done => break,
+                None => match self.upstream.next() {
+                    Some(Ok(batch)) => batch,
+                    Some(Err(e)) => return Err(e),
+                    None => {
+                        self.upstream_done = true;
+                        break;
+                    }
+                },
+            };
+            let room = self.capacity - self.rows.len();
+            if batch.num_rows() > room {
+                self.pending = Some(batch.slice(room, batch.num_rows() - room));
+                self.admit(batch.slice(0, room));
+            } else if batch.num_rows() > 0 {
+                self.admit(batch);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gathers the given rows into one batch and releases batches left with no rows.
+    fn gather(&mut self, picks: &[(usize, usize)]) -> Result<RecordBatch> {
+        let mut used: Vec<usize> = Vec::new();
+        let mut indices = Vec::with_capacity(picks.len());
+        for &(slot, row) in picks {
+            let pos = match used.iter().position(|&s| s == slot) {
+                Some(pos) => pos,
+                None => {
+                    used.push(slot);
+                    used.len() - 1
+                }
+            };
+            indices.push((pos, row));
+        }
+        let batches: Vec<&RecordBatch> = used
+            .iter()
+            .map(|&slot| {
+                &self.slots[slot]
+                    .as_ref()
+                    .expect("picked rows live in held batches")
+                    .0
+            })
+            .collect();
+        let out = interleave_record_batch(&batches, &indices)
+            .map_err(|e| Error::Internal(format!("shuffle gather failed: {e}")))?;
+        for &(slot, _) in picks {
+            let entry = self.slots[slot]
+                .as_mut()
+                .expect("picked rows live in held batches");
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                self.held_rows -= entry.0.num_rows();
+                self.slots[slot] = None;
+                self.free_slots.push(slot);
+            }
+        }
+        Ok(out)
+    }
+
+    fn compact_if_sparse(&mut self) -> Result<()> {
+        if self.rows.is_empty() || self.held_rows <= 2 * self.rows.len().max(self.chunk) {
+            return Ok(());
+        }
+        let rows = std::mem::take(&mut self.rows);
+        let compact = self.gather(&rows)?;
+        debug_assert!(self.slots.iter().all(Option::is_none));
+        self.slots.clear();
+        self.free_slots.clear();
+        self.held_rows = 0;
+        self.admit(compact);
+        Ok(())
+    }
+
+    fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        self.fill()?;
+        if self.rows.is_empty() {
+            return Ok(None);
+        }
+        let k = self.chunk.min(self.rows.len());
+        let mut picks = Vec::with_capacity(k);
+        for _ in 0..k {
+            let i = self.rng.below(self.rows.len());
+            picks.push(self.rows.swap_remove(i));
+        }
+        let out = self.gather(&picks)?;
+        self.compact_if_sparse()?;
+        Ok(Some(out))
+    }
+}
+
+impl Iterator for ShuffleBuffer {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch().transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Array, Int64Array};
+    use std::sync::Arc;
+
+    fn source(n: i64, batch: i64) -> BatchIter {
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            "x",
+            arrow_schema::DataType::Int64,
+            false,
+        )]));
+        let batches: Vec<Result<RecordBatch>> = (0..n)
+            .step_by(batch as usize)
+            .map(|start| {
+                let col = Int64Array::from_iter_values(start..(start + batch).min(n));
+                Ok(RecordBatch::try_new(schema.clone(), vec![Arc::new(col)]).unwrap())
+            })
+            .collect();
+        Box::new(batches.into_iter())
+    }
+
+    fn values(it: impl Iterator<Item = Result<RecordBatch>>) -> Vec<i64> {
+        it.flat_map(|b| {
+            let b = b.unwrap();
+            let col = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .clone();
+            (0..col.len())
+                .map(move |i| col.value(i))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+    }
+
+    #[test]
+    fn every_row_once_in_a_seeded_order() {
+        for (capacity, batch) in [(1, 7), (10, 3), (100, 1000), (5000, 64)] {
+            let a = values(ShuffleBuffer::new(
+                source(2000, batch),
+                Rng::new(1, 0, 0),
+                capacity,
+            ));
+            let b = values(ShuffleBuffer::new(
+                source(2000, batch),
+                Rng::new(1, 0, 0),
+                capacity,
+            ));
+            assert_eq!(a, b);
+            let mut sorted = a.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..2000).collect::<Vec<_>>());
+            if capacity > 1 {
+                assert_ne!(a, (0..2000).collect::<Vec<_>>());
+                let c = values(ShuffleBuffer::new(
+                    source(2000, batch),
+                    Rng::new(2, 0, 0),
+                    capacity,
+                ));
+                assert_ne!(a, c);
+            }
+        }
+    }
+
+    #[test]
+    fn buffer_bounds_how_far_rows_move_forward() {
+        // A row can come out no earlier than `capacity` positions before its input position.
+        let out = values(ShuffleBuffer::new(source(5000, 100), Rng::new(3, 0, 0), 50));
+        for (pos, &v) in out.iter().enumerate() {
+            assert!(v < pos as i64 + 50, "row {v} came out at {pos}");
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Counters a loader keeps across its epochs, read by `stats()`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use crate::source::IoCounters;
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub io: Arc<IoCounters>,
+    /// Rows and batches handed to the consumer.
+    pub rows: AtomicU64,
+    pub batches: AtomicU64,
+    /// Work units (row groups, files) fully decoded.
+    pub units: AtomicU64,
+    /// Time the consumer spent blocked waiting for the next batch.
+    pub wait_ns: AtomicU64,
+    /// CPU time spent in decode tasks, summed over threads.
+    pub decode_ns: AtomicU64,
+    /// Records skipped under `on_error="skip"`.
+    pub skipped_records: AtomicU64,
+    /// Whole units or files skipped under `on_error="skip"`.
+    pub skipped_units: AtomicU64,
+}
+
+/// A consistent-enough copy of the counters for reporting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    pub rows: u64,
+    pub batches: u64,
+    pub units: u64,
+    pub bytes_read: u64,
+    pub files_opened: u64,
+    pub wait_ns: u64,
+    pub decode_ns: u64,
+    pub skipped_records: u64,
+    pub skipped_units: u64,
+}
+
+impl Stats {
+    pub fn add_time(counter: &AtomicU64, elapsed: Duration) {
+        counter.fetch_add(elapsed.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            rows: self.rows.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            units: self.units.load(Relaxed),
+            bytes_read: self.io.bytes_read.load(Relaxed),
+            files_opened: self.io.files_opened.load(Relaxed),
+            wait_ns: self.wait_ns.load(Relaxed),
+            decode_ns: self.decode_ns.load(Relaxed),
+            skipped_records: self.skipped_records.load(Relaxed),
+            skipped_units: self.skipped_units.load(Relaxed),
+        }
+    }
+}

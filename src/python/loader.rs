@@ -1,0 +1,356 @@
+//! `shardflow.DataLoader`: batches of exactly `batch_size` rows, shuffled per epoch,
+//! with stats and an exact resume point.
+
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatch;
+use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyCapsule, PyDict, PyType};
+
+use super::arrow_ffi::stream_capsule;
+use super::batch::PyRecordBatch;
+use super::dataset::{PyDataset, random_seed};
+use super::next_batch;
+use super::to_python::batch_to_numpy;
+use crate::pipeline::{self, BatchReceiver, Dataset, Op, RunOptions, Stats};
+
+/// Version tag of `state_dict()`'s layout.
+const STATE_FORMAT: &str = "shardflow.DataLoader/1";
+const DEFAULT_PREFETCH: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Numpy,
+    Arrow,
+}
+
+/// Where the loader stands: the next batch it produces is batch `batches` of `epoch`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Position {
+    epoch: u64,
+    batches: u64,
+}
+
+#[pyclass(name = "DataLoader", module = "shardflow")]
+pub struct PyDataLoader {
+    dataset: Dataset,
+    batch_size: usize,
+    shuffle: bool,
+    seed: u64,
+    drop_last: bool,
+    num_threads: usize,
+    prefetch: usize,
+    output: Output,
+    /// Shared with the running iterator, which advances it batch by batch.
+    position: Arc<Mutex<Position>>,
+    /// Set by `load_state_dict`: the next iteration continues at `position` mid-epoch.
+    resuming: bool,
+    stats: Arc<Stats>,
+}
+
+impl PyDataLoader {
+    fn position(&self) -> Position {
+        *self.position.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_position(&self, position: Position) {
+        *self.position.lock().unwrap_or_else(|p| p.into_inner()) = position;
+    }
+
+    /// Starts the next epoch: the one the loader stands at, or the following one if
+    /// that was left part-way; mid-epoch only right after `load_state_dict`.
+    fn start_epoch(&mut self, py: Python<'_>) -> PyResult<(BatchReceiver, Position)> {
+        let current = self.position();
+        let at = if std::mem::take(&mut self.resuming) || current.batches == 0 {
+            current
+        } else {
+            Position {
+                epoch: current.epoch + 1,
+                batches: 0,
+            }
+        };
+        self.set_position(at);
+        let mut dataset = self.dataset.clone();
+        if self.shuffle {
+            dataset = dataset.with_op(Op::Shuffle {
+                seed: self.seed,
+                buffer_rows: pipeline::DEFAULT_SHUFFLE_BUFFER,
+            });
+        }
+        if at.batches > 0 {
+            // The row stream for (seed, epoch) is deterministic and batching is exact, so
+            // skipping whole batches' rows resumes exactly where the state was taken.
+            dataset = dataset.with_op(Op::Skip(at.batches * self.batch_size as u64));
+        }
+        let run = RunOptions {
+            epoch: at.epoch,
+            batch_rows: Some(self.batch_size),
+            drop_last: self.drop_last,
+            num_threads: self.num_threads,
+            prefetch: self.prefetch,
+        };
+        let stats = self.stats.clone();
+        let receiver = py.detach(|| dataset.start(run, stats))?;
+        Ok((receiver, at))
+    }
+}
+
+#[pymethods]
+impl PyDataLoader {
+    #[new]
+    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, num_threads=None, prefetch=None, output="numpy"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        dataset: &Bound<'_, PyAny>,
+        batch_size: usize,
+        shuffle: bool,
+        seed: Option<u64>,
+        drop_last: bool,
+        num_threads: Option<usize>,
+        prefetch: Option<usize>,
+        output: &str,
+    ) -> PyResult<Self> {
+        let dataset = dataset
+            .cast::<PyDataset>()
+            .map_err(|_| {
+                PyTypeError::new_err("DataLoader needs a shardflow.Dataset (see shardflow.dataset)")
+            })?
+            .get()
+            .inner
+            .clone();
+        if batch_size == 0 {
+            return Err(PyValueError::new_err("batch_size must be at least 1"));
+        }
+        if seed.is_some() && !shuffle {
+            return Err(PyValueError::new_err(
+                "seed= is only used with shuffle=True",
+            ));
+        }
+        let num_threads = num_threads.unwrap_or_else(pipeline::default_num_threads);
+        if num_threads == 0 {
+            return Err(PyValueError::new_err("num_threads must be at least 1"));
+        }
+        let prefetch = prefetch.unwrap_or(DEFAULT_PREFETCH);
+        if prefetch == 0 {
+            return Err(PyValueError::new_err("prefetch must be at least 1"));
+        }
+        let output = match output {
+            "numpy" => Output::Numpy,
+            "arrow" => Output::Arrow,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "output must be \"numpy\" or \"arrow\", not {other:?}"
+                )));
+            }
+        };
+        Ok(Self {
+            dataset,
+            batch_size,
+            shuffle,
+            seed: seed.unwrap_or_else(random_seed),
+            drop_last,
+            num_threads,
+            prefetch,
+            output,
+            position: Arc::default(),
+            resuming: false,
+            stats: Arc::default(),
+        })
+    }
+
+    /// Iterates one epoch; the next iteration runs the following epoch.
+    fn __iter__(&mut self, py: Python<'_>) -> PyResult<BatchIterator> {
+        let (receiver, at) = self.start_epoch(py)?;
+        Ok(BatchIterator {
+            receiver: Some(receiver),
+            output: self.output,
+            position: self.position.clone(),
+            epoch: at.epoch,
+        })
+    }
+
+    /// Chooses the epoch the next iteration runs (its shuffle order).
+    fn set_epoch(&mut self, epoch: u64) {
+        self.resuming = false;
+        self.set_position(Position { epoch, batches: 0 });
+    }
+
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.position().epoch
+    }
+
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Batches per epoch, where the dataset's length is known.
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        let rows = py.detach(|| self.dataset.num_rows())?.ok_or_else(|| {
+            PyTypeError::new_err("the number of batches is not known without reading the data")
+        })? as usize;
+        Ok(if self.drop_last {
+            rows / self.batch_size
+        } else {
+            rows.div_ceil(self.batch_size)
+        })
+    }
+
+    /// Where the loader stands, as plain JSON-serialisable data.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let at = self.position();
+        let state = PyDict::new(py);
+        state.set_item("format", STATE_FORMAT)?;
+        state.set_item("epoch", at.epoch)?;
+        state.set_item("batches_done", at.batches)?;
+        state.set_item("batch_size", self.batch_size)?;
+        state.set_item("shuffle", self.shuffle)?;
+        state.set_item("seed", self.seed)?;
+        Ok(state)
+    }
+
+    /// Resumes from `state_dict()`: the next iteration yields exactly the batches that
+    /// were still to come.
+    fn load_state_dict(&mut self, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
+            state
+                .get_item(key)?
+                .ok_or_else(|| PyKeyError::new_err(format!("state_dict has no {key:?}")))
+        };
+        let format: String = get("format")?.extract()?;
+        if format != STATE_FORMAT {
+            return Err(PyValueError::new_err(format!(
+                "state_dict is {format:?}, this loader reads {STATE_FORMAT:?}"
+            )));
+        }
+        let batch_size: usize = get("batch_size")?.extract()?;
+        let shuffle: bool = get("shuffle")?.extract()?;
+        if batch_size != self.batch_size || shuffle != self.shuffle {
+            return Err(PyValueError::new_err(format!(
+                "state_dict is for batch_size={batch_size}, shuffle={shuffle}; this loader has batch_size={}, shuffle={}",
+                self.batch_size, self.shuffle
+            )));
+        }
+        self.seed = get("seed")?.extract()?;
+        self.set_position(Position {
+            epoch: get("epoch")?.extract()?,
+            batches: get("batches_done")?.extract()?,
+        });
+        self.resuming = true;
+        Ok(())
+    }
+
+    /// Counters since the loader was made: rows, batches, bytes read, files opened,
+    /// seconds the consumer waited, seconds spent decoding (summed over threads).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.stats.snapshot();
+        let d = PyDict::new(py);
+        d.set_item("rows", s.rows)?;
+        d.set_item("batches", s.batches)?;
+        d.set_item("units", s.units)?;
+        d.set_item("bytes_read", s.bytes_read)?;
+        d.set_item("files_opened", s.files_opened)?;
+        d.set_item("wait_seconds", s.wait_ns as f64 / 1e9)?;
+        d.set_item("decode_seconds", s.decode_ns as f64 / 1e9)?;
+        d.set_item("skipped_records", s.skipped_records)?;
+        d.set_item("skipped_units", s.skipped_units)?;
+        Ok(d)
+    }
+
+    /// One epoch as an Arrow stream of batches (advances the epoch like iterating does).
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_stream__<'py>(
+        &mut self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        // The protocol lets a producer ignore the request; consumers cast.
+        let _ = requested_schema;
+        let (receiver, at) = self.start_epoch(py)?;
+        self.set_position(Position {
+            epoch: at.epoch + 1,
+            batches: 0,
+        });
+        let fallback = if self.dataset.keeps_source_schema() {
+            Some(py.detach(|| self.dataset.source_schema())?)
+        } else {
+            None
+        };
+        stream_capsule(py, receiver, fallback)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "shardflow.DataLoader(batch_size={}, shuffle={}, drop_last={}, num_threads={}, prefetch={}, epoch={})",
+            self.batch_size,
+            self.shuffle,
+            self.drop_last,
+            self.num_threads,
+            self.prefetch,
+            self.position().epoch
+        )
+    }
+}
+
+/// Yields the batches of one epoch.
+#[pyclass(name = "BatchIterator", module = "shardflow")]
+pub struct BatchIterator {
+    receiver: Option<BatchReceiver>,
+    output: Output,
+    position: Arc<Mutex<Position>>,
+    epoch: u64,
+}
+
+fn batch_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static BATCH: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    BATCH.import(py, "shardflow._batch", "Batch")
+}
+
+fn to_output(py: Python<'_>, batch: RecordBatch, output: Output) -> PyResult<Py<PyAny>> {
+    match output {
+        Output::Arrow => Ok(Py::new(py, PyRecordBatch { batch })?.into_any()),
+        Output::Numpy => {
+            let columns = batch_to_numpy(py, &batch)?;
+            let out = batch_class(py)?.call1((columns,))?;
+            out.setattr("_record_batch", PyRecordBatch { batch })?;
+            Ok(out.unbind())
+        }
+    }
+}
+
+#[pymethods]
+impl BatchIterator {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let Some(receiver) = self.receiver.as_mut() else {
+            return Ok(None);
+        };
+        let batch = next_batch(py, receiver).inspect_err(|_| self.receiver = None)?;
+        let mut position = self.position.lock().unwrap_or_else(|p| p.into_inner());
+        match batch {
+            Some(batch) => {
+                if position.epoch == self.epoch {
+                    position.batches += 1;
+                }
+                drop(position);
+                Ok(Some(to_output(py, batch, self.output)?))
+            }
+            None => {
+                if position.epoch == self.epoch {
+                    *position = Position {
+                        epoch: self.epoch + 1,
+                        batches: 0,
+                    };
+                }
+                self.receiver = None;
+                Ok(None)
+            }
+        }
+    }
+}

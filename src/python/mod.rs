@@ -1,0 +1,44 @@
+//! The Python binding: the only module that uses pyo3. Thin wrappers that convert
+//! arguments, call the core with the GIL released, and convert results.
+
+mod arrow_ffi;
+mod batch;
+mod dataset;
+mod errors;
+mod from_python;
+mod loader;
+mod to_python;
+mod transform;
+
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use pyo3::prelude::*;
+
+use crate::pipeline::{BatchReceiver, Received};
+
+/// How often a waiting consumer wakes to let Ctrl-C through.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+/// Waits for the next batch with the GIL released, raising KeyboardInterrupt promptly.
+fn next_batch(py: Python<'_>, receiver: &mut BatchReceiver) -> PyResult<Option<RecordBatch>> {
+    loop {
+        match py.detach(|| receiver.recv_timeout(SIGNAL_CHECK))? {
+            Received::Batch(batch) => return Ok(Some(batch)),
+            Received::End => return Ok(None),
+            Received::Timeout => py.check_signals()?,
+        }
+    }
+}
+
+#[pymodule]
+mod _native {
+    #[pymodule_export]
+    use super::batch::PyRecordBatch;
+    #[pymodule_export]
+    use super::dataset::{PyDataset, SampleIterator, dataset};
+    #[pymodule_export]
+    use super::loader::{BatchIterator, PyDataLoader};
+    #[pymodule_export]
+    use super::to_python::ArrowBufferOwner;
+}

@@ -1,0 +1,675 @@
+//! Arrow -> Python. Numeric columns become numpy arrays over the Arrow buffer itself
+//! (the array's base object keeps the buffer alive); fixed-size lists of numbers become
+//! `(rows, *shape)` tensors the same way. Everything else becomes Python objects with
+//! the values `pyarrow`'s `to_pylist()` gives.
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::*;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_buffer::Buffer;
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
+use arrow_schema::{DataType, Field, TimeUnit};
+use numpy::npyffi::{self, NPY_ARRAY_WRITEABLE, PY_ARRAY_API, npy_intp};
+use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{IntoPyDict, PyBytes, PyDict, PyList, PySlice, PyString, PyTuple};
+
+/// Field metadata naming Arrow's canonical fixed-shape tensor extension type.
+pub const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
+pub const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
+pub const TENSOR_EXTENSION: &str = "arrow.fixed_shape_tensor";
+
+/// Keeps an Arrow buffer alive for as long as a numpy array views it.
+#[pyclass(frozen, name = "_ArrowBuffer", module = "shardflow._native")]
+pub struct ArrowBufferOwner {
+    buffer: Buffer,
+}
+
+#[pymethods]
+impl ArrowBufferOwner {
+    /// Address of the first byte, for tests that check no copy was made.
+    #[getter]
+    fn address(&self) -> usize {
+        self.buffer.as_ptr() as usize
+    }
+}
+
+/// A numpy array of `shape` over `buffer`, without copying.
+fn view_buffer<'py>(
+    py: Python<'py>,
+    dtype: &str,
+    shape: &[usize],
+    buffer: Buffer,
+) -> PyResult<Bound<'py, PyAny>> {
+    let descr = PyArrayDescr::new(py, dtype)?;
+    let data = buffer.as_ptr() as *mut std::ffi::c_void;
+    let owner = Bound::new(py, ArrowBufferOwner { buffer })?;
+    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    // SAFETY: `data` points at `prod(shape) * itemsize` readable bytes owned by `owner`,
+    // which becomes the array's base (the reference is stolen) and so outlives it.
+    // Arrow buffers are never written through again once built.
+    unsafe {
+        let array = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            descr.into_dtype_ptr(),
+            dims.len() as i32,
+            dims.as_mut_ptr(),
+            std::ptr::null_mut(),
+            data,
+            NPY_ARRAY_WRITEABLE,
+            std::ptr::null_mut(),
+        );
+        if array.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, array.cast(), owner.into_ptr()) != 0 {
+            pyo3::ffi::Py_DecRef(array);
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Bound::from_owned_ptr(py, array))
+    }
+}
+
+/// The numpy dtype that has the same memory layout as an Arrow fixed-width type.
+fn numpy_dtype(dt: &DataType) -> Option<String> {
+    let unit = |u: &TimeUnit| match u {
+        TimeUnit::Second => "s",
+        TimeUnit::Millisecond => "ms",
+        TimeUnit::Microsecond => "us",
+        TimeUnit::Nanosecond => "ns",
+    };
+    Some(match dt {
+        DataType::Int8 => "int8".into(),
+        DataType::Int16 => "int16".into(),
+        DataType::Int32 => "int32".into(),
+        DataType::Int64 => "int64".into(),
+        DataType::UInt8 => "uint8".into(),
+        DataType::UInt16 => "uint16".into(),
+        DataType::UInt32 => "uint32".into(),
+        DataType::UInt64 => "uint64".into(),
+        DataType::Float16 => "float16".into(),
+        DataType::Float32 => "float32".into(),
+        DataType::Float64 => "float64".into(),
+        DataType::Timestamp(u, _) => format!("datetime64[{}]", unit(u)),
+        DataType::Date64 => "datetime64[ms]".into(),
+        DataType::Duration(u) => format!("timedelta64[{}]", unit(u)),
+        _ => return None,
+    })
+}
+
+/// The values buffer of a fixed-width array, sliced to the array's rows.
+fn values_buffer(array: &dyn Array) -> Option<Buffer> {
+    let width = array.data_type().primitive_width()?;
+    let data = array.to_data();
+    let buffer = data.buffers().first()?;
+    Some(buffer.slice_with_length(data.offset() * width, data.len() * width))
+}
+
+/// The tensor shape a fixed-size-list field declares through the canonical extension type.
+fn declared_tensor_shape(field: &Field) -> Option<Vec<usize>> {
+    let metadata = field.metadata();
+    if metadata.get(EXTENSION_NAME_KEY).map(String::as_str) != Some(TENSOR_EXTENSION) {
+        return None;
+    }
+    let parsed: serde_json::Value =
+        serde_json::from_str(metadata.get(EXTENSION_METADATA_KEY)?).ok()?;
+    parsed
+        .get("shape")?
+        .as_array()?
+        .iter()
+        .map(|d| d.as_u64().map(|d| d as usize))
+        .collect()
+}
+
+/// For nested fixed-size lists of numbers with no nulls: the leaf values and the shape
+/// of one row.
+fn tensor_parts(array: &dyn Array) -> Option<(ArrayRef, Vec<usize>)> {
+    let mut shape = Vec::new();
+    let mut current = array.slice(0, array.len());
+    while let DataType::FixedSizeList(_, size) = current.data_type() {
+        if current.null_count() > 0 {
+            return None;
+        }
+        shape.push(*size as usize);
+        current = current.as_fixed_size_list().values().clone();
+    }
+    (!shape.is_empty() && current.null_count() == 0 && numpy_dtype(current.data_type()).is_some())
+        .then_some((current, shape))
+}
+
+/// One column as a numpy array: zero-copy where the layout allows.
+pub fn column_to_numpy<'py>(
+    py: Python<'py>,
+    array: &ArrayRef,
+    field: &Field,
+) -> PyResult<Bound<'py, PyAny>> {
+    let n = array.len();
+    match array.data_type() {
+        DataType::Dictionary(_, value_type) => {
+            let decoded = arrow_cast::cast(array, value_type).map_err(to_type_error)?;
+            column_to_numpy(
+                py,
+                &decoded,
+                &Field::new(field.name(), value_type.as_ref().clone(), true),
+            )
+        }
+        dt if numpy_dtype(dt).is_some() => {
+            let dtype = numpy_dtype(dt).unwrap_or_default();
+            let buffer = values_buffer(array.as_ref())
+                .ok_or_else(|| PyTypeError::new_err(format!("no values buffer for {dt}")))?;
+            let view = view_buffer(py, &dtype, &[n], buffer)?;
+            if array.null_count() == 0 {
+                return Ok(view);
+            }
+            fill_nulls(py, view, array.as_ref())
+        }
+        DataType::Date32 if array.null_count() == 0 => {
+            let buffer = values_buffer(array.as_ref()).unwrap_or_default();
+            view_buffer(py, "int32", &[n], buffer)?.call_method1("astype", ("datetime64[D]",))
+        }
+        DataType::Boolean if array.null_count() == 0 => {
+            let values: Vec<bool> = array.as_boolean().values().iter().collect();
+            Ok(PyArray1::from_vec(py, values).into_any())
+        }
+        DataType::FixedSizeList(_, _) => match tensor_parts(array.as_ref()) {
+            Some((leaf, mut shape)) => {
+                if let Some(declared) = declared_tensor_shape(field)
+                    && declared.iter().product::<usize>() == shape.iter().product::<usize>()
+                {
+                    shape = declared;
+                }
+                let dtype = numpy_dtype(leaf.data_type()).unwrap_or_default();
+                let buffer = values_buffer(leaf.as_ref()).unwrap_or_default();
+                let mut full = vec![n];
+                full.extend(shape);
+                view_buffer(py, &dtype, &full, buffer)
+            }
+            None => object_array(py, column_to_py(py, array.as_ref())?),
+        },
+        DataType::List(_) | DataType::LargeList(_) => match ragged_views(py, array.as_ref())? {
+            Some(views) => object_array(py, views),
+            None => object_array(py, column_to_py(py, array.as_ref())?),
+        },
+        DataType::Struct(fields) if array.null_count() == 0 => {
+            let dict = PyDict::new(py);
+            let columns = array.as_struct().columns();
+            for (child_field, child) in fields.iter().zip(columns) {
+                dict.set_item(child_field.name(), column_to_numpy(py, child, child_field)?)?;
+            }
+            Ok(dict.into_any())
+        }
+        _ => object_array(py, column_to_py(py, array.as_ref())?),
+    }
+}
+
+/// Nulls in numeric columns: NaN for floats, NaT for times (a copy); other types with
+/// nulls become object arrays holding `None`.
+fn fill_nulls<'py>(
+    py: Python<'py>,
+    view: Bound<'py, PyAny>,
+    array: &dyn Array,
+) -> PyResult<Bound<'py, PyAny>> {
+    let fill: Bound<'py, PyAny> = match array.data_type() {
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
+            f64::NAN.into_pyobject(py)?.into_any()
+        }
+        DataType::Timestamp(..) | DataType::Date64 | DataType::Duration(_) => {
+            let kind = if matches!(array.data_type(), DataType::Duration(_)) {
+                "timedelta64"
+            } else {
+                "datetime64"
+            };
+            py.import("numpy")?.getattr(kind)?.call1(("NaT",))?
+        }
+        _ => return object_array(py, column_to_py(py, array)?),
+    };
+    let out = view.call_method0("copy")?;
+    let mask: Vec<bool> = (0..array.len()).map(|i| array.is_null(i)).collect();
+    out.set_item(PyArray1::from_vec(py, mask), fill)?;
+    Ok(out)
+}
+
+/// Lists of numbers as 1-D numpy views into one shared values buffer (None for null lists).
+fn ragged_views(py: Python<'_>, array: &dyn Array) -> PyResult<Option<Vec<Py<PyAny>>>> {
+    let (values, offsets): (ArrayRef, Vec<usize>) = match array.data_type() {
+        DataType::List(_) => {
+            let list = array.as_list::<i32>();
+            (
+                list.values().clone(),
+                list.value_offsets().iter().map(|&o| o as usize).collect(),
+            )
+        }
+        DataType::LargeList(_) => {
+            let list = array.as_list::<i64>();
+            (
+                list.values().clone(),
+                list.value_offsets().iter().map(|&o| o as usize).collect(),
+            )
+        }
+        _ => return Ok(None),
+    };
+    let Some(dtype) = numpy_dtype(values.data_type()) else {
+        return Ok(None);
+    };
+    if values.null_count() > 0 {
+        return Ok(None);
+    }
+    let buffer = values_buffer(values.as_ref()).unwrap_or_default();
+    let whole = view_buffer(py, &dtype, &[values.len()], buffer)?;
+    (0..array.len())
+        .map(|i| {
+            if array.is_null(i) {
+                return Ok(py.None());
+            }
+            let slice = PySlice::new(py, offsets[i] as isize, offsets[i + 1] as isize, 1);
+            Ok(whole.get_item(slice)?.unbind())
+        })
+        .collect::<PyResult<Vec<_>>>()
+        .map(Some)
+}
+
+fn object_array<'py>(py: Python<'py>, values: Vec<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+    Ok(PyArray1::from_vec(py, values).into_any())
+}
+
+fn to_type_error(e: impl std::fmt::Display) -> PyErr {
+    PyTypeError::new_err(e.to_string())
+}
+
+/// A batch as `dict[str, np.ndarray]`.
+pub fn batch_to_numpy<'py>(py: Python<'py>, batch: &RecordBatch) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        dict.set_item(field.name(), column_to_numpy(py, column, field)?)?;
+    }
+    Ok(dict)
+}
+
+/// A batch as one dict per row. Tensor columns give numpy arrays per row; everything
+/// else gives plain Python values.
+pub fn batch_to_rows<'py>(
+    py: Python<'py>,
+    batch: &RecordBatch,
+) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    let schema = batch.schema();
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        let name = PyString::new(py, field.name());
+        let values =
+            if declared_tensor_shape(field).is_some() && tensor_parts(column.as_ref()).is_some() {
+                let tensors = column_to_numpy(py, column, field)?;
+                (0..column.len())
+                    .map(|i| Ok(tensors.get_item(i)?.unbind()))
+                    .collect::<PyResult<Vec<_>>>()?
+            } else {
+                column_to_py(py, column.as_ref())?
+            };
+        columns.push((name, values));
+    }
+    (0..batch.num_rows())
+        .map(|row| {
+            let dict = PyDict::new(py);
+            for (name, values) in &columns {
+                dict.set_item(name, values[row].bind(py))?;
+            }
+            Ok(dict)
+        })
+        .collect()
+}
+
+/// A batch as `dict[str, list]`.
+pub fn batch_to_pydict<'py>(py: Python<'py>, batch: &RecordBatch) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        dict.set_item(
+            field.name(),
+            PyList::new(py, column_to_py(py, column.as_ref())?)?,
+        )?;
+    }
+    Ok(dict)
+}
+
+struct PyDatetime {
+    date_fromordinal: Py<PyAny>,
+    datetime: Py<PyAny>,
+    time: Py<PyAny>,
+    timedelta: Py<PyAny>,
+    utc: Py<PyAny>,
+    decimal: Py<PyAny>,
+}
+
+fn datetime_api(py: Python<'_>) -> PyResult<&PyDatetime> {
+    static API: PyOnceLock<PyDatetime> = PyOnceLock::new();
+    API.get_or_try_init(py, || {
+        let dt = py.import("datetime")?;
+        Ok(PyDatetime {
+            date_fromordinal: dt.getattr("date")?.getattr("fromordinal")?.unbind(),
+            datetime: dt.getattr("datetime")?.unbind(),
+            time: dt.getattr("time")?.unbind(),
+            timedelta: dt.getattr("timedelta")?.unbind(),
+            utc: dt.getattr("timezone")?.getattr("utc")?.unbind(),
+            decimal: py.import("decimal")?.getattr("Decimal")?.unbind(),
+        })
+    })
+}
+
+/// `datetime.date.toordinal()` of 1970-01-01.
+const UNIX_EPOCH_ORDINAL: i64 = 719_163;
+
+fn to_micros(value: i64, unit: &TimeUnit) -> i64 {
+    match unit {
+        TimeUnit::Second => value.saturating_mul(1_000_000),
+        TimeUnit::Millisecond => value.saturating_mul(1_000),
+        TimeUnit::Microsecond => value,
+        // datetime has microsecond resolution; round toward minus infinity like pyarrow.
+        TimeUnit::Nanosecond => value.div_euclid(1_000),
+    }
+}
+
+fn timezone<'py>(py: Python<'py>, tz: &str) -> PyResult<Bound<'py, PyAny>> {
+    let api = datetime_api(py)?;
+    if tz.eq_ignore_ascii_case("utc") || tz == "+00:00" || tz == "Z" {
+        return Ok(api.utc.bind(py).clone());
+    }
+    if let Some((sign, rest)) = tz.split_at_checked(1)
+        && (sign == "+" || sign == "-")
+        && let Some((h, m)) = rest.split_once(':')
+        && let (Ok(h), Ok(m)) = (h.parse::<i64>(), m.parse::<i64>())
+    {
+        let minutes = if sign == "-" {
+            -(h * 60 + m)
+        } else {
+            h * 60 + m
+        };
+        let offset = api
+            .timedelta
+            .bind(py)
+            .call((), Some(&[("minutes", minutes)].into_py_dict(py)?))?;
+        return py.import("datetime")?.getattr("timezone")?.call1((offset,));
+    }
+    py.import("zoneinfo")?.getattr("ZoneInfo")?.call1((tz,))
+}
+
+/// One column as Python values (None for nulls), like `pyarrow.Array.to_pylist()`.
+pub fn column_to_py(py: Python<'_>, array: &dyn Array) -> PyResult<Vec<Py<PyAny>>> {
+    let n = array.len();
+    macro_rules! prim {
+        ($t:ty) => {{
+            let a = array.as_primitive::<$t>();
+            (0..n)
+                .map(|i| {
+                    if a.is_null(i) {
+                        Ok(py.None())
+                    } else {
+                        Ok(a.value(i).into_pyobject(py)?.into_any().unbind())
+                    }
+                })
+                .collect()
+        }};
+    }
+    macro_rules! each {
+        ($a:expr, |$v:ident| $body:expr) => {{
+            let a = $a;
+            (0..n)
+                .map(|i| -> PyResult<Py<PyAny>> {
+                    if a.is_null(i) {
+                        Ok(py.None())
+                    } else {
+                        let $v = a.value(i);
+                        Ok($body)
+                    }
+                })
+                .collect()
+        }};
+    }
+    match array.data_type() {
+        DataType::Null => Ok((0..n).map(|_| py.None()).collect()),
+        DataType::Boolean => each!(array.as_boolean(), |v| v
+            .into_pyobject(py)?
+            .to_owned()
+            .into_any()
+            .unbind()),
+        DataType::Int8 => prim!(Int8Type),
+        DataType::Int16 => prim!(Int16Type),
+        DataType::Int32 => prim!(Int32Type),
+        DataType::Int64 => prim!(Int64Type),
+        DataType::UInt8 => prim!(UInt8Type),
+        DataType::UInt16 => prim!(UInt16Type),
+        DataType::UInt32 => prim!(UInt32Type),
+        DataType::UInt64 => prim!(UInt64Type),
+        DataType::Float16 => each!(array.as_primitive::<Float16Type>(), |v| v
+            .to_f64()
+            .into_pyobject(py)?
+            .into_any()
+            .unbind()),
+        DataType::Float32 => each!(array.as_primitive::<Float32Type>(), |v| (v as f64)
+            .into_pyobject(py)?
+            .into_any()
+            .unbind()),
+        DataType::Float64 => prim!(Float64Type),
+        DataType::Utf8 => each!(array.as_string::<i32>(), |v| PyString::new(py, v)
+            .into_any()
+            .unbind()),
+        DataType::LargeUtf8 => each!(array.as_string::<i64>(), |v| PyString::new(py, v)
+            .into_any()
+            .unbind()),
+        DataType::Utf8View => each!(array.as_string_view(), |v| PyString::new(py, v)
+            .into_any()
+            .unbind()),
+        DataType::Binary => each!(array.as_binary::<i32>(), |v| PyBytes::new(py, v)
+            .into_any()
+            .unbind()),
+        DataType::LargeBinary => each!(array.as_binary::<i64>(), |v| PyBytes::new(py, v)
+            .into_any()
+            .unbind()),
+        DataType::BinaryView => each!(array.as_binary_view(), |v| PyBytes::new(py, v)
+            .into_any()
+            .unbind()),
+        DataType::FixedSizeBinary(_) => {
+            each!(array.as_fixed_size_binary(), |v| PyBytes::new(py, v)
+                .into_any()
+                .unbind())
+        }
+        DataType::Date32 => {
+            let fromordinal = datetime_api(py)?.date_fromordinal.bind(py);
+            each!(array.as_primitive::<Date32Type>(), |v| fromordinal
+                .call1((UNIX_EPOCH_ORDINAL + v as i64,))?
+                .unbind())
+        }
+        DataType::Date64 => {
+            let fromordinal = datetime_api(py)?.date_fromordinal.bind(py);
+            each!(array.as_primitive::<Date64Type>(), |v| fromordinal
+                .call1((UNIX_EPOCH_ORDINAL + v.div_euclid(86_400_000),))?
+                .unbind())
+        }
+        DataType::Timestamp(unit, tz) => timestamps_to_py(py, array, unit, tz.as_deref()),
+        DataType::Time32(unit) | DataType::Time64(unit) => {
+            let a = arrow_cast::cast(array, &DataType::Int64).map_err(to_type_error)?;
+            let a = a.as_primitive::<Int64Type>();
+            times_to_py(
+                py,
+                (0..n).map(|i| (!a.is_null(i)).then(|| to_micros(a.value(i), unit))),
+            )
+        }
+        DataType::Duration(unit) => {
+            let a = arrow_cast::cast(array, &DataType::Int64).map_err(to_type_error)?;
+            let timedelta = datetime_api(py)?.timedelta.bind(py);
+            let unit = *unit;
+            each!(a.as_primitive::<Int64Type>(), |v| timedelta
+                .call((0, 0, to_micros(v, &unit)), None)?
+                .unbind())
+        }
+        DataType::Decimal32(..)
+        | DataType::Decimal64(..)
+        | DataType::Decimal128(..)
+        | DataType::Decimal256(..) => {
+            let decimal = datetime_api(py)?.decimal.bind(py);
+            let formatter =
+                ArrayFormatter::try_new(array, &FormatOptions::default()).map_err(to_type_error)?;
+            (0..n)
+                .map(|i| {
+                    if array.is_null(i) {
+                        Ok(py.None())
+                    } else {
+                        Ok(decimal.call1((formatter.value(i).to_string(),))?.unbind())
+                    }
+                })
+                .collect()
+        }
+        DataType::List(_) => {
+            let list = array.as_list::<i32>();
+            lists_to_py(
+                py,
+                array,
+                list.values().as_ref(),
+                list.value_offsets().iter().map(|&o| o as usize),
+            )
+        }
+        DataType::LargeList(_) => {
+            let list = array.as_list::<i64>();
+            lists_to_py(
+                py,
+                array,
+                list.values().as_ref(),
+                list.value_offsets().iter().map(|&o| o as usize),
+            )
+        }
+        DataType::FixedSizeList(_, size) => {
+            let list = array.as_fixed_size_list();
+            let size = *size as usize;
+            lists_to_py(py, array, list.values().as_ref(), (0..=n).map(|i| i * size))
+        }
+        DataType::Struct(fields) => {
+            let s = array.as_struct();
+            let names: Vec<Bound<'_, PyString>> =
+                fields.iter().map(|f| PyString::new(py, f.name())).collect();
+            let children = s
+                .columns()
+                .iter()
+                .map(|c| column_to_py(py, c.as_ref()))
+                .collect::<PyResult<Vec<_>>>()?;
+            (0..n)
+                .map(|i| {
+                    if s.is_null(i) {
+                        return Ok(py.None());
+                    }
+                    let dict = PyDict::new(py);
+                    for (name, values) in names.iter().zip(&children) {
+                        dict.set_item(name, values[i].bind(py))?;
+                    }
+                    Ok(dict.into_any().unbind())
+                })
+                .collect()
+        }
+        DataType::Map(_, _) => {
+            let map = array.as_map();
+            let keys = column_to_py(py, map.keys().as_ref())?;
+            let values = column_to_py(py, map.values().as_ref())?;
+            let offsets = map.value_offsets();
+            (0..n)
+                .map(|i| {
+                    if map.is_null(i) {
+                        return Ok(py.None());
+                    }
+                    let pairs = (offsets[i] as usize..offsets[i + 1] as usize)
+                        .map(|j| PyTuple::new(py, [keys[j].bind(py), values[j].bind(py)]))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    Ok(PyList::new(py, pairs)?.into_any().unbind())
+                })
+                .collect()
+        }
+        DataType::Dictionary(_, value_type) => {
+            let decoded = arrow_cast::cast(array, value_type).map_err(to_type_error)?;
+            column_to_py(py, decoded.as_ref())
+        }
+        other => Err(PyTypeError::new_err(format!(
+            "Arrow type {other} has no Python conversion in shardflow; use output=\"arrow\""
+        ))),
+    }
+}
+
+fn lists_to_py(
+    py: Python<'_>,
+    array: &dyn Array,
+    values: &dyn Array,
+    offsets: impl Iterator<Item = usize>,
+) -> PyResult<Vec<Py<PyAny>>> {
+    let items = column_to_py(py, values)?;
+    let offsets: Vec<usize> = offsets.collect();
+    (0..array.len())
+        .map(|i| {
+            if array.is_null(i) {
+                return Ok(py.None());
+            }
+            let row = items[offsets[i]..offsets[i + 1]].iter().map(|v| v.bind(py));
+            Ok(PyList::new(py, row)?.into_any().unbind())
+        })
+        .collect()
+}
+
+fn timestamps_to_py(
+    py: Python<'_>,
+    array: &dyn Array,
+    unit: &TimeUnit,
+    tz: Option<&str>,
+) -> PyResult<Vec<Py<PyAny>>> {
+    let api = datetime_api(py)?;
+    let datetime = api.datetime.bind(py);
+    let timedelta = api.timedelta.bind(py);
+    let epoch = match tz {
+        Some(_) => datetime.call((1970, 1, 1, 0, 0, 0, 0, api.utc.bind(py)), None)?,
+        None => datetime.call1((1970, 1, 1))?,
+    };
+    let zone = match tz {
+        Some(tz) => Some(timezone(py, tz)?),
+        None => None,
+    };
+    let values = arrow_cast::cast(array, &DataType::Int64).map_err(to_type_error)?;
+    let values = values.as_primitive::<Int64Type>();
+    (0..array.len())
+        .map(|i| {
+            if values.is_null(i) {
+                return Ok(py.None());
+            }
+            let delta = timedelta.call((0, 0, to_micros(values.value(i), unit)), None)?;
+            let mut value = epoch.call_method1("__add__", (delta,))?;
+            if let Some(zone) = &zone {
+                value = value.call_method1("astimezone", (zone,))?;
+            }
+            Ok(value.unbind())
+        })
+        .collect()
+}
+
+fn times_to_py(
+    py: Python<'_>,
+    micros: impl Iterator<Item = Option<i64>>,
+) -> PyResult<Vec<Py<PyAny>>> {
+    let time = datetime_api(py)?.time.bind(py);
+    micros
+        .map(|us| match us {
+            None => Ok(py.None()),
+            Some(us) => {
+                let us = us.rem_euclid(86_400_000_000);
+                let (h, rest) = (us / 3_600_000_000, us % 3_600_000_000);
+                let (m, rest) = (rest / 60_000_000, rest % 60_000_000);
+                Ok(time
+                    .call1((h, m, rest / 1_000_000, rest % 1_000_000))?
+                    .unbind())
+            }
+        })
+        .collect()
+}
+
+/// A cheap handle on the fixed-shape field metadata used by the Python -> Arrow side.
+pub fn tensor_field_metadata(shape: &[usize]) -> std::collections::HashMap<String, String> {
+    let shape = serde_json::to_string(&serde_json::json!({ "shape": shape })).unwrap_or_default();
+    [
+        (EXTENSION_NAME_KEY.to_string(), TENSOR_EXTENSION.to_string()),
+        (EXTENSION_METADATA_KEY.to_string(), shape),
+    ]
+    .into()
+}
