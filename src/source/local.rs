@@ -5,7 +5,7 @@ use std::io::Read;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
@@ -18,7 +18,7 @@ pub struct LocalSource {
     path: PathBuf,
     url: String,
     /// Opened on first use and shared by every read of this shard.
-    file: OnceLock<Arc<File>>,
+    file: Mutex<Option<Arc<File>>>,
     counters: Arc<IoCounters>,
 }
 
@@ -27,17 +27,19 @@ impl LocalSource {
         Self {
             path: PathBuf::from(path),
             url: path.to_string(),
-            file: OnceLock::new(),
+            file: Mutex::new(None),
             counters,
         }
     }
 
     fn file(&self) -> Result<Arc<File>> {
-        if let Some(file) = self.file.get() {
+        let mut slot = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(file) = slot.as_ref() {
             return Ok(file.clone());
         }
         let file = Arc::new(self.open_file()?);
-        Ok(self.file.get_or_init(|| file).clone())
+        *slot = Some(file.clone());
+        Ok(file)
     }
 
     fn open_file(&self) -> Result<File> {
