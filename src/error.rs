@@ -155,5 +155,20 @@ mod tests {
         );
         assert!(matches!(e, Error::NotFound { .. }));
         assert_eq!(e.url(), Some("x.parquet"));
+        let e = Error::io(
+            "y",
+            Position::Unknown,
+            std::io::ErrorKind::PermissionDenied.into(),
+        );
+        assert!(matches!(e, Error::PermissionDenied { .. }));
+        let e = Error::io(
+            "z",
+            Position::Byte(3),
+            std::io::ErrorKind::UnexpectedEof.into(),
+        );
+        assert_eq!(
+            e.to_string(),
+            "z at byte 3: I/O error: unexpected end of file"
+        );
     }
 }

@@ -9,7 +9,8 @@ class Batch(dict):  # type: ignore[type-arg]
     """``dict[str, numpy.ndarray]`` that also exports the Arrow PyCapsule interface.
 
     Numeric columns are numpy arrays over the batch's Arrow buffers (no copy);
-    ``pyarrow.record_batch(batch)`` reads the same memory.
+    ``batch.to_pyarrow()`` and any consumer of ``__arrow_c_array__`` read the same
+    memory. (``pyarrow.record_batch(batch)`` sees a dict first and copies.)
     """
 
     __slots__ = ("_record_batch",)
@@ -17,6 +18,10 @@ class Batch(dict):  # type: ignore[type-arg]
     @property
     def num_rows(self) -> int:
         return int(self._record_batch.num_rows)
+
+    def to_pyarrow(self) -> Any:
+        """A ``pyarrow.RecordBatch`` over the same memory."""
+        return self._record_batch.to_pyarrow()
 
     def __arrow_c_schema__(self) -> Any:
         return self._record_batch.__arrow_c_schema__()

@@ -172,6 +172,10 @@ fn stream_error(url: &str, line: u64, e: std::io::Error) -> Error {
 }
 
 impl PreparedShards for PreparedJsonl {
+    fn format(&self) -> &'static str {
+        FORMAT
+    }
+
     fn schema(&self) -> SchemaRef {
         self.decoder.schema.clone()
     }

@@ -90,6 +90,8 @@ pub enum UnitJob {
 
 /// Shards a format has looked at (footers read, schema known), ready to be read.
 pub trait PreparedShards: Send + Sync {
+    /// The format's name as shown in errors ("Parquet", "JSON").
+    fn format(&self) -> &'static str;
     /// The schema of every batch this reader yields (after projection).
     fn schema(&self) -> SchemaRef;
     /// The shards that are read; units refer to them by index.

@@ -13,19 +13,20 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use parquet::errors::ParquetError;
-use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
 use super::{Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit};
-use crate::error::{Error, Position, Result};
+use crate::error::{Error, Position, Result, panic_message};
 use crate::source::ranges::{RangeSet, coalesce};
 use crate::source::{self, IoCounters, ShardMeta, Source};
 
 const FORMAT: &str = "Parquet";
 /// First guess at the footer size; one more read fetches the rest when it is larger.
 const FOOTER_GUESS: u64 = 64 * 1024;
-/// Column chunks closer than this are fetched in one read.
-const COALESCE_GAP: u64 = 1024 * 1024;
+/// Column chunks closer than this are fetched in one read: a few wasted bytes cost less
+/// than another request, but a wide gap would read unprojected columns.
+const COALESCE_GAP: u64 = 64 * 1024;
 /// Decoded batches aim at about this many bytes, so wide rows give short batches.
 const TARGET_BATCH_BYTES: u64 = 8 * 1024 * 1024;
 const MAX_BATCH_ROWS: u64 = 64 * 1024;
@@ -78,7 +79,19 @@ impl Format for Parquet {
         let mut skipped_shards = 0;
         for (shard, footer) in shards.into_iter().zip(footers) {
             let file = footer.and_then(|(size, metadata)| {
-                project(&shard.url, size, metadata, options.columns.as_deref())
+                // The parquet crate asserts on some corrupt metadata; that is the file's
+                // fault, so it is reported (or skipped) as such.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    project(&shard.url, size, metadata, options.columns.as_deref())
+                }))
+                .unwrap_or_else(|panic| {
+                    Err(Error::decode(
+                        &shard.url,
+                        FORMAT,
+                        Position::Unknown,
+                        panic_message(&*panic),
+                    ))
+                })
             });
             match file {
                 Ok(file) => {
@@ -91,13 +104,17 @@ impl Format for Parquet {
                 Err(e) => return Err(e),
             }
         }
-        let Some(first) = files.first() else {
+        if files.is_empty() {
             return Err(Error::invalid_argument(
                 "every Parquet file was unreadable and skipped",
             ));
-        };
+        }
+        // Files without rows add nothing, so their (often degenerate) schema is not held
+        // against the others.
+        let has_rows = |f: &&Arc<ParquetFile>| f.metadata.metadata().file_metadata().num_rows() > 0;
+        let first = files.iter().find(has_rows).unwrap_or(&files[0]);
         let schema = first.schema.clone();
-        for file in &files[1..] {
+        for file in files.iter().filter(has_rows) {
             let other = &file.schema;
             if other.fields() != schema.fields() {
                 return Err(Error::Schema {
@@ -172,11 +189,16 @@ fn read_footers(
         .collect();
     rt.block_on(async {
         let mut out = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            out.push(
-                task.await
-                    .map_err(|e| Error::Internal(format!("footer task failed: {e}")))?,
-            );
+        for (shard, task) in shards.iter().zip(tasks) {
+            // A panic here is the footer parser choking on corrupt bytes.
+            out.push(task.await.unwrap_or_else(|e| {
+                Err(Error::decode(
+                    &shard.url,
+                    FORMAT,
+                    Position::Unknown,
+                    footer_message(e),
+                ))
+            }));
         }
         Ok(out)
     })
@@ -214,7 +236,7 @@ async fn read_metadata(source: &dyn Source, size: u64) -> Result<ArrowReaderMeta
     }
 }
 
-fn footer_message(e: ParquetError) -> String {
+fn footer_message(e: impl std::fmt::Display) -> String {
     format!("cannot read the footer: {e}")
 }
 
@@ -290,30 +312,51 @@ fn project(
     Ok(file)
 }
 
-/// Corrupt metadata can point column chunks past the end of the file; catch that before
-/// allocating buffers for them.
+/// The byte range of a column chunk, checked against the file: corrupt metadata can hold
+/// negative offsets (which the parquet crate asserts on) or point past the end (which
+/// would make us allocate for bytes that are not there).
+fn chunk_range(
+    file_size: u64,
+    column: &ColumnChunkMetaData,
+) -> std::result::Result<Range<u64>, String> {
+    let start = column
+        .dictionary_page_offset()
+        .filter(|&offset| offset > 0)
+        .unwrap_or_else(|| column.data_page_offset());
+    let len = column.compressed_size();
+    let (Ok(start), Ok(len)) = (u64::try_from(start), u64::try_from(len)) else {
+        return Err(format!(
+            "column chunk has a negative offset ({start}) or size ({len})"
+        ));
+    };
+    match start.checked_add(len) {
+        Some(end) if end <= file_size => Ok(start..end),
+        _ => Err(format!(
+            "column chunk spans bytes {start}..{} beyond the end of the {file_size}-byte file",
+            start.saturating_add(len)
+        )),
+    }
+}
+
 fn check_chunk_bounds(file: &ParquetFile) -> Result<()> {
     for (rg_idx, rg) in file.metadata.metadata().row_groups().iter().enumerate() {
+        let corrupt =
+            |message: String| Error::decode(&file.url, FORMAT, Position::RowGroup(rg_idx), message);
+        if rg.num_rows() < 0 {
+            return Err(corrupt(format!("negative row count {}", rg.num_rows())));
+        }
         for &leaf in &file.leaves {
-            let (start, len) = rg.column(leaf).byte_range();
-            if start.checked_add(len).is_none_or(|end| end > file.size) {
-                return Err(Error::decode(
-                    &file.url,
-                    FORMAT,
-                    Position::RowGroup(rg_idx),
-                    format!(
-                        "column chunk {leaf} spans bytes {start}..{} beyond the end of the {}-byte file",
-                        start.saturating_add(len),
-                        file.size
-                    ),
-                ));
-            }
+            chunk_range(file.size, rg.column(leaf)).map_err(corrupt)?;
         }
     }
     Ok(())
 }
 
 impl PreparedShards for PreparedParquet {
+    fn format(&self) -> &'static str {
+        FORMAT
+    }
+
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
     }
@@ -334,13 +377,11 @@ impl PreparedShards for PreparedParquet {
         let file = self.files[unit.shard].clone();
         let row_group = unit.part;
         let rg = file.metadata.metadata().row_group(row_group);
+        // Checked when the file was prepared.
         let ranges: Vec<Range<u64>> = file
             .leaves
             .iter()
-            .map(|&leaf| {
-                let (start, len) = rg.column(leaf).byte_range();
-                start..start + len
-            })
+            .filter_map(|&leaf| chunk_range(file.size, rg.column(leaf)).ok())
             .collect();
         let projected_bytes: i64 = file
             .leaves

@@ -14,7 +14,7 @@ use arrow_array::RecordBatch;
 use tokio::sync::mpsc;
 
 use super::stats::Stats;
-use crate::error::{Error, Result, panic_message};
+use crate::error::{Error, Position, Result, panic_message};
 use crate::format::{DecodeTask, Decoded, OnError, PreparedShards, UnitJob};
 use crate::source::ranges::RangeSet;
 use crate::source::{self, Source};
@@ -229,16 +229,21 @@ impl UnitDecoder {
         let (tx, rx) = std_mpsc::sync_channel(1);
         let (stats, cancel) = (self.stats.clone(), self.cancel.clone());
         let url = self.unit_url(unit).to_string();
+        let format = self.prepared.format();
         self.pool.spawn(move || {
             if cancel.load(Ordering::Relaxed) {
                 return;
             }
             let start = Instant::now();
+            // Decoders (ours and the parquet crate's) can trip assertions on corrupt
+            // bytes; that is a fault in this unit's data, reported against its file.
             let result = catch_unwind(AssertUnwindSafe(task)).unwrap_or_else(|panic| {
-                Err(Error::Internal(format!(
-                    "{url}: decoder panicked: {}",
-                    panic_message(&*panic)
-                )))
+                Err(Error::decode(
+                    url,
+                    format,
+                    Position::Unknown,
+                    format!("the decoder failed: {}", panic_message(&*panic)),
+                ))
             });
             Stats::add_time(&stats.decode_ns, start.elapsed());
             let _ = tx.send(result);

@@ -166,9 +166,16 @@ pub fn column_to_numpy<'py>(
             }
             fill_nulls(py, view, array.as_ref())
         }
-        DataType::Date32 if array.null_count() == 0 => {
+        DataType::Date32 => {
+            // numpy has no 32-bit dates: widen (a copy), then mark nulls NaT.
             let buffer = values_buffer(array.as_ref()).unwrap_or_default();
-            view_buffer(py, "int32", &[n], buffer)?.call_method1("astype", ("datetime64[D]",))
+            let days = view_buffer(py, "int32", &[n], buffer)?
+                .call_method1("astype", ("datetime64[D]",))?;
+            if array.null_count() > 0 {
+                let nat = py.import("numpy")?.getattr("datetime64")?.call1(("NaT",))?;
+                days.set_item(null_mask(py, array.as_ref()), nat)?;
+            }
+            Ok(days)
         }
         DataType::Boolean if array.null_count() == 0 => {
             let values: Vec<bool> = array.as_boolean().values().iter().collect();
@@ -227,9 +234,12 @@ fn fill_nulls<'py>(
         _ => return object_array(py, column_to_py(py, array)?),
     };
     let out = view.call_method0("copy")?;
-    let mask: Vec<bool> = (0..array.len()).map(|i| array.is_null(i)).collect();
-    out.set_item(PyArray1::from_vec(py, mask), fill)?;
+    out.set_item(null_mask(py, array), fill)?;
     Ok(out)
+}
+
+fn null_mask<'py>(py: Python<'py>, array: &dyn Array) -> Bound<'py, PyArray1<bool>> {
+    PyArray1::from_vec(py, (0..array.len()).map(|i| array.is_null(i)).collect())
 }
 
 /// Lists of numbers as 1-D numpy views into one shared values buffer (None for null lists).

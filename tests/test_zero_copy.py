@@ -1,0 +1,71 @@
+"""Numeric columns reach numpy and pyarrow without being copied."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import shardflow as sf
+
+
+def write(tmp_path: Path) -> str:
+    n = 10_000
+    images = np.arange(n * 12, dtype=np.float32) % 251
+    table = pa.table(
+        {
+            "x": np.arange(n, dtype=np.int64),
+            "y": np.linspace(0, 1, n, dtype=np.float32),
+            "image": pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(images), 4), 3),
+            "ragged": pa.array([list(range(i % 5)) for i in range(n)], pa.list_(pa.int32())),
+        }
+    )
+    path = tmp_path / "z.parquet"
+    pq.write_table(table, path, row_group_size=n)
+    return str(path)
+
+
+def test_numpy_columns_view_the_arrow_buffers(tmp_path: Path) -> None:
+    batch = next(iter(sf.DataLoader(sf.dataset(write(tmp_path)), batch_size=1000)))
+    for name in ("x", "y", "image"):
+        column = batch[name]
+        # The array's base is the Arrow buffer's owner and starts at its address.
+        assert type(column.base).__name__ == "_ArrowBuffer", name
+        assert column.base.address == column.ctypes.data, name
+    assert batch["image"].shape == (1000, 3, 4)
+    np.testing.assert_array_equal(batch["image"][7], (np.arange(84, 96, dtype=np.float32) % 251).reshape(3, 4))
+    # Ragged lists: per-row views into one shared values buffer.
+    rows = batch["ragged"]
+    assert np.shares_memory(rows[3], rows[4]) is False  # disjoint slices ...
+    assert rows[3].base is rows[4].base  # ... of the same array
+
+
+def test_pyarrow_reads_the_same_memory_as_numpy(tmp_path: Path) -> None:
+    batch = next(iter(sf.DataLoader(sf.dataset(write(tmp_path)), batch_size=1000)))
+    arrow = pa.RecordBatch._import_from_c_capsule(*batch.__arrow_c_array__())
+    assert arrow.num_rows == 1000
+    assert batch.to_pyarrow().equals(arrow)
+    for name in ("x", "y"):
+        from_arrow = arrow.column(name).to_numpy(zero_copy_only=True)
+        assert np.shares_memory(from_arrow, batch[name]), name
+        assert from_arrow.ctypes.data == batch[name].ctypes.data
+    assert arrow.column("image").type == pa.list_(pa.list_(pa.float32(), 4), 3)
+
+
+def test_arrow_output_to_numpy_is_a_view(tmp_path: Path) -> None:
+    batch = next(iter(sf.DataLoader(sf.dataset(write(tmp_path)), batch_size=500, output="arrow")))
+    a, b = batch.to_numpy()["x"], batch.to_numpy()["x"]
+    assert np.shares_memory(a, b)
+    assert np.shares_memory(pa.record_batch(batch).column("x").to_numpy(), a)
+
+
+def test_buffers_outlive_the_batch_that_made_them(tmp_path: Path) -> None:
+    loader = sf.DataLoader(sf.dataset(write(tmp_path)), batch_size=100)
+    kept = [b["x"] for b in loader]
+    del loader
+    import gc
+
+    gc.collect()
+    np.testing.assert_array_equal(np.concatenate(kept), np.arange(10_000))
