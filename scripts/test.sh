@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs everything the tests need, then runs the whole suite: Rust unit and
+# integration tests, the Python tests, and a check that the type stubs match the
+# extension. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Build outputs live outside the clone so later runs (and CI) reuse them.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shardflow/target}"
+PYTHON="${PYTHON:-python3}"
+
+echo "== installing shardflow (editable, release build) and test dependencies"
+"$PYTHON" -m pip install --quiet --editable ".[test]"
+
+echo "== Rust tests"
+cargo test --release --locked
+cargo bench --locked --no-run --quiet
+
+echo "== Python tests"
+"$PYTHON" -m pytest "$@"
+
+echo "== type stubs match the extension"
+"$PYTHON" -m mypy.stubtest shardflow._native
