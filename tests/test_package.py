@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,6 @@ def test_inspect_and_bench(tmp_path: Path) -> None:
     assert "columns: ['a', 'b']" in out.stdout and "{'a': 2, 'b': 'y'}" in out.stdout
     out = run("-m", "shardflow", "bench", str(tmp_path / "a.jsonl"), "--epochs", "2")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("2 samples") == 2
+    assert len(re.findall(r"^epoch \d: 2 samples in", out.stdout, re.MULTILINE)) == 2
     out = run("-m", "shardflow", "inspect", str(tmp_path / "*.parquet"))
     assert out.returncode != 0 and "no files match" in out.stderr
