@@ -22,6 +22,7 @@ from shardflow._native import (
     SampleIterator,
     dataset,
 )
+from shardflow.features import FixedLen, VarLen
 from shardflow.errors import (
     AccessDeniedError,
     DecodeError,
@@ -42,6 +43,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DecodeError",
+    "FixedLen",
     "InternalError",
     "InvalidArgumentError",
     "NotFoundError",
@@ -50,6 +52,7 @@ __all__ = [
     "SampleIterator",
     "SchemaError",
     "ShardflowError",
+    "VarLen",
     "__version__",
     "dataset",
 ]

@@ -9,10 +9,12 @@ use arrow_array::RecordBatch;
 use arrow_json::ReaderBuilder;
 use arrow_schema::{ArrowError, Schema, SchemaRef};
 use bytes::Bytes;
-use flate2::bufread::MultiGzDecoder;
 
+use super::compression::{self, stream_error};
 use super::json_infer::SchemaInference;
-use super::{Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit};
+use super::{
+    Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit, whole_files,
+};
 use crate::error::{Error, Position, Result};
 use crate::source::{self, IoCounters, ShardMeta};
 
@@ -30,6 +32,8 @@ pub struct JsonLines;
 struct PreparedJsonl {
     shards: Vec<ShardMeta>,
     units: Vec<WorkUnit>,
+    /// Bound on each file's decompressed size.
+    limit: u64,
     decoder: Arc<BlockDecoderConfig>,
 }
 
@@ -56,10 +60,21 @@ impl Format for JsonLines {
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
     ) -> Result<Arc<dyn PreparedShards>> {
+        let mut opts = options.format_options.reader("jsonl");
+        let limit = opts.u64(
+            "max_decompressed_bytes",
+            compression::DEFAULT_MAX_DECOMPRESSED,
+        )?;
+        opts.finish()?;
+        if options.features.is_some() {
+            return Err(Error::invalid_argument(
+                "features= is for TFRecord; JSON Lines takes schema=",
+            ));
+        }
         let (full, coerce, inferred) = match &options.schema {
             Some(schema) => (schema.clone(), false, false),
             None => {
-                let inference = infer_schema(&shards, options.on_error, counters)?;
+                let inference = infer_schema(&shards, options.on_error, counters, limit)?;
                 (
                     Arc::new(inference.schema()),
                     inference.needs_coercion(),
@@ -71,16 +86,10 @@ impl Format for JsonLines {
             None => full,
             Some(columns) => project(&full, columns, &shards)?,
         };
-        let units = (0..shards.len())
-            .map(|shard| WorkUnit {
-                shard,
-                part: 0,
-                rows: None,
-            })
-            .collect();
         Ok(Arc::new(PreparedJsonl {
+            units: whole_files(&shards),
             shards,
-            units,
+            limit,
             decoder: Arc::new(BlockDecoderConfig {
                 schema,
                 strict: options.columns.is_none() && inferred,
@@ -117,14 +126,19 @@ fn infer_schema(
     shards: &[ShardMeta],
     on_error: OnError,
     counters: &Arc<IoCounters>,
+    limit: u64,
 ) -> Result<SchemaInference> {
     let mut inference = SchemaInference::default();
     for shard in shards {
         let url = shard.url.as_str();
-        let reader = decompress(source::open(url, counters.clone())?.open_stream()?, url)?;
+        let reader = compression::auto_gzip(
+            source::open(url, counters.clone())?.open_stream()?,
+            url,
+            limit,
+        )?;
         for (idx, line) in BufReader::new(reader).split(b'\n').enumerate() {
             let line_no = idx as u64 + 1;
-            let line = line.map_err(|e| stream_error(url, line_no, e))?;
+            let line = line.map_err(|e| stream_error(url, Position::Line(line_no), e))?;
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
@@ -144,31 +158,6 @@ fn infer_schema(
         }
     }
     Ok(inference)
-}
-
-/// Transparently gunzips gzip data, recognised by its magic bytes rather than the name.
-fn decompress(reader: Box<dyn Read + Send>, url: &str) -> Result<Box<dyn Read + Send>> {
-    let mut buffered = BufReader::with_capacity(256 * 1024, reader);
-    let head = buffered
-        .fill_buf()
-        .map_err(|e| Error::io(url, Position::Byte(0), e))?;
-    if head.starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(MultiGzDecoder::new(buffered)))
-    } else {
-        Ok(Box::new(buffered))
-    }
-}
-
-/// Read errors mid-stream are corrupt compressed data far more often than failing disks.
-fn stream_error(url: &str, line: u64, e: std::io::Error) -> Error {
-    match e.kind() {
-        std::io::ErrorKind::InvalidData
-        | std::io::ErrorKind::InvalidInput
-        | std::io::ErrorKind::UnexpectedEof => {
-            Error::decode(url, "compressed", Position::Line(line), e)
-        }
-        _ => Error::io(url, Position::Line(line), e),
-    }
 }
 
 impl PreparedShards for PreparedJsonl {
@@ -191,8 +180,9 @@ impl PreparedShards for PreparedJsonl {
     fn job(&self, unit: &WorkUnit) -> UnitJob {
         let url: Arc<str> = self.shards[unit.shard].url.as_str().into();
         let config = self.decoder.clone();
+        let limit = self.limit;
         UnitJob::Stream(Box::new(move |reader, emit: &mut EmitTask| {
-            let mut reader = decompress(reader, &url)?;
+            let mut reader = compression::auto_gzip(reader, &url, limit)?;
             split_lines(&mut reader, &url, BLOCK_BYTES, &mut |block, first_line| {
                 let (config, url) = (config.clone(), url.clone());
                 emit(Box::new(move || config.decode(&url, &block, first_line)))
@@ -219,7 +209,7 @@ fn split_lines(
             buf.resize(want, 0);
             let n = reader
                 .read(&mut buf[filled..])
-                .map_err(|e| stream_error(url, line, e))?;
+                .map_err(|e| stream_error(url, Position::Line(line), e))?;
             buf.truncate(filled + n);
             eof = n == 0;
         }

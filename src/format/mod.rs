@@ -3,16 +3,26 @@
 //!
 //! Adding a format: one file in this folder and one line in [`REGISTRY`].
 
+pub mod arrow_ipc;
+pub mod compression;
+pub mod csv;
+pub mod example;
 mod json_infer;
 pub mod jsonl;
+pub mod npy;
+pub mod npz;
+pub mod options;
 pub mod parquet;
+pub mod raw;
+pub mod tfrecord;
+pub mod webdataset;
 
 use std::io::Read;
 use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
+use arrow_schema::{DataType, Field, SchemaRef};
 
 use crate::error::{Error, Result};
 use crate::source::ranges::RangeSet;
@@ -40,14 +50,139 @@ impl OnError {
     }
 }
 
-/// Options every format understands.
+/// Options for reading a dataset. Formats reject the ones they cannot use.
 #[derive(Debug, Clone, Default)]
 pub struct ReadOptions {
     /// Column projection, in the order the user wants them.
     pub columns: Option<Vec<String>>,
     /// A schema given by the user instead of one inferred from the data.
     pub schema: Option<SchemaRef>,
+    /// A `tf.io.parse_example`-style spec for TFRecord Examples.
+    pub features: Option<Vec<example::FeatureSpec>>,
+    /// Format-specific settings.
+    pub format_options: options::FormatOptions,
     pub on_error: OnError,
+}
+
+/// One work unit per file, for formats read front to back.
+pub fn whole_files(shards: &[ShardMeta]) -> Vec<WorkUnit> {
+    (0..shards.len())
+        .map(|shard| WorkUnit {
+            shard,
+            part: 0,
+            rows: None,
+        })
+        .collect()
+}
+
+/// Shards whose headers are read at once while preparing.
+const HEADER_CONCURRENCY: usize = 32;
+
+/// Runs `read(source, size)` for every shard on the I/O runtime, many at once, and
+/// returns each shard's outcome in order. A panic inside `read` (a parser choking on
+/// corrupt bytes) becomes that shard's decode error.
+pub fn per_shard<T, F>(
+    shards: &[ShardMeta],
+    counters: &Arc<IoCounters>,
+    format: &'static str,
+    read: F,
+) -> Result<Vec<Result<T>>>
+where
+    T: Send + 'static,
+    F: Fn(Arc<dyn crate::source::Source>, u64) -> crate::source::BoxFuture<'static, Result<T>>
+        + Send
+        + Sync
+        + 'static,
+{
+    let rt = crate::source::runtime()?;
+    let read = Arc::new(read);
+    let limit = Arc::new(tokio::sync::Semaphore::new(HEADER_CONCURRENCY));
+    let tasks: Vec<_> = shards
+        .iter()
+        .map(|shard| {
+            let (shard, counters, limit, read) =
+                (shard.clone(), counters.clone(), limit.clone(), read.clone());
+            rt.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let source = crate::source::open(&shard.url, counters)?;
+                let size = match shard.size {
+                    Some(size) => size,
+                    None => source.size().await?,
+                };
+                read(source, size).await
+            })
+        })
+        .collect();
+    rt.block_on(async {
+        let mut out = Vec::with_capacity(tasks.len());
+        for (shard, task) in shards.iter().zip(tasks) {
+            out.push(task.await.unwrap_or_else(|e| {
+                Err(crate::error::Error::decode(
+                    &shard.url,
+                    format,
+                    crate::error::Position::Unknown,
+                    format!("the header parser failed: {e}"),
+                ))
+            }));
+        }
+        Ok(out)
+    })
+}
+
+/// A unit that reads its whole file (size not needed up front), then decodes it.
+pub fn whole_file_job(
+    url: String,
+    decode: impl FnOnce(bytes::Bytes) -> Result<Decoded> + Send + 'static,
+) -> UnitJob {
+    UnitJob::Stream(Box::new(move |mut reader, emit: &mut EmitTask| {
+        let mut data = Vec::new();
+        reader
+            .read_to_end(&mut data)
+            .map_err(|e| crate::error::Error::io(url, crate::error::Position::Unknown, e))?;
+        let data = bytes::Bytes::from(data);
+        emit(Box::new(move || decode(data)));
+        Ok(())
+    }))
+}
+
+/// Field metadata of Arrow's canonical fixed-shape tensor extension type.
+pub const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
+pub const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
+pub const TENSOR_EXTENSION: &str = "arrow.fixed_shape_tensor";
+
+/// A fixed-shape tensor column: `FixedSizeList<leaf>(prod(shape))` tagged with its shape,
+/// so consumers (our numpy conversion, pyarrow) see `(rows, *shape)`.
+pub fn tensor_field(name: &str, leaf: DataType, shape: &[usize], nullable: bool) -> Field {
+    let width = shape.iter().product::<usize>() as i32;
+    let storage = DataType::FixedSizeList(Arc::new(Field::new_list_field(leaf, false)), width);
+    let shape_json = format!(
+        "{{\"shape\":[{}]}}",
+        shape
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    Field::new(name, storage, nullable).with_metadata([
+        (EXTENSION_NAME_KEY.to_string(), TENSOR_EXTENSION.to_string()),
+        (EXTENSION_METADATA_KEY.to_string(), shape_json),
+    ])
+}
+
+/// The shape a field declares through the tensor extension type.
+pub fn tensor_shape(field: &Field) -> Option<Vec<usize>> {
+    let metadata = field.metadata();
+    if metadata.get(EXTENSION_NAME_KEY).map(String::as_str) != Some(TENSOR_EXTENSION) {
+        return None;
+    }
+    let parsed: serde_json::Value =
+        serde_json::from_str(metadata.get(EXTENSION_METADATA_KEY)?).ok()?;
+    parsed
+        .get("shape")?
+        .as_array()?
+        .iter()
+        .map(|d| d.as_u64().map(|d| d as usize))
+        .collect()
 }
 
 /// A part of one shard that is fetched and decoded on its own: the unit of parallel
@@ -133,6 +268,46 @@ static REGISTRY: &[Registration] = &[
         name: "jsonl",
         extensions: &[".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz"],
         make: || Arc::new(jsonl::JsonLines),
+    },
+    Registration {
+        name: "npy",
+        extensions: &[".npy"],
+        make: || Arc::new(npy::Npy),
+    },
+    Registration {
+        name: "npz",
+        extensions: &[".npz"],
+        make: || Arc::new(npz::Npz),
+    },
+    Registration {
+        name: "arrow",
+        extensions: &[".arrow", ".feather"],
+        make: || Arc::new(arrow_ipc::ArrowFile),
+    },
+    Registration {
+        name: "arrow_stream",
+        extensions: &[".arrows", ".ipc"],
+        make: || Arc::new(arrow_ipc::ArrowStream),
+    },
+    Registration {
+        name: "csv",
+        extensions: &[".csv", ".csv.gz"],
+        make: || Arc::new(csv::Csv),
+    },
+    Registration {
+        name: "raw",
+        extensions: &[],
+        make: || Arc::new(raw::Raw),
+    },
+    Registration {
+        name: "webdataset",
+        extensions: &[".tar", ".tar.gz", ".tgz"],
+        make: || Arc::new(webdataset::WebDataset),
+    },
+    Registration {
+        name: "tfrecord",
+        extensions: &[".tfrecord", ".tfrecords", ".tfrecord.gz", ".tfrecords.gz"],
+        make: || Arc::new(tfrecord::TfRecord),
     },
 ];
 

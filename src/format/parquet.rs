@@ -16,10 +16,10 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
-use super::{Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit};
+use super::{Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit, per_shard};
 use crate::error::{Error, Position, Result, panic_message};
 use crate::source::ranges::{RangeSet, coalesce};
-use crate::source::{self, IoCounters, ShardMeta, Source};
+use crate::source::{IoCounters, ShardMeta, Source};
 
 const FORMAT: &str = "Parquet";
 /// First guess at the footer size; one more read fetches the rest when it is larger.
@@ -30,8 +30,6 @@ const COALESCE_GAP: u64 = 64 * 1024;
 /// Decoded batches aim at about this many bytes, so wide rows give short batches.
 const TARGET_BATCH_BYTES: u64 = 8 * 1024 * 1024;
 const MAX_BATCH_ROWS: u64 = 64 * 1024;
-/// Footers read at once while preparing many files.
-const FOOTER_CONCURRENCY: usize = 32;
 
 pub struct Parquet;
 
@@ -68,12 +66,15 @@ impl Format for Parquet {
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
     ) -> Result<Arc<dyn PreparedShards>> {
-        if options.schema.is_some() {
+        options.format_options.reader("parquet").finish()?;
+        if options.schema.is_some() || options.features.is_some() {
             return Err(Error::invalid_argument(
-                "schema= is not used for Parquet, whose files carry their own schema; use columns= to select columns",
+                "Parquet files carry their own schema: schema= and features= have no use; columns= selects columns",
             ));
         }
-        let footers = read_footers(&shards, counters)?;
+        let footers = per_shard(&shards, counters, FORMAT, |source, size| {
+            Box::pin(async move { Ok((size, read_metadata(source.as_ref(), size).await?)) })
+        })?;
         let mut kept_shards = Vec::new();
         let mut files = Vec::new();
         let mut skipped_shards = 0;
@@ -162,46 +163,6 @@ fn describe(schema: &Schema) -> String {
         .map(|f| format!("{}: {}", f.name(), f.data_type()))
         .collect();
     format!("[{}]", cols.join(", "))
-}
-
-/// Reads every file's footer, many at a time on the I/O runtime.
-fn read_footers(
-    shards: &[ShardMeta],
-    counters: &Arc<IoCounters>,
-) -> Result<Vec<Result<(u64, ArrowReaderMetadata)>>> {
-    let rt = source::runtime()?;
-    let limit = Arc::new(tokio::sync::Semaphore::new(FOOTER_CONCURRENCY));
-    let tasks: Vec<_> = shards
-        .iter()
-        .map(|shard| {
-            let (shard, counters, limit) = (shard.clone(), counters.clone(), limit.clone());
-            rt.spawn(async move {
-                let _permit = limit.acquire_owned().await;
-                let source = source::open(&shard.url, counters)?;
-                let size = match shard.size {
-                    Some(size) => size,
-                    None => source.size().await?,
-                };
-                let metadata = read_metadata(source.as_ref(), size).await?;
-                Ok((size, metadata))
-            })
-        })
-        .collect();
-    rt.block_on(async {
-        let mut out = Vec::with_capacity(tasks.len());
-        for (shard, task) in shards.iter().zip(tasks) {
-            // A panic here is the footer parser choking on corrupt bytes.
-            out.push(task.await.unwrap_or_else(|e| {
-                Err(Error::decode(
-                    &shard.url,
-                    FORMAT,
-                    Position::Unknown,
-                    footer_message(e),
-                ))
-            }));
-        }
-        Ok(out)
-    })
 }
 
 async fn read_metadata(source: &dyn Source, size: u64) -> Result<ArrowReaderMetadata> {

@@ -7,12 +7,14 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyCapsule, PyDict, PyList, PyString};
+use pyo3::types::{PyBool, PyCapsule, PyDict, PyList, PyString};
 
 use super::arrow_ffi::{schema_from_py, stream_capsule};
 use super::next_batch;
 use super::to_python::batch_to_rows;
 use super::transform::{Kind, PyTransform};
+use crate::format::example::{FeatureSpec, Kind as ExampleKind, Missing, Shape, Values};
+use crate::format::options::{FormatOptions, OptionValue};
 use crate::format::{OnError, ReadOptions};
 use crate::pipeline::{self, BatchReceiver, Dataset, Op, RunOptions, Stats};
 
@@ -61,26 +63,141 @@ fn check_callable(func: &Bound<'_, PyAny>) -> PyResult<()> {
     }
 }
 
-/// Opens a dataset: Parquet or JSON Lines files given as paths, `file://` URLs, globs
-/// (`data/*.parquet`), brace ranges (`shard-{000..099}.parquet`) or a list of these.
+/// Opens a dataset from paths, `file://` URLs, globs (`data/*.parquet`), brace ranges
+/// (`shard-{000..099}.parquet`) or a list of these.
 #[pyfunction]
-#[pyo3(signature = (source, format=None, *, columns=None, schema=None, on_error="raise"))]
+#[pyo3(signature = (source, format=None, *, columns=None, schema=None, features=None, format_options=None, on_error="raise"))]
+#[allow(clippy::too_many_arguments)]
 pub fn dataset(
     py: Python<'_>,
     source: &Bound<'_, PyAny>,
     format: Option<String>,
     columns: Option<Vec<String>>,
     schema: Option<&Bound<'_, PyAny>>,
+    features: Option<&Bound<'_, PyDict>>,
+    format_options: Option<&Bound<'_, PyDict>>,
     on_error: &str,
 ) -> PyResult<PyDataset> {
     let specs = source_list(source)?;
     let options = ReadOptions {
         columns,
         schema: schema.map(schema_from_py).transpose()?,
+        features: features.map(feature_specs).transpose()?,
+        format_options: format_options
+            .map(parse_format_options)
+            .transpose()?
+            .unwrap_or_default(),
         on_error: OnError::parse(on_error)?,
     };
     let inner = py.detach(|| Dataset::open(&specs, format.as_deref(), options))?;
     Ok(PyDataset { inner })
+}
+
+fn parse_format_options(options: &Bound<'_, PyDict>) -> PyResult<FormatOptions> {
+    let mut map = std::collections::BTreeMap::new();
+    for (key, value) in options.iter() {
+        let key: String = key.extract()?;
+        // bool first: Python's bool is an int.
+        let value = if value.is_instance_of::<PyBool>() {
+            OptionValue::Bool(value.extract()?)
+        } else if let Ok(i) = value.extract::<i64>() {
+            OptionValue::Int(i)
+        } else if let Ok(s) = value.extract::<String>() {
+            OptionValue::Str(s)
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "format_options[{key:?}] must be a bool, int or str"
+            )));
+        };
+        map.insert(key, value);
+    }
+    Ok(FormatOptions(map))
+}
+
+fn example_kind(dtype: &Bound<'_, PyAny>) -> PyResult<ExampleKind> {
+    // A string, or a tf.DType (whose .name is the string).
+    let name: String = match dtype.extract() {
+        Ok(name) => name,
+        Err(_) => dtype.getattr("name")?.extract()?,
+    };
+    match name.as_str() {
+        "float32" | "float" => Ok(ExampleKind::Float),
+        "int64" => Ok(ExampleKind::Int64),
+        "bytes" | "string" | "str" => Ok(ExampleKind::Bytes),
+        other => Err(PyValueError::new_err(format!(
+            "a tf.train.Example holds float32, int64 or bytes values, not {other:?}"
+        ))),
+    }
+}
+
+fn default_values(
+    py: Python<'_>,
+    kind: ExampleKind,
+    default: &Bound<'_, PyAny>,
+) -> PyResult<Values> {
+    let flat = py
+        .import("numpy")?
+        .call_method1("ravel", (default,))?
+        .call_method0("tolist")?;
+    Ok(match kind {
+        ExampleKind::Float => Values::Float(flat.extract()?),
+        ExampleKind::Int64 => Values::Int64(flat.extract()?),
+        ExampleKind::Bytes => Values::Bytes(
+            flat.try_iter()?
+                .map(|v| {
+                    let v = v?;
+                    match v.extract::<String>() {
+                        Ok(s) => Ok(s.into_bytes()),
+                        Err(_) => v.extract::<Vec<u8>>(),
+                    }
+                })
+                .collect::<PyResult<_>>()?,
+        ),
+    })
+}
+
+/// `{name: FixedLen | VarLen | tf.io.FixedLenFeature | tf.io.VarLenFeature}`.
+fn feature_specs(features: &Bound<'_, PyDict>) -> PyResult<Vec<FeatureSpec>> {
+    let py = features.py();
+    let mut specs = Vec::with_capacity(features.len());
+    for (name, spec) in features.iter() {
+        let name: String = name.extract()?;
+        let class = spec.get_type().name()?.to_string();
+        let kind = example_kind(&spec.getattr("dtype")?)?;
+        let (shape, missing) = match class.as_str() {
+            "FixedLen" | "FixedLenFeature" => {
+                let dims: Vec<usize> = spec
+                    .getattr("shape")?
+                    .try_iter()?
+                    .map(|d| d?.extract::<usize>())
+                    .collect::<PyResult<_>>()?;
+                let default = if spec.hasattr("default_value")? {
+                    spec.getattr("default_value")?
+                } else {
+                    spec.getattr("default")?
+                };
+                let missing = if default.is_none() {
+                    Missing::Error
+                } else {
+                    Missing::Default(default_values(py, kind, &default)?)
+                };
+                (Shape::Fixed(dims), missing)
+            }
+            "VarLen" | "VarLenFeature" => (Shape::Var, Missing::Empty),
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "features[{name:?}] is a {other}; use shardflow.FixedLen / VarLen or tf.io.FixedLenFeature / VarLenFeature"
+                )));
+            }
+        };
+        specs.push(FeatureSpec {
+            name,
+            kind,
+            shape,
+            missing,
+        });
+    }
+    Ok(specs)
 }
 
 impl PyDataset {

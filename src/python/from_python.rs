@@ -20,7 +20,7 @@ use pyo3::types::{
     PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple,
 };
 
-use super::to_python::tensor_field_metadata;
+use crate::format::tensor_field;
 
 /// Numeric element types numpy and Arrow share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,10 +161,9 @@ impl Kind {
     }
 
     fn field(&self, name: &str) -> Field {
-        let field = Field::new(name, self.data_type(), true);
         match self {
-            Kind::Tensor(_, shape) => field.with_metadata(tensor_field_metadata(shape)),
-            _ => field,
+            Kind::Tensor(num, shape) => tensor_field(name, num.data_type(), shape, true),
+            _ => Field::new(name, self.data_type(), true),
         }
     }
 }

@@ -11,15 +11,14 @@ use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{DataType, Field, TimeUnit};
 use numpy::npyffi::{self, NPY_ARRAY_WRITEABLE, PY_ARRAY_API, npy_intp};
 use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyBytes, PyDict, PyList, PySlice, PyString, PyTuple};
 
-/// Field metadata naming Arrow's canonical fixed-shape tensor extension type.
-pub const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
-pub const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
-pub const TENSOR_EXTENSION: &str = "arrow.fixed_shape_tensor";
+use crate::format::npy::COMPLEX_KEY;
+use crate::format::tensor_shape as declared_tensor_shape;
+use crate::format::webdataset::{JSON_KEY, NPY_KEY};
 
 /// Keeps an Arrow buffer alive for as long as a numpy array views it.
 #[pyclass(frozen, name = "_ArrowBuffer", module = "shardflow._native")]
@@ -108,22 +107,6 @@ fn values_buffer(array: &dyn Array) -> Option<Buffer> {
     Some(buffer.slice_with_length(data.offset() * width, data.len() * width))
 }
 
-/// The tensor shape a fixed-size-list field declares through the canonical extension type.
-fn declared_tensor_shape(field: &Field) -> Option<Vec<usize>> {
-    let metadata = field.metadata();
-    if metadata.get(EXTENSION_NAME_KEY).map(String::as_str) != Some(TENSOR_EXTENSION) {
-        return None;
-    }
-    let parsed: serde_json::Value =
-        serde_json::from_str(metadata.get(EXTENSION_METADATA_KEY)?).ok()?;
-    parsed
-        .get("shape")?
-        .as_array()?
-        .iter()
-        .map(|d| d.as_u64().map(|d| d as usize))
-        .collect()
-}
-
 /// For nested fixed-size lists of numbers with no nulls: the leaf values and the shape
 /// of one row.
 fn tensor_parts(array: &dyn Array) -> Option<(ArrayRef, Vec<usize>)> {
@@ -192,10 +175,61 @@ pub fn column_to_numpy<'py>(
                 let buffer = values_buffer(leaf.as_ref()).unwrap_or_default();
                 let mut full = vec![n];
                 full.extend(shape);
-                view_buffer(py, &dtype, &full, buffer)
+                let tensor = view_buffer(py, &dtype, &full, buffer)?;
+                match field.metadata().get(COMPLEX_KEY) {
+                    // Pairs of floats viewed as complex numbers; the pair axis goes away.
+                    Some(complex) => {
+                        full.pop();
+                        tensor
+                            .call_method1("view", (complex.as_str(),))?
+                            .call_method1("reshape", (full,))
+                    }
+                    None => Ok(tensor),
+                }
             }
-            None => object_array(py, column_to_py(py, array.as_ref())?),
+            None => match declared_tensor_shape(field) {
+                // Tensors of booleans, bytes or strings: their values, reshaped.
+                Some(shape) if array.null_count() == 0 => {
+                    let list = array.as_fixed_size_list();
+                    let leaf_field = Field::new("item", list.value_type(), true);
+                    let values = column_to_numpy(py, list.values(), &leaf_field)?;
+                    let mut full = vec![n];
+                    full.extend(shape);
+                    values.call_method1("reshape", (full,))
+                }
+                _ => object_array(py, column_to_py(py, array.as_ref())?),
+            },
         },
+        DataType::Utf8 if field.metadata().get(JSON_KEY).is_some() => {
+            object_array(py, field_values(py, array, field)?)
+        }
+        DataType::Binary if field.metadata().get(NPY_KEY).is_some() => {
+            let arrays = field_values(py, array, field)?;
+            // One (rows, *shape) array when every row holds an array of one dtype and shape.
+            let np = py.import("numpy")?;
+            let first = arrays.first().map(|a| a.bind(py).clone());
+            let uniform = match &first {
+                Some(first) if !first.is_none() => {
+                    let key = |a: &Bound<'_, PyAny>| -> PyResult<(String, Vec<usize>)> {
+                        Ok((
+                            a.getattr("dtype")?.str()?.to_string(),
+                            a.getattr("shape")?.extract()?,
+                        ))
+                    };
+                    let want = key(first)?;
+                    arrays.iter().all(|a| {
+                        let a = a.bind(py);
+                        !a.is_none() && key(a).is_ok_and(|k| k == want)
+                    })
+                }
+                _ => false,
+            };
+            if uniform {
+                np.call_method1("stack", (pyo3::types::PyList::new(py, &arrays)?,))
+            } else {
+                object_array(py, arrays)
+            }
+        }
         DataType::List(_) | DataType::LargeList(_) => match ragged_views(py, array.as_ref())? {
             Some(views) => object_array(py, views),
             None => object_array(py, column_to_py(py, array.as_ref())?),
@@ -308,16 +342,7 @@ pub fn batch_to_rows<'py>(
     let mut columns = Vec::with_capacity(batch.num_columns());
     for (field, column) in schema.fields().iter().zip(batch.columns()) {
         let name = PyString::new(py, field.name());
-        let values =
-            if declared_tensor_shape(field).is_some() && tensor_parts(column.as_ref()).is_some() {
-                let tensors = column_to_numpy(py, column, field)?;
-                (0..column.len())
-                    .map(|i| Ok(tensors.get_item(i)?.unbind()))
-                    .collect::<PyResult<Vec<_>>>()?
-            } else {
-                column_to_py(py, column.as_ref())?
-            };
-        columns.push((name, values));
+        columns.push((name, field_values(py, column, field)?));
     }
     (0..batch.num_rows())
         .map(|row| {
@@ -328,6 +353,65 @@ pub fn batch_to_rows<'py>(
             Ok(dict)
         })
         .collect()
+}
+
+/// One column's values for per-sample use: numpy arrays for tensors and `.npy`
+/// members, parsed documents for JSON text, plain Python values otherwise.
+pub fn field_values(py: Python<'_>, column: &ArrayRef, field: &Field) -> PyResult<Vec<Py<PyAny>>> {
+    let n = column.len();
+    if declared_tensor_shape(field).is_some() && column.null_count() == 0 {
+        let tensors = column_to_numpy(py, column, field)?;
+        return (0..n).map(|i| Ok(tensors.get_item(i)?.unbind())).collect();
+    }
+    if field.metadata().get(JSON_KEY).is_some() {
+        let loads = py.import("json")?.getattr("loads")?;
+        return map_values(py, column, |text| loads.call1((text,)));
+    }
+    if field.metadata().get(NPY_KEY).is_some() {
+        return map_values(py, column, |bytes| {
+            npy_to_numpy(py, bytes.cast::<PyBytes>()?.as_bytes())
+        });
+    }
+    column_to_py(py, column.as_ref())
+}
+
+/// Python values of a column with `f` applied to every non-null one.
+fn map_values<'py>(
+    py: Python<'py>,
+    column: &ArrayRef,
+    f: impl Fn(&Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Vec<Py<PyAny>>> {
+    column_to_py(py, column.as_ref())?
+        .into_iter()
+        .map(|v| {
+            let v = v.into_bound(py);
+            if v.is_none() {
+                Ok(v.unbind())
+            } else {
+                Ok(f(&v)?.unbind())
+            }
+        })
+        .collect()
+}
+
+/// An `.npy` file's bytes as a (writable) numpy array. The header is checked by our own
+/// parser first, so object arrays (pickles) are refused before numpy sees anything.
+fn npy_to_numpy<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    let header = crate::format::npy::parse_header(bytes).map_err(PyValueError::new_err)?;
+    let body = &bytes[header.data_offset.min(bytes.len())..];
+    if Some(body.len() as u64) != header.data_len() {
+        return Err(PyValueError::new_err(format!(
+            "the .npy header promises {:?} bytes of data, there are {}",
+            header.data_len(),
+            body.len()
+        )));
+    }
+    let np = py.import("numpy")?;
+    let data = pyo3::types::PyByteArray::new(py, body);
+    let flat = np.call_method1("frombuffer", (data, header.descr()))?;
+    let order = if header.fortran { "F" } else { "C" };
+    let kwargs = [("order", order)].into_py_dict(py)?;
+    flat.call_method("reshape", (header.shape.clone(),), Some(&kwargs))
 }
 
 /// A batch as `dict[str, list]`.
@@ -672,14 +756,4 @@ fn times_to_py(
             }
         })
         .collect()
-}
-
-/// A cheap handle on the fixed-shape field metadata used by the Python -> Arrow side.
-pub fn tensor_field_metadata(shape: &[usize]) -> std::collections::HashMap<String, String> {
-    let shape = serde_json::to_string(&serde_json::json!({ "shape": shape })).unwrap_or_default();
-    [
-        (EXTENSION_NAME_KEY.to_string(), TENSOR_EXTENSION.to_string()),
-        (EXTENSION_METADATA_KEY.to_string(), shape),
-    ]
-    .into()
 }

@@ -1,0 +1,364 @@
+//! Arrow IPC: the file format (`.arrow`, `.feather`), whose footer lists every record
+//! batch so each batch is a unit fetched by range and decoded without copying, and the
+//! stream format (`.arrows`, `.ipc`), read front to back. LZ4/ZSTD body compression is
+//! supported.
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::{FileDecoder, StreamReader, read_footer_length};
+use arrow_ipc::{Block, MetadataVersion};
+use arrow_schema::{Schema, SchemaRef};
+
+use super::{
+    Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, WorkUnit, per_shard,
+    whole_files,
+};
+use crate::error::{Error, Position, Result};
+use crate::source::ranges::RangeSet;
+use crate::source::{self, IoCounters, ShardMeta, Source};
+
+const FORMAT: &str = "Arrow IPC";
+
+fn check_options(options: &ReadOptions, name: &'static str) -> Result<()> {
+    options.format_options.reader(name).finish()?;
+    if options.schema.is_some() || options.features.is_some() {
+        return Err(Error::invalid_argument(
+            "Arrow IPC data carries its own schema: schema= and features= have no use; columns= selects columns",
+        ));
+    }
+    Ok(())
+}
+
+/// Indices of `columns` in `schema` (all columns when `None`).
+fn projection(
+    schema: &Schema,
+    columns: Option<&[String]>,
+    url: &str,
+) -> Result<Option<Vec<usize>>> {
+    let Some(columns) = columns else {
+        return Ok(None);
+    };
+    columns
+        .iter()
+        .map(|name| {
+            schema.index_of(name).map_err(|_| Error::Schema {
+                url: url.to_string(),
+                message: format!(
+                    "no column {name:?}; the file has {:?}",
+                    schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                ),
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+fn check_same_schema(first: (&str, &SchemaRef), other: (&str, &SchemaRef)) -> Result<()> {
+    if first.1.fields() == other.1.fields() {
+        return Ok(());
+    }
+    Err(Error::Schema {
+        url: other.0.to_string(),
+        message: format!("columns differ from those of {}", first.0),
+    })
+}
+
+// ---- file format ---------------------------------------------------------------
+
+pub struct ArrowFile;
+
+struct IpcFile {
+    url: String,
+    schema: SchemaRef,
+    version: MetadataVersion,
+    dictionaries: Vec<Block>,
+    batches: Vec<Block>,
+    projection: Option<Vec<usize>>,
+}
+
+struct PreparedFile {
+    shards: Vec<ShardMeta>,
+    files: Vec<Arc<IpcFile>>,
+    units: Vec<WorkUnit>,
+    schema: SchemaRef,
+}
+
+fn block_range(block: &Block, size: u64) -> std::result::Result<std::ops::Range<u64>, String> {
+    let start = u64::try_from(block.offset()).map_err(|_| "negative block offset")?;
+    let len = u64::try_from(block.metaDataLength()).map_err(|_| "negative metadata length")?
+        + u64::try_from(block.bodyLength()).map_err(|_| "negative body length")?;
+    match start.checked_add(len) {
+        Some(end) if end <= size => Ok(start..end),
+        _ => Err(format!(
+            "a block spans past the end of the {size}-byte file"
+        )),
+    }
+}
+
+async fn read_footer(source: &dyn Source, size: u64) -> Result<IpcFile> {
+    let url = source.url();
+    let corrupt = |m: String| Error::decode(url, FORMAT, Position::Unknown, m);
+    if size < 18 {
+        return Err(corrupt(format!(
+            "file is {size} bytes, too small to be Arrow IPC"
+        )));
+    }
+    let trailer = source.read_range(size - 10..size).await?;
+    let mut last = [0u8; 10];
+    last.copy_from_slice(&trailer);
+    let footer_len = read_footer_length(last).map_err(|e| corrupt(e.to_string()))? as u64;
+    let start = (size - 10)
+        .checked_sub(footer_len)
+        .ok_or_else(|| corrupt("footer longer than the file".into()))?;
+    let footer_bytes = source.read_range(start..size - 10).await?;
+    let footer = arrow_ipc::root_as_footer(&footer_bytes)
+        .map_err(|e| corrupt(format!("bad footer: {e}")))?;
+    let fb_schema = footer
+        .schema()
+        .ok_or_else(|| corrupt("the footer has no schema".into()))?;
+    let schema = Arc::new(
+        arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(|e| corrupt(e.to_string()))?,
+    );
+    let blocks =
+        |list: Option<flatbuffers::Vector<'_, Block>>| -> std::result::Result<Vec<Block>, String> {
+            let blocks: Vec<Block> = list
+                .map(|l| l.iter().copied().collect())
+                .unwrap_or_default();
+            for block in &blocks {
+                block_range(block, size)?;
+            }
+            Ok(blocks)
+        };
+    Ok(IpcFile {
+        url: url.to_string(),
+        schema,
+        version: footer.version(),
+        dictionaries: blocks(footer.dictionaries()).map_err(corrupt)?,
+        batches: blocks(footer.recordBatches()).map_err(corrupt)?,
+        projection: None,
+    })
+}
+
+impl Format for ArrowFile {
+    fn name(&self) -> &'static str {
+        "arrow"
+    }
+
+    fn prepare(
+        &self,
+        shards: Vec<ShardMeta>,
+        options: &ReadOptions,
+        counters: &Arc<IoCounters>,
+    ) -> Result<Arc<dyn PreparedShards>> {
+        check_options(options, "arrow")?;
+        let footers = per_shard(&shards, counters, FORMAT, |source, size| {
+            Box::pin(async move { read_footer(source.as_ref(), size).await })
+        })?;
+        let mut files: Vec<Arc<IpcFile>> = Vec::with_capacity(shards.len());
+        for footer in footers {
+            let mut file = footer?;
+            file.projection = projection(&file.schema, options.columns.as_deref(), &file.url)?;
+            if let Some(first) = files.first() {
+                check_same_schema((&first.url, &first.schema), (&file.url, &file.schema))?;
+            }
+            files.push(Arc::new(file));
+        }
+        let schema = match files.first() {
+            Some(first) => match &first.projection {
+                Some(p) => Arc::new(
+                    first
+                        .schema
+                        .project(p)
+                        .map_err(|e| Error::Internal(e.to_string()))?,
+                ),
+                None => first.schema.clone(),
+            },
+            None => Arc::new(Schema::empty()),
+        };
+        let units = files
+            .iter()
+            .enumerate()
+            .flat_map(|(shard, f)| {
+                (0..f.batches.len()).map(move |part| WorkUnit {
+                    shard,
+                    part,
+                    rows: None,
+                })
+            })
+            .collect();
+        Ok(Arc::new(PreparedFile {
+            shards,
+            files,
+            units,
+            schema,
+        }))
+    }
+}
+
+impl PreparedShards for PreparedFile {
+    fn format(&self) -> &'static str {
+        FORMAT
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn shards(&self) -> &[ShardMeta] {
+        &self.shards
+    }
+
+    fn units(&self) -> &[WorkUnit] {
+        &self.units
+    }
+
+    fn job(&self, unit: &WorkUnit) -> UnitJob {
+        let file = self.files[unit.shard].clone();
+        let size = self.shards[unit.shard].size.unwrap_or(u64::MAX);
+        let block = file.batches[unit.part];
+        // Dictionaries come first in the file: fetch them with the batch that needs them.
+        let ranges = file
+            .dictionaries
+            .iter()
+            .chain(std::iter::once(&block))
+            .filter_map(|b| block_range(b, size).ok())
+            .collect();
+        let schema = self.schema.clone();
+        UnitJob::Ranges {
+            ranges,
+            decode: Box::new(move |fetched: RangeSet| {
+                let corrupt = |m: String| {
+                    Error::decode(&file.url, FORMAT, Position::Byte(block.offset() as u64), m)
+                };
+                let bytes = |b: &Block| -> Result<Buffer> {
+                    let range = block_range(b, u64::MAX).map_err(corrupt)?;
+                    let data = fetched
+                        .get(range.start, range.end - range.start)
+                        .ok_or_else(|| corrupt("block not fetched".into()))?;
+                    Ok(Buffer::from(data))
+                };
+                let mut decoder = FileDecoder::new(file.schema.clone(), file.version);
+                if let Some(p) = &file.projection {
+                    decoder = decoder.with_projection(p.clone());
+                }
+                for dict in &file.dictionaries {
+                    decoder
+                        .read_dictionary(dict, &bytes(dict)?)
+                        .map_err(|e| corrupt(e.to_string()))?;
+                }
+                let batch = decoder
+                    .read_record_batch(&block, &bytes(&block)?)
+                    .map_err(|e| corrupt(e.to_string()))?
+                    .ok_or_else(|| corrupt("the block holds no record batch".into()))?;
+                let batch = RecordBatch::try_new(schema, batch.columns().to_vec())
+                    .map_err(|e| corrupt(e.to_string()))?;
+                Ok(Decoded {
+                    batches: vec![batch],
+                    skipped: 0,
+                })
+            }),
+        }
+    }
+}
+
+// ---- stream format ---------------------------------------------------------------
+
+pub struct ArrowStream;
+
+struct PreparedStream {
+    shards: Vec<ShardMeta>,
+    units: Vec<WorkUnit>,
+    schema: SchemaRef,
+    projection: Option<Vec<usize>>,
+}
+
+impl Format for ArrowStream {
+    fn name(&self) -> &'static str {
+        "arrow_stream"
+    }
+
+    fn prepare(
+        &self,
+        shards: Vec<ShardMeta>,
+        options: &ReadOptions,
+        counters: &Arc<IoCounters>,
+    ) -> Result<Arc<dyn PreparedShards>> {
+        check_options(options, "arrow_stream")?;
+        let (schema, projection) = match shards.first() {
+            None => (Arc::new(Schema::empty()), None),
+            Some(first) => {
+                let stream = source::open(&first.url, counters.clone())?.open_stream()?;
+                let reader = StreamReader::try_new(stream, None)
+                    .map_err(|e| Error::decode(&first.url, FORMAT, Position::Byte(0), e))?;
+                let full = reader.schema();
+                let projection = projection(&full, options.columns.as_deref(), &first.url)?;
+                let schema = match &projection {
+                    Some(p) => Arc::new(
+                        full.project(p)
+                            .map_err(|e| Error::Internal(e.to_string()))?,
+                    ),
+                    None => full,
+                };
+                (schema, projection)
+            }
+        };
+        Ok(Arc::new(PreparedStream {
+            units: whole_files(&shards),
+            shards,
+            schema,
+            projection,
+        }))
+    }
+}
+
+impl PreparedShards for PreparedStream {
+    fn format(&self) -> &'static str {
+        FORMAT
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn shards(&self) -> &[ShardMeta] {
+        &self.shards
+    }
+
+    fn units(&self) -> &[WorkUnit] {
+        &self.units
+    }
+
+    fn job(&self, unit: &WorkUnit) -> UnitJob {
+        let url = self.shards[unit.shard].url.clone();
+        let (schema, projection) = (self.schema.clone(), self.projection.clone());
+        UnitJob::Stream(Box::new(move |stream, emit: &mut EmitTask| {
+            let corrupt =
+                |e: arrow_schema::ArrowError| Error::decode(&url, FORMAT, Position::Unknown, e);
+            let reader = StreamReader::try_new(stream, projection).map_err(corrupt)?;
+            // Decoding a stream message is little more than slicing buffers, so it runs
+            // here and the tasks just hand the batches on, in order.
+            for batch in reader {
+                let batch = batch.map_err(corrupt)?;
+                if batch.schema().fields() != schema.fields() {
+                    return Err(Error::Schema {
+                        url: url.clone(),
+                        message: "columns differ from the first file's".into(),
+                    });
+                }
+                let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec())
+                    .map_err(corrupt)?;
+                if !emit(Box::new(move || {
+                    Ok(Decoded {
+                        batches: vec![batch],
+                        skipped: 0,
+                    })
+                })) {
+                    break;
+                }
+            }
+            Ok(())
+        }))
+    }
+}

@@ -1,0 +1,500 @@
+//! CSV (`.csv`, `.csv.gz`) read the way `pyarrow.csv.read_csv` reads it by default: a
+//! header row, `"` quoting (doubled quotes inside), types inferred from the first
+//! records (null, int64, float64, bool, date32, timestamp, string), pyarrow's null
+//! tokens ("", "NA", "null", "NaN", ...) as nulls except in string columns, where every
+//! value is kept as written.
+//!
+//! Files are cut into blocks at record ends (outside quotes) and blocks are decoded in
+//! parallel: each is parsed as text, then converted to the inferred types.
+
+use std::io::Read;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray};
+use arrow_csv::reader::Format as CsvFormat;
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use bytes::Bytes;
+
+use super::{
+    Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, WorkUnit, compression,
+    whole_files,
+};
+use crate::error::{Error, Position, Result};
+use crate::source::{self, IoCounters, ShardMeta};
+
+const FORMAT: &str = "CSV";
+const BLOCK_BYTES: usize = 4 * 1024 * 1024;
+const MAX_RECORD_BYTES: usize = 512 * 1024 * 1024;
+/// Records read to infer column types.
+pub const INFER_RECORDS: usize = 1000;
+/// pyarrow's default `null_values`.
+const NULL_TOKENS: &[&str] = &[
+    "", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+    "N/A", "NA", "NULL", "NaN", "n/a", "nan", "null",
+];
+const TRUE_TOKENS: &[&str] = &["1", "True", "TRUE", "true"];
+const FALSE_TOKENS: &[&str] = &["0", "False", "FALSE", "false"];
+
+pub struct Csv;
+
+struct Config {
+    /// Column names and types of the output.
+    schema: SchemaRef,
+    /// The same names, all text: what blocks are parsed into first.
+    text_schema: SchemaRef,
+    /// Positions in the file of the output columns.
+    projection: Vec<usize>,
+    limit: u64,
+}
+
+struct PreparedCsv {
+    shards: Vec<ShardMeta>,
+    units: Vec<WorkUnit>,
+    config: Arc<Config>,
+}
+
+impl Format for Csv {
+    fn name(&self) -> &'static str {
+        "csv"
+    }
+
+    fn prepare(
+        &self,
+        shards: Vec<ShardMeta>,
+        options: &ReadOptions,
+        counters: &Arc<IoCounters>,
+    ) -> Result<Arc<dyn PreparedShards>> {
+        let mut opts = options.format_options.reader("csv");
+        let limit = opts.u64(
+            "max_decompressed_bytes",
+            compression::DEFAULT_MAX_DECOMPRESSED,
+        )?;
+        opts.finish()?;
+        if options.features.is_some() {
+            return Err(Error::invalid_argument(
+                "features= is for TFRecord; CSV takes schema= or infers types",
+            ));
+        }
+        let Some(first) = shards.first() else {
+            return Err(Error::invalid_argument("no CSV files"));
+        };
+        let url = first.url.as_str();
+        // The first block of the first file: its header names the columns, its records
+        // give the types.
+        let stream = compression::auto_gzip(
+            source::open(url, counters.clone())?.open_stream()?,
+            url,
+            limit,
+        )?;
+        let mut head = None;
+        split_records(stream, url, BLOCK_BYTES, &mut |block, _| {
+            head = Some(block);
+            false
+        })?;
+        let head = head.unwrap_or_default();
+        let (names, _) = CsvFormat::default()
+            .with_header(true)
+            .infer_schema(&head[..], Some(0))
+            .map_err(|e| Error::decode(url, FORMAT, Position::Line(1), e))?;
+        let text_schema = text_schema(names.fields().iter().map(|f| f.name().clone()));
+        let types: Vec<DataType> = match &options.schema {
+            Some(given) => names
+                .fields()
+                .iter()
+                .map(|f| {
+                    given
+                        .field_with_name(f.name())
+                        .map(|g| g.data_type().clone())
+                        .unwrap_or(DataType::Utf8)
+                })
+                .collect(),
+            None => {
+                let sample = parse_text(&text_schema, &head, true, INFER_RECORDS)
+                    .map_err(|e| Error::decode(url, FORMAT, Position::Line(1), e))?;
+                (0..text_schema.fields().len())
+                    .map(|i| infer_type(sample.column(i).as_string::<i32>()))
+                    .collect()
+            }
+        };
+        let projection: Vec<usize> = match &options.columns {
+            None => (0..types.len()).collect(),
+            Some(columns) => columns
+                .iter()
+                .map(|c| {
+                    text_schema.index_of(c).map_err(|_| Error::Schema {
+                        url: url.to_string(),
+                        message: format!(
+                            "no column {c:?}; the header has {:?}",
+                            text_schema
+                                .fields()
+                                .iter()
+                                .map(|f| f.name())
+                                .collect::<Vec<_>>()
+                        ),
+                    })
+                })
+                .collect::<Result<_>>()?,
+        };
+        let schema = Arc::new(Schema::new(
+            projection
+                .iter()
+                .map(|&i| Field::new(text_schema.field(i).name(), types[i].clone(), true))
+                .collect::<Vec<_>>(),
+        ));
+        Ok(Arc::new(PreparedCsv {
+            units: whole_files(&shards),
+            shards,
+            config: Arc::new(Config {
+                schema,
+                text_schema,
+                projection,
+                limit,
+            }),
+        }))
+    }
+}
+
+fn text_schema(names: impl Iterator<Item = String>) -> SchemaRef {
+    Arc::new(Schema::new(
+        names
+            .map(|n| Field::new(n, DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// Parses CSV text into all-string columns (empty fields as nulls).
+fn parse_text(
+    schema: &SchemaRef,
+    data: &[u8],
+    header: bool,
+    max_rows: usize,
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    let mut decoder = arrow_csv::ReaderBuilder::new(schema.clone())
+        .with_header(header)
+        .with_batch_size(max_rows.max(1))
+        .build_decoder();
+    let mut pos = 0;
+    let mut batches = Vec::new();
+    while pos < data.len() {
+        let n = decoder.decode(&data[pos..])?;
+        pos += n;
+        if let Some(batch) = decoder.flush()? {
+            batches.push(batch);
+            if batches.iter().map(RecordBatch::num_rows).sum::<usize>() >= max_rows {
+                break;
+            }
+        } else if n == 0 {
+            break;
+        }
+    }
+    // A last record without a line end.
+    decoder.decode(&[])?;
+    if let Some(batch) = decoder.flush()? {
+        batches.push(batch);
+    }
+    arrow_select::concat::concat_batches(schema, &batches)
+}
+
+fn is_null_token(s: &str) -> bool {
+    NULL_TOKENS.contains(&s)
+}
+
+/// The narrowest type every non-null value fits, in pyarrow's order of preference.
+fn infer_type(values: &StringArray) -> DataType {
+    let tokens: Vec<&str> = values
+        .iter()
+        .flatten()
+        .filter(|s| !is_null_token(s))
+        .collect();
+    if tokens.is_empty() {
+        return DataType::Null;
+    }
+    let all = |f: fn(&str) -> bool| tokens.iter().all(|s| f(s));
+    if all(|s| s.parse::<i64>().is_ok()) {
+        DataType::Int64
+    } else if all(|s| TRUE_TOKENS.contains(&s) || FALSE_TOKENS.contains(&s)) {
+        DataType::Boolean
+    } else if all(|s| s.parse::<f64>().is_ok()) {
+        DataType::Float64
+    } else if all(is_date) {
+        DataType::Date32
+    } else if all(|s| is_timestamp(s).is_some()) {
+        let unit = tokens
+            .iter()
+            .filter_map(|s| is_timestamp(s))
+            .max()
+            .unwrap_or(0);
+        DataType::Timestamp(
+            if unit == 0 {
+                TimeUnit::Second
+            } else {
+                TimeUnit::Nanosecond
+            },
+            None,
+        )
+    } else {
+        DataType::Utf8
+    }
+}
+
+/// `YYYY-MM-DD` naming a real day.
+fn is_date(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return false;
+    }
+    let num = |r: std::ops::Range<usize>| {
+        s.get(r)
+            .filter(|p| p.bytes().all(|c| c.is_ascii_digit()))?
+            .parse::<u32>()
+            .ok()
+    };
+    let (Some(year), Some(month), Some(day)) = (num(0..4), num(5..7), num(8..10)) else {
+        return false;
+    };
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let days = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    (1..=12).contains(&month) && day >= 1 && day <= days[month as usize - 1]
+}
+
+/// `YYYY-MM-DD[T ]hh:mm[:ss[.fff]]`: `Some(0)` without fractions, `Some(1)` with.
+fn is_timestamp(s: &str) -> Option<u8> {
+    if s.len() < 16 || !is_date(&s[..10]) || !matches!(s.as_bytes()[10], b' ' | b'T') {
+        return None;
+    }
+    let time = &s[11..];
+    let (time, zone_ok) = match time.strip_suffix('Z') {
+        Some(t) => (t, true),
+        None => (time, true),
+    };
+    let (hms, frac) = match time.split_once('.') {
+        Some((hms, frac)) => (hms, Some(frac)),
+        None => (time, None),
+    };
+    let parts: Vec<&str> = hms.split(':').collect();
+    let ok = zone_ok
+        && (parts.len() == 2 || parts.len() == 3)
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|c| c.is_ascii_digit()))
+        && frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|c| c.is_ascii_digit()));
+    ok.then_some(u8::from(frac.is_some()))
+}
+
+/// Converts a parsed text column to `target`, pyarrow style.
+fn convert(text: &StringArray, target: &DataType) -> std::result::Result<ArrayRef, String> {
+    match target {
+        // Strings keep every value as written; an empty field is "".
+        DataType::Utf8 => Ok(Arc::new(StringArray::new(
+            text.offsets().clone(),
+            text.values().clone(),
+            None,
+        ))),
+        DataType::Null => match text.iter().flatten().find(|s| !is_null_token(s)) {
+            Some(value) => Err(format!(
+                "{value:?} in a column of nulls (pass schema= to type it)"
+            )),
+            None => Ok(Arc::new(arrow_array::NullArray::new(text.len()))),
+        },
+        DataType::Boolean => {
+            let values = text
+                .iter()
+                .map(|v| match v {
+                    None => Ok(None),
+                    Some(s) if is_null_token(s) => Ok(None),
+                    Some(s) if TRUE_TOKENS.contains(&s) => Ok(Some(true)),
+                    Some(s) if FALSE_TOKENS.contains(&s) => Ok(Some(false)),
+                    Some(s) => Err(format!("{s:?} is not a boolean")),
+                })
+                .collect::<std::result::Result<BooleanArray, String>>()?;
+            Ok(Arc::new(values))
+        }
+        other => {
+            let cleaned: StringArray = text
+                .iter()
+                .map(|v| v.filter(|s| !is_null_token(s)))
+                .collect();
+            let options = arrow_cast::CastOptions {
+                safe: false,
+                ..Default::default()
+            };
+            arrow_cast::cast_with_options(&cleaned, other, &options).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// Cuts a stream into blocks that end at a record end (a line end outside quotes),
+/// calling `f(block, number of its first line)`; stops early when `f` returns false.
+fn split_records(
+    mut reader: Box<dyn Read + Send>,
+    url: &str,
+    block_bytes: usize,
+    f: &mut dyn FnMut(Bytes, u64) -> bool,
+) -> Result<()> {
+    let mut buf: Vec<u8> = Vec::with_capacity(block_bytes);
+    let mut want = block_bytes;
+    let mut line = 1u64;
+    let mut eof = false;
+    loop {
+        while !eof && buf.len() < want {
+            let filled = buf.len();
+            buf.resize(want, 0);
+            let n = reader
+                .read(&mut buf[filled..])
+                .map_err(|e| compression::stream_error(url, Position::Line(line), e))?;
+            buf.truncate(filled + n);
+            eof = n == 0;
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let cut = if eof {
+            buf.len()
+        } else if let Some(pos) = last_record_end(&buf) {
+            pos + 1
+        } else if want >= MAX_RECORD_BYTES {
+            return Err(Error::decode(
+                url,
+                FORMAT,
+                Position::Line(line),
+                format!("record longer than {MAX_RECORD_BYTES} bytes (an unclosed quote?)"),
+            ));
+        } else {
+            want = (want * 2).min(MAX_RECORD_BYTES);
+            continue;
+        };
+        let rest = buf.split_off(cut);
+        let block = Bytes::from(std::mem::replace(&mut buf, rest));
+        let lines = memchr::memchr_iter(b'\n', &block).count() as u64;
+        if !f(block, line) {
+            return Ok(());
+        }
+        line += lines;
+        want = block_bytes.max(buf.len() + 1);
+        if eof && buf.is_empty() {
+            return Ok(());
+        }
+    }
+}
+
+/// The last `\n` that is outside quotes, for data starting outside quotes.
+fn last_record_end(data: &[u8]) -> Option<usize> {
+    let mut quoted = false;
+    let mut last = None;
+    for pos in memchr::memchr2_iter(b'"', b'\n', data) {
+        if data[pos] == b'"' {
+            quoted = !quoted;
+        } else if !quoted {
+            last = Some(pos);
+        }
+    }
+    last
+}
+
+impl PreparedShards for PreparedCsv {
+    fn format(&self) -> &'static str {
+        FORMAT
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.config.schema.clone()
+    }
+
+    fn shards(&self) -> &[ShardMeta] {
+        &self.shards
+    }
+
+    fn units(&self) -> &[WorkUnit] {
+        &self.units
+    }
+
+    fn job(&self, unit: &WorkUnit) -> UnitJob {
+        let url: Arc<str> = self.shards[unit.shard].url.as_str().into();
+        let config = self.config.clone();
+        UnitJob::Stream(Box::new(move |stream, emit: &mut EmitTask| {
+            let reader = compression::auto_gzip(stream, &url, config.limit)?;
+            split_records(reader, &url, BLOCK_BYTES, &mut |block, first_line| {
+                let (config, url) = (config.clone(), url.clone());
+                emit(Box::new(move || {
+                    decode_block(&config, &url, &block, first_line)
+                }))
+            })
+        }))
+    }
+}
+
+fn decode_block(config: &Config, url: &str, block: &[u8], first_line: u64) -> Result<Decoded> {
+    let header = first_line == 1;
+    let at = |m: String| {
+        Error::decode(
+            url,
+            FORMAT,
+            Position::Line(first_line),
+            format!("{m} (in the block of records from line {first_line})"),
+        )
+    };
+    let text = parse_text(&config.text_schema, block, header, usize::MAX)
+        .map_err(|e| at(e.to_string()))?;
+    let mut columns = Vec::with_capacity(config.projection.len());
+    for (&i, field) in config.projection.iter().zip(config.schema.fields()) {
+        let column = convert(text.column(i).as_string::<i32>(), field.data_type())
+            .map_err(|m| at(format!("column {:?}: {m}", field.name())))?;
+        columns.push(column);
+    }
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(text.num_rows()));
+    let batch = RecordBatch::try_new_with_options(config.schema.clone(), columns, &options)
+        .map_err(|e| at(e.to_string()))?;
+    Ok(Decoded {
+        batches: vec![batch],
+        skipped: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_ends_skip_quoted_newlines() {
+        assert_eq!(last_record_end(b"a,b\n\"x\ny\",2\n\"open\n"), Some(11));
+        assert_eq!(last_record_end(b"\"only\nquoted"), None);
+    }
+
+    #[test]
+    fn infers_like_pyarrow() {
+        let col = |v: &[Option<&str>]| StringArray::from(v.to_vec());
+        assert_eq!(
+            infer_type(&col(&[Some("1"), Some("-2"), None])),
+            DataType::Int64
+        );
+        assert_eq!(
+            infer_type(&col(&[Some("1.5"), Some("2"), Some("NA")])),
+            DataType::Float64
+        );
+        assert_eq!(
+            infer_type(&col(&[Some("true"), Some("False")])),
+            DataType::Boolean
+        );
+        assert_eq!(infer_type(&col(&[Some("2020-01-31")])), DataType::Date32);
+        assert_eq!(
+            infer_type(&col(&[Some("2020-01-31 10:00:00")])),
+            DataType::Timestamp(TimeUnit::Second, None)
+        );
+        assert_eq!(infer_type(&col(&[Some("x"), Some("1")])), DataType::Utf8);
+        assert_eq!(infer_type(&col(&[None, None])), DataType::Null);
+    }
+}

@@ -1,0 +1,189 @@
+//! Raw files: one file is one sample `{"__key__", "bytes"}`, the image-folder layout.
+//! `__key__` is the path below the dataset's common directory, without its extension.
+//! With `format_options={"label": True}` each sample also gets `label`, the name of its
+//! parent directory, and `label_id`, that name's index among the sorted distinct names
+//! (as torchvision's `ImageFolder` numbers classes).
+
+use std::sync::Arc;
+
+use arrow_array::{BinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use super::{Decoded, Format, PreparedShards, ReadOptions, UnitJob, WorkUnit, whole_file_job};
+use crate::error::{Error, Result};
+use crate::source::{IoCounters, ShardMeta};
+
+pub struct Raw;
+
+struct PreparedRaw {
+    shards: Vec<ShardMeta>,
+    units: Vec<WorkUnit>,
+    schema: SchemaRef,
+    keys: Vec<String>,
+    /// (label, label_id) per shard when labels are on.
+    labels: Option<Vec<(String, i64)>>,
+}
+
+/// The longest directory prefix (ending in `/`) shared by every path.
+fn common_dir(paths: &[&str]) -> usize {
+    let Some(first) = paths.first() else { return 0 };
+    let mut len = first.rfind('/').map_or(0, |i| i + 1);
+    for path in &paths[1..] {
+        while len > 0 && !(path.len() >= len && path.as_bytes()[..len] == first.as_bytes()[..len]) {
+            len = first[..len - 1].rfind('/').map_or(0, |i| i + 1);
+        }
+    }
+    len
+}
+
+fn strip_extension(path: &str) -> &str {
+    let base = path.rfind('/').map_or(0, |i| i + 1);
+    match path[base..].find('.') {
+        Some(dot) if dot > 0 => &path[..base + dot],
+        _ => path,
+    }
+}
+
+fn parent_name(path: &str) -> &str {
+    let dir = &path[..path.rfind('/').unwrap_or(0)];
+    &dir[dir.rfind('/').map_or(0, |i| i + 1)..]
+}
+
+impl Format for Raw {
+    fn name(&self) -> &'static str {
+        "raw"
+    }
+
+    fn prepare(
+        &self,
+        shards: Vec<ShardMeta>,
+        options: &ReadOptions,
+        _counters: &Arc<IoCounters>,
+    ) -> Result<Arc<dyn PreparedShards>> {
+        let mut opts = options.format_options.reader("raw");
+        let with_labels = opts.bool("label", false)?;
+        opts.finish()?;
+        if options.schema.is_some() || options.features.is_some() {
+            return Err(Error::invalid_argument(
+                "raw files have fixed fields: schema= and features= have no use",
+            ));
+        }
+        let paths: Vec<&str> = shards.iter().map(|s| s.url.as_str()).collect();
+        let prefix = common_dir(&paths);
+        let keys = paths
+            .iter()
+            .map(|p| strip_extension(&p[prefix..]).to_string())
+            .collect();
+        let mut fields = vec![
+            Field::new("__key__", DataType::Utf8, false),
+            Field::new("bytes", DataType::Binary, false),
+        ];
+        let labels = with_labels.then(|| {
+            let mut names: Vec<&str> = paths.iter().map(|p| parent_name(p)).collect();
+            names.sort_unstable();
+            names.dedup();
+            paths
+                .iter()
+                .map(|p| {
+                    let name = parent_name(p);
+                    (
+                        name.to_string(),
+                        names.binary_search(&name).unwrap_or(0) as i64,
+                    )
+                })
+                .collect()
+        });
+        if with_labels {
+            fields.push(Field::new("label", DataType::Utf8, false));
+            fields.push(Field::new("label_id", DataType::Int64, false));
+        }
+        let mut schema = Schema::new(fields);
+        if let Some(columns) = &options.columns {
+            let indices = columns
+                .iter()
+                .map(|c| {
+                    schema.index_of(c).map_err(|_| {
+                        Error::invalid_argument(format!("raw files have no column {c:?}"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            schema = schema
+                .project(&indices)
+                .map_err(|e| Error::Internal(e.to_string()))?;
+        }
+        let units = (0..shards.len())
+            .map(|shard| WorkUnit {
+                shard,
+                part: 0,
+                rows: Some(1),
+            })
+            .collect();
+        Ok(Arc::new(PreparedRaw {
+            shards,
+            units,
+            schema: Arc::new(schema),
+            keys,
+            labels,
+        }))
+    }
+}
+
+impl PreparedShards for PreparedRaw {
+    fn format(&self) -> &'static str {
+        "raw"
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn shards(&self) -> &[ShardMeta] {
+        &self.shards
+    }
+
+    fn units(&self) -> &[WorkUnit] {
+        &self.units
+    }
+
+    fn job(&self, unit: &WorkUnit) -> UnitJob {
+        let schema = self.schema.clone();
+        let key = self.keys[unit.shard].clone();
+        let label = self.labels.as_ref().map(|l| l[unit.shard].clone());
+        whole_file_job(self.shards[unit.shard].url.clone(), move |bytes| {
+            let columns = schema
+                .fields()
+                .iter()
+                .map(|f| -> arrow_array::ArrayRef {
+                    match f.name().as_str() {
+                        "__key__" => Arc::new(StringArray::from(vec![key.as_str()])),
+                        "bytes" => Arc::new(BinaryArray::from(vec![&bytes[..]])),
+                        "label" => Arc::new(StringArray::from(vec![
+                            label.as_ref().map_or("", |l| l.0.as_str()),
+                        ])),
+                        _ => Arc::new(Int64Array::from(vec![label.as_ref().map_or(0, |l| l.1)])),
+                    }
+                })
+                .collect();
+            let batch = RecordBatch::try_new(schema, columns)
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            Ok(Decoded {
+                batches: vec![batch],
+                skipped: 0,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_labels() {
+        assert_eq!(common_dir(&["/d/cat/1.jpg", "/d/dog/2.jpg"]), 3);
+        assert_eq!(common_dir(&["/d/cat/1.jpg"]), 7);
+        assert_eq!(strip_extension("cat/1.tar.gz"), "cat/1");
+        assert_eq!(strip_extension("cat/.hidden"), "cat/.hidden");
+        assert_eq!(parent_name("/d/cat/1.jpg"), "cat");
+    }
+}

@@ -1,0 +1,430 @@
+//! WebDataset tar shards (`.tar`, `.tar.gz`, `.tgz`): members grouped into samples
+//! exactly as the `webdataset` library groups them. The key is the path up to the first
+//! dot of the basename (directories included), the field the rest of the basename,
+//! lower-cased; consecutive members with one key form a sample. The archive is read
+//! once, front to back, never extracted and never buffered whole.
+//!
+//! Fields: `__key__`, `__url__`, `.json` (kept as JSON text, parsed on the way to
+//! Python), `.txt`/`.text` (string), `.cls`/`.index` (integer), `.npy` (array), anything
+//! else bytes. Samples may lack fields (null).
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::sync::Arc;
+
+use arrow_array::{
+    ArrayRef, BinaryArray, Int64Array, RecordBatch, RecordBatchOptions, StringArray,
+};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use super::{
+    Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit,
+    compression, whole_files,
+};
+use crate::error::{Error, Position, Result};
+use crate::source::{self, IoCounters, ShardMeta};
+
+const FORMAT: &str = "WebDataset tar";
+/// Field metadata marking a text column that holds JSON documents.
+pub const JSON_KEY: &str = "shardflow.json";
+/// Field metadata marking a binary column that holds `.npy` arrays.
+pub const NPY_KEY: &str = "shardflow.npy";
+pub const INFER_SAMPLES: usize = 1000;
+const BLOCK_BYTES: usize = 4 * 1024 * 1024;
+
+/// How a field's bytes are decoded, by the last part of its extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decode {
+    Json,
+    Text,
+    Int,
+    Npy,
+    Bytes,
+}
+
+fn decode_for(field: &str) -> Decode {
+    match field.rsplit('.').next().unwrap_or(field) {
+        "json" => Decode::Json,
+        "txt" | "text" => Decode::Text,
+        "cls" | "index" => Decode::Int,
+        "npy" => Decode::Npy,
+        _ => Decode::Bytes,
+    }
+}
+
+fn arrow_field(name: &str) -> Field {
+    let marker = |key: &str| [(key.to_string(), "1".to_string())];
+    match decode_for(name) {
+        Decode::Json => Field::new(name, DataType::Utf8, true).with_metadata(marker(JSON_KEY)),
+        Decode::Text => Field::new(name, DataType::Utf8, true),
+        Decode::Int => Field::new(name, DataType::Int64, true),
+        Decode::Npy => Field::new(name, DataType::Binary, true).with_metadata(marker(NPY_KEY)),
+        Decode::Bytes => Field::new(name, DataType::Binary, true),
+    }
+}
+
+/// Splits a member path into (key, field) as `webdataset.tariterators.base_plus_ext`
+/// does: `^((?:.*/|)[^.]+)[.]([^/]*)$`.
+pub fn key_and_field(path: &str) -> Option<(&str, &str)> {
+    let base_start = path.rfind('/').map_or(0, |i| i + 1);
+    let base = &path[base_start..];
+    let dot = base.find('.')?;
+    if dot == 0 {
+        return None;
+    }
+    Some((&path[..base_start + dot], &base[dot + 1..]))
+}
+
+/// webdataset skips `__name__` metadata members at the top level.
+fn is_meta(path: &str) -> bool {
+    !path.contains('/') && path.starts_with("__") && path.ends_with("__")
+}
+
+struct Sample {
+    key: String,
+    /// Every member's field name, with its bytes if the field is kept (else empty).
+    fields: Vec<(String, Vec<u8>)>,
+    /// Byte offset of its first member header, for errors.
+    offset: u64,
+}
+
+/// Reads samples off a tar stream in order.
+struct SampleReader {
+    url: Arc<str>,
+    /// Fields to keep (`None`: all); members of other fields are skipped unread.
+    keep: Option<BTreeSet<String>>,
+}
+
+impl SampleReader {
+    fn for_each(
+        &self,
+        stream: Box<dyn Read + Send>,
+        limit: u64,
+        f: &mut dyn FnMut(Sample) -> Result<bool>,
+    ) -> Result<()> {
+        let url = &*self.url;
+        let reader = compression::auto_gzip(stream, url, limit)?;
+        let mut archive = tar::Archive::new(reader);
+        let entries = archive
+            .entries()
+            .map_err(|e| compression::stream_error(url, Position::Byte(0), e))?;
+        let mut current: Option<Sample> = None;
+        let mut last_offset = 0;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| corrupt_tar(url, last_offset, e))?;
+            let offset = entry.raw_header_position();
+            last_offset = offset;
+            if !entry.header().entry_type().is_file() {
+                continue;
+            }
+            let path = entry.path().map_err(|e| corrupt_tar(url, offset, e))?;
+            let path = path.to_string_lossy().into_owned();
+            if is_meta(&path) {
+                continue;
+            }
+            let Some((key, field)) = key_and_field(&path) else {
+                continue;
+            };
+            let field = field.to_lowercase();
+            if current.as_ref().is_some_and(|s| s.key != key)
+                && let Some(done) = current.take()
+                && !f(done)?
+            {
+                return Ok(());
+            }
+            let sample = current.get_or_insert_with(|| Sample {
+                key: key.to_string(),
+                fields: Vec::new(),
+                offset,
+            });
+            if sample.fields.iter().any(|(name, _)| *name == field) {
+                return Err(Error::decode(
+                    url,
+                    FORMAT,
+                    Position::Byte(offset),
+                    format!("sample {:?} has two {field:?} members ({path})", sample.key),
+                ));
+            }
+            let mut data = Vec::new();
+            if self.keep.as_ref().is_none_or(|keep| keep.contains(&field)) {
+                entry
+                    .read_to_end(&mut data)
+                    .map_err(|e| corrupt_tar(url, offset, e))?;
+            }
+            sample.fields.push((field, data));
+        }
+        if let Some(done) = current {
+            f(done)?;
+        }
+        Ok(())
+    }
+}
+
+fn corrupt_tar(url: &str, offset: u64, e: std::io::Error) -> Error {
+    match compression::stream_error(url, Position::Byte(offset), e) {
+        Error::Decode { message, .. } => {
+            Error::decode(url, FORMAT, Position::Byte(offset), message)
+        }
+        other => other,
+    }
+}
+
+pub struct WebDataset;
+
+struct Config {
+    schema: SchemaRef,
+    strict: bool,
+    on_error: OnError,
+    limit: u64,
+    keep: Option<BTreeSet<String>>,
+}
+
+struct PreparedTar {
+    shards: Vec<ShardMeta>,
+    units: Vec<WorkUnit>,
+    config: Arc<Config>,
+}
+
+impl Format for WebDataset {
+    fn name(&self) -> &'static str {
+        "webdataset"
+    }
+
+    fn prepare(
+        &self,
+        shards: Vec<ShardMeta>,
+        options: &ReadOptions,
+        counters: &Arc<IoCounters>,
+    ) -> Result<Arc<dyn PreparedShards>> {
+        let mut opts = options.format_options.reader("webdataset");
+        let limit = opts.u64(
+            "max_decompressed_bytes",
+            compression::DEFAULT_MAX_DECOMPRESSED,
+        )?;
+        opts.finish()?;
+        if options.schema.is_some() || options.features.is_some() {
+            return Err(Error::invalid_argument(
+                "WebDataset fields are typed by extension: schema= and features= have no use; columns= selects fields",
+            ));
+        }
+        let names: Vec<String> = match &options.columns {
+            Some(columns) => columns.clone(),
+            None => {
+                let mut seen = BTreeSet::new();
+                let mut samples = 0;
+                for shard in &shards {
+                    // Only member names are needed, so no data is kept.
+                    let scan = SampleReader {
+                        url: shard.url.as_str().into(),
+                        keep: Some(BTreeSet::new()),
+                    };
+                    let stream = source::open(&shard.url, counters.clone())?.open_stream()?;
+                    let outcome = scan.for_each(stream, limit, &mut |sample| {
+                        seen.extend(sample.fields.into_iter().map(|(name, _)| name));
+                        samples += 1;
+                        Ok(samples < INFER_SAMPLES)
+                    });
+                    match outcome {
+                        Err(e) if options.on_error == OnError::Raise => return Err(e),
+                        _ => {}
+                    }
+                    if samples >= INFER_SAMPLES {
+                        break;
+                    }
+                }
+                let mut names = vec!["__key__".to_string(), "__url__".to_string()];
+                names.extend(seen);
+                names
+            }
+        };
+        let schema = Arc::new(Schema::new(
+            names
+                .iter()
+                .map(|n| {
+                    if n == "__key__" || n == "__url__" {
+                        Field::new(n, DataType::Utf8, false)
+                    } else {
+                        arrow_field(n)
+                    }
+                })
+                .collect::<Vec<_>>(),
+        ));
+        let keep = options
+            .columns
+            .as_ref()
+            .map(|c| c.iter().cloned().collect());
+        Ok(Arc::new(PreparedTar {
+            units: whole_files(&shards),
+            shards,
+            config: Arc::new(Config {
+                schema,
+                strict: options.columns.is_none(),
+                on_error: options.on_error,
+                limit,
+                keep,
+            }),
+        }))
+    }
+}
+
+impl PreparedShards for PreparedTar {
+    fn format(&self) -> &'static str {
+        FORMAT
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.config.schema.clone()
+    }
+
+    fn shards(&self) -> &[ShardMeta] {
+        &self.shards
+    }
+
+    fn units(&self) -> &[WorkUnit] {
+        &self.units
+    }
+
+    fn job(&self, unit: &WorkUnit) -> UnitJob {
+        let url: Arc<str> = self.shards[unit.shard].url.as_str().into();
+        let config = self.config.clone();
+        UnitJob::Stream(Box::new(move |stream, emit: &mut EmitTask| {
+            let reader = SampleReader {
+                url: url.clone(),
+                keep: config.keep.clone(),
+            };
+            let mut block: Vec<Sample> = Vec::new();
+            let mut block_bytes = 0;
+            let mut stopped = false;
+            let mut flush = |block: &mut Vec<Sample>| {
+                let samples = std::mem::take(block);
+                let (config, url) = (config.clone(), url.clone());
+                emit(Box::new(move || build_batch(&config, &url, samples)))
+            };
+            reader.for_each(stream, config.limit, &mut |sample| {
+                block_bytes += sample.fields.iter().map(|(_, d)| d.len()).sum::<usize>();
+                block.push(sample);
+                if block_bytes >= BLOCK_BYTES {
+                    block_bytes = 0;
+                    stopped = !flush(&mut block);
+                }
+                Ok(!stopped)
+            })?;
+            if !stopped && !block.is_empty() {
+                flush(&mut block);
+            }
+            Ok(())
+        }))
+    }
+}
+
+/// Turns samples into a batch, checking each field's bytes decode as its type says.
+fn build_batch(config: &Config, url: &str, samples: Vec<Sample>) -> Result<Decoded> {
+    let schema = &config.schema;
+    let mut skipped = 0;
+    let mut good: Vec<Sample> = Vec::with_capacity(samples.len());
+    for sample in samples {
+        match check_sample(config, &sample) {
+            Ok(()) => good.push(sample),
+            Err(_) if config.on_error == OnError::Skip => skipped += 1,
+            Err(message) => {
+                return Err(Error::decode(
+                    url,
+                    FORMAT,
+                    Position::Byte(sample.offset),
+                    format!("sample {:?}: {message}", sample.key),
+                ));
+            }
+        }
+    }
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    for field in schema.fields() {
+        let name = field.name().as_str();
+        let values = || {
+            good.iter().map(move |s| {
+                s.fields
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, d)| d.as_slice())
+            })
+        };
+        let column: ArrayRef = match name {
+            "__key__" => Arc::new(StringArray::from_iter_values(
+                good.iter().map(|s| s.key.as_str()),
+            )),
+            "__url__" => Arc::new(StringArray::from_iter_values(good.iter().map(|_| url))),
+            _ => match decode_for(name) {
+                Decode::Json | Decode::Text => Arc::new(
+                    values()
+                        .map(|v| v.and_then(|b| std::str::from_utf8(b).ok()))
+                        .collect::<StringArray>(),
+                ),
+                Decode::Int => Arc::new(
+                    values()
+                        .map(|v| v.and_then(parse_int))
+                        .collect::<Int64Array>(),
+                ),
+                Decode::Npy | Decode::Bytes => Arc::new(values().collect::<BinaryArray>()),
+            },
+        };
+        columns.push(column);
+    }
+    let options = RecordBatchOptions::new().with_row_count(Some(good.len()));
+    let batch = RecordBatch::try_new_with_options(schema.clone(), columns, &options)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(Decoded {
+        batches: vec![batch],
+        skipped,
+    })
+}
+
+fn parse_int(bytes: &[u8]) -> Option<i64> {
+    std::str::from_utf8(bytes).ok()?.trim().parse().ok()
+}
+
+fn check_sample(config: &Config, sample: &Sample) -> std::result::Result<(), String> {
+    for (name, data) in &sample.fields {
+        if config.schema.field_with_name(name).is_err() {
+            if config.strict {
+                return Err(format!(
+                    "field {name:?} is not in the fields seen in the first {INFER_SAMPLES} samples; pass columns= to choose fields"
+                ));
+            }
+            continue;
+        }
+        match decode_for(name) {
+            Decode::Text => {
+                std::str::from_utf8(data).map_err(|_| format!("{name} is not UTF-8 text"))?;
+            }
+            Decode::Json => {
+                serde_json::from_slice::<serde_json::Value>(data)
+                    .map_err(|e| format!("{name}: invalid JSON: {e}"))?;
+            }
+            Decode::Int => {
+                parse_int(data).ok_or_else(|| format!("{name} is not an integer"))?;
+            }
+            Decode::Npy => {
+                super::npy::parse_header(data).map_err(|e| format!("{name}: {e}"))?;
+            }
+            Decode::Bytes => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_split_like_webdataset() {
+        assert_eq!(key_and_field("a/b/c.d.e"), Some(("a/b/c", "d.e")));
+        assert_eq!(key_and_field("dir.x/file.jpg"), Some(("dir.x/file", "jpg")));
+        assert_eq!(key_and_field("x.seg.png"), Some(("x", "seg.png")));
+        assert_eq!(key_and_field("noext"), None);
+        assert_eq!(key_and_field("dir/.hidden"), None);
+        assert_eq!(key_and_field("../up.txt"), Some(("../up", "txt")));
+        assert!(is_meta("__info__"));
+        assert!(!is_meta("d/__info__"));
+        assert_eq!(decode_for("seg.json"), Decode::Json);
+    }
+}
