@@ -457,7 +457,10 @@ impl Column {
             },
             Shape::Fixed(dims) => {
                 let width = dims.iter().product::<usize>() as i32;
-                Arc::new(FixedSizeListArray::try_new(item, width, leaf, nulls).map_err(err)?)
+                Arc::new(
+                    FixedSizeListArray::try_new_with_length(item, width, leaf, nulls, rows)
+                        .map_err(err)?,
+                )
             }
             Shape::Var => {
                 let mut offsets = Vec::with_capacity(rows + 1);

@@ -459,8 +459,10 @@ pub fn column(field: &Field, leaf: ArrayRef, rows: usize) -> Result<ArrayRef, St
             leaf.len()
         ));
     }
+    // With the length given, zero-size tensors (a 0 in the shape) still make `rows` rows.
     Ok(Arc::new(
-        FixedSizeListArray::try_new(item.clone(), *width, leaf, None).map_err(|e| e.to_string())?,
+        FixedSizeListArray::try_new_with_length(item.clone(), *width, leaf, None, rows)
+            .map_err(|e| e.to_string())?,
     ))
 }
 

@@ -430,8 +430,14 @@ fn build(py: Python<'_>, values: &[Bound<'_, PyAny>], kind: &Kind) -> PyResult<A
             };
             let item = Arc::new(Field::new_list_field(num.data_type(), false));
             Arc::new(
-                FixedSizeListArray::try_new(item, size as i32, leaf, validity(values))
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                FixedSizeListArray::try_new_with_length(
+                    item,
+                    size as i32,
+                    leaf,
+                    validity(values),
+                    n,
+                )
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
             )
         }
         Kind::Ragged(num) => {

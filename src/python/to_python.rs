@@ -361,7 +361,11 @@ pub fn field_values(py: Python<'_>, column: &ArrayRef, field: &Field) -> PyResul
     let n = column.len();
     if declared_tensor_shape(field).is_some() && column.null_count() == 0 {
         let tensors = column_to_numpy(py, column, field)?;
-        return (0..n).map(|i| Ok(tensors.get_item(i)?.unbind())).collect();
+        // `a[i, ...]` keeps 0-d arrays as arrays (not numpy scalars), like `np.load`.
+        let ellipsis = py.Ellipsis();
+        return (0..n)
+            .map(|i| Ok(tensors.get_item((i, &ellipsis))?.unbind()))
+            .collect();
     }
     if field.metadata().get(JSON_KEY).is_some() {
         let loads = py.import("json")?.getattr("loads")?;
