@@ -9,6 +9,14 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shardflow/target}"
 PYTHON="${PYTHON:-python3}"
 
+echo "== real test data: Debian's Fashion-MNIST"
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null \
+        || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null; }
+fi
+
 echo "== installing shardflow (editable, release build) and test dependencies"
 "$PYTHON" -m pip install --quiet --editable ".[test]"
 

@@ -163,7 +163,7 @@ fn text_schema(names: impl Iterator<Item = String>) -> SchemaRef {
     ))
 }
 
-/// Parses CSV text into all-string columns (empty fields as nulls).
+/// Parses CSV text into all-string columns (empty fields as nulls), up to `max_rows`.
 fn parse_text(
     schema: &SchemaRef,
     data: &[u8],
@@ -172,26 +172,25 @@ fn parse_text(
 ) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
     let mut decoder = arrow_csv::ReaderBuilder::new(schema.clone())
         .with_header(header)
-        .with_batch_size(max_rows.max(1))
+        .with_batch_size(max_rows.clamp(1, 8192))
         .build_decoder();
     let mut pos = 0;
+    let mut rows = 0;
     let mut batches = Vec::new();
-    while pos < data.len() {
+    loop {
         let n = decoder.decode(&data[pos..])?;
         pos += n;
+        // `decode` stops when a batch is full, or has used all input (an empty call
+        // then finishes a last record without a line end).
         if let Some(batch) = decoder.flush()? {
+            rows += batch.num_rows();
             batches.push(batch);
-            if batches.iter().map(RecordBatch::num_rows).sum::<usize>() >= max_rows {
-                break;
-            }
         } else if n == 0 {
             break;
         }
-    }
-    // A last record without a line end.
-    decoder.decode(&[])?;
-    if let Some(batch) = decoder.flush()? {
-        batches.push(batch);
+        if rows >= max_rows {
+            break;
+        }
     }
     arrow_select::concat::concat_batches(schema, &batches)
 }

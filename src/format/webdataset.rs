@@ -160,12 +160,17 @@ impl SampleReader {
     }
 }
 
+/// The tar crate reports malformed archives (bad checksums, short blocks) as
+/// `ErrorKind::Other`; those are faults in the data, not I/O failures.
 fn corrupt_tar(url: &str, offset: u64, e: std::io::Error) -> Error {
-    match compression::stream_error(url, Position::Byte(offset), e) {
-        Error::Decode { message, .. } => {
-            Error::decode(url, FORMAT, Position::Byte(offset), message)
-        }
-        other => other,
+    match e.kind() {
+        std::io::ErrorKind::Other => Error::decode(url, FORMAT, Position::Byte(offset), e),
+        _ => match compression::stream_error(url, Position::Byte(offset), e) {
+            Error::Decode { message, .. } => {
+                Error::decode(url, FORMAT, Position::Byte(offset), message)
+            }
+            other => other,
+        },
     }
 }
 
