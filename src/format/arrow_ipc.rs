@@ -1,7 +1,7 @@
-//! Arrow IPC: the file format (`.arrow`, `.feather`), whose footer lists every record
-//! batch so each batch is a unit fetched by range and decoded without copying, and the
-//! stream format (`.arrows`, `.ipc`), read front to back. LZ4/ZSTD body compression is
-//! supported.
+//! Arrow IPC, told apart by their first bytes: the file format (`.arrow`, `.feather`),
+//! whose footer lists every record batch so each batch is a unit fetched by range and
+//! decoded without copying, and the stream format (`.arrows`, `.ipc`), read front to
+//! back. LZ4/ZSTD body compression is supported.
 
 use std::sync::Arc;
 
@@ -20,6 +20,8 @@ use crate::source::ranges::RangeSet;
 use crate::source::{self, IoCounters, ShardMeta, Source};
 
 const FORMAT: &str = "Arrow IPC";
+/// The first (and last) bytes of the file format; streams start with a message.
+const ARROW_MAGIC: &[u8; 6] = b"ARROW1";
 
 fn check_options(options: &ReadOptions, name: &'static str) -> Result<()> {
     options.format_options.reader(name).finish()?;
@@ -65,9 +67,46 @@ fn check_same_schema(first: (&str, &SchemaRef), other: (&str, &SchemaRef)) -> Re
     })
 }
 
+pub struct ArrowIpc;
+
+impl Format for ArrowIpc {
+    fn name(&self) -> &'static str {
+        "arrow"
+    }
+
+    fn prepare(
+        &self,
+        shards: Vec<ShardMeta>,
+        options: &ReadOptions,
+        counters: &Arc<IoCounters>,
+    ) -> Result<Arc<dyn PreparedShards>> {
+        let kinds = per_shard(&shards, counters, FORMAT, |source, size| {
+            Box::pin(async move {
+                Ok(size >= 6 && source.read_range(0..6).await?[..] == ARROW_MAGIC[..])
+            })
+        })?;
+        let mut is_file = None;
+        for (shard, kind) in shards.iter().zip(kinds) {
+            let kind = kind?;
+            if *is_file.get_or_insert(kind) != kind {
+                return Err(Error::invalid_argument(format!(
+                    "{} is an Arrow IPC {} while the first file is not; read the two kinds separately",
+                    shard.url,
+                    if kind { "file" } else { "stream" }
+                )));
+            }
+        }
+        if is_file.unwrap_or(true) {
+            ArrowFile.prepare(shards, options, counters)
+        } else {
+            ArrowStream.prepare(shards, options, counters)
+        }
+    }
+}
+
 // ---- file format ---------------------------------------------------------------
 
-pub struct ArrowFile;
+struct ArrowFile;
 
 struct IpcFile {
     url: String,
@@ -265,7 +304,7 @@ impl PreparedShards for PreparedFile {
 
 // ---- stream format ---------------------------------------------------------------
 
-pub struct ArrowStream;
+struct ArrowStream;
 
 struct PreparedStream {
     shards: Vec<ShardMeta>,
@@ -276,7 +315,7 @@ struct PreparedStream {
 
 impl Format for ArrowStream {
     fn name(&self) -> &'static str {
-        "arrow_stream"
+        "arrow"
     }
 
     fn prepare(

@@ -281,13 +281,8 @@ static REGISTRY: &[Registration] = &[
     },
     Registration {
         name: "arrow",
-        extensions: &[".arrow", ".feather"],
-        make: || Arc::new(arrow_ipc::ArrowFile),
-    },
-    Registration {
-        name: "arrow_stream",
-        extensions: &[".arrows", ".ipc"],
-        make: || Arc::new(arrow_ipc::ArrowStream),
+        extensions: &[".arrow", ".feather", ".arrows", ".ipc"],
+        make: || Arc::new(arrow_ipc::ArrowIpc),
     },
     Registration {
         name: "csv",
