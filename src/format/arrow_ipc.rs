@@ -12,7 +12,7 @@ use arrow_ipc::{Block, MetadataVersion};
 use arrow_schema::{Schema, SchemaRef};
 
 use super::{
-    Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, WorkUnit, per_shard,
+    Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, per_shard,
     whole_files,
 };
 use crate::error::{Error, Position, Result};
@@ -79,7 +79,7 @@ impl Format for ArrowIpc {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         let kinds = per_shard(&shards, counters, FORMAT, |source, size| {
             Box::pin(async move {
                 Ok(size >= 6 && source.read_range(0..6).await?[..] == ARROW_MAGIC[..])
@@ -118,9 +118,7 @@ struct IpcFile {
 }
 
 struct PreparedFile {
-    shards: Vec<ShardMeta>,
     files: Vec<Arc<IpcFile>>,
-    units: Vec<WorkUnit>,
     schema: SchemaRef,
 }
 
@@ -190,7 +188,7 @@ impl Format for ArrowFile {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         check_options(options, "arrow")?;
         let footers = per_shard(&shards, counters, FORMAT, |source, size| {
             Box::pin(async move { read_footer(source.as_ref(), size).await })
@@ -227,35 +225,20 @@ impl Format for ArrowFile {
                 })
             })
             .collect();
-        Ok(Arc::new(PreparedFile {
+        Ok(PreparedShards::new(
+            FORMAT,
+            schema.clone(),
             shards,
-            files,
             units,
-            schema,
-        }))
+            PreparedFile { files, schema },
+        ))
     }
 }
 
-impl PreparedShards for PreparedFile {
-    fn format(&self) -> &'static str {
-        FORMAT
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
+impl UnitJobs for PreparedFile {
+    fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
         let file = self.files[unit.shard].clone();
-        let size = self.shards[unit.shard].size.unwrap_or(u64::MAX);
+        let size = shard.size.unwrap_or(u64::MAX);
         let block = file.batches[unit.part];
         // Dictionaries come first in the file: fetch them with the batch that needs them.
         let ranges = file
@@ -307,8 +290,6 @@ impl PreparedShards for PreparedFile {
 struct ArrowStream;
 
 struct PreparedStream {
-    shards: Vec<ShardMeta>,
-    units: Vec<WorkUnit>,
     schema: SchemaRef,
     projection: Option<Vec<usize>>,
 }
@@ -323,7 +304,7 @@ impl Format for ArrowStream {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         check_options(options, "arrow_stream")?;
         let (schema, projection) = match shards.first() {
             None => (Arc::new(Schema::empty()), None),
@@ -343,34 +324,19 @@ impl Format for ArrowStream {
                 (schema, projection)
             }
         };
-        Ok(Arc::new(PreparedStream {
-            units: whole_files(&shards),
-            shards,
-            schema,
-            projection,
-        }))
+        Ok(PreparedShards::new(
+            FORMAT,
+            schema.clone(),
+            shards.clone(),
+            whole_files(&shards),
+            PreparedStream { schema, projection },
+        ))
     }
 }
 
-impl PreparedShards for PreparedStream {
-    fn format(&self) -> &'static str {
-        FORMAT
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
-        let url = self.shards[unit.shard].url.clone();
+impl UnitJobs for PreparedStream {
+    fn job(&self, _unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
+        let url = shard.url.clone();
         let (schema, projection) = (self.schema.clone(), self.projection.clone());
         UnitJob::Stream(Box::new(move |stream, emit: &mut EmitTask| {
             let corrupt =

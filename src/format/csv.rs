@@ -7,25 +7,23 @@
 //! Files are cut into blocks at record ends (outside quotes) and blocks are decoded in
 //! parallel: each is parsed as text, then converted to the inferred types.
 
-use std::io::Read;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray};
 use arrow_csv::reader::Format as CsvFormat;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use bytes::Bytes;
 
+use super::blocks::split_blocks;
 use super::{
-    Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, WorkUnit, compression,
-    whole_files,
+    Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
+    compression, whole_files,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::{self, IoCounters, ShardMeta};
 
 const FORMAT: &str = "CSV";
 const BLOCK_BYTES: usize = 4 * 1024 * 1024;
-const MAX_RECORD_BYTES: usize = 512 * 1024 * 1024;
 /// Records read to infer column types.
 pub const INFER_RECORDS: usize = 1000;
 /// pyarrow's default `null_values`.
@@ -49,8 +47,6 @@ struct Config {
 }
 
 struct PreparedCsv {
-    shards: Vec<ShardMeta>,
-    units: Vec<WorkUnit>,
     config: Arc<Config>,
 }
 
@@ -64,7 +60,7 @@ impl Format for Csv {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("csv");
         let limit = opts.u64(
             "max_decompressed_bytes",
@@ -82,16 +78,23 @@ impl Format for Csv {
         let url = first.url.as_str();
         // The first block of the first file: its header names the columns, its records
         // give the types.
-        let stream = compression::auto_gzip(
+        let mut stream = compression::auto_gzip(
             source::open(url, counters.clone())?.open_stream()?,
             url,
             limit,
         )?;
         let mut head = None;
-        split_records(stream, url, BLOCK_BYTES, &mut |block, _| {
-            head = Some(block);
-            false
-        })?;
+        split_blocks(
+            &mut *stream,
+            url,
+            FORMAT,
+            BLOCK_BYTES,
+            last_record_end,
+            &mut |block, _| {
+                head = Some(block);
+                false
+            },
+        )?;
         let head = head.unwrap_or_default();
         let (names, _) = CsvFormat::default()
             .with_header(true)
@@ -142,16 +145,21 @@ impl Format for Csv {
                 .map(|&i| Field::new(text_schema.field(i).name(), types[i].clone(), true))
                 .collect::<Vec<_>>(),
         ));
-        Ok(Arc::new(PreparedCsv {
-            units: whole_files(&shards),
+        let units = whole_files(&shards);
+        Ok(PreparedShards::new(
+            FORMAT,
+            schema.clone(),
             shards,
-            config: Arc::new(Config {
-                schema,
-                text_schema,
-                projection,
-                limit,
-            }),
-        }))
+            units,
+            PreparedCsv {
+                config: Arc::new(Config {
+                    schema,
+                    text_schema,
+                    projection,
+                    limit,
+                }),
+            },
+        ))
     }
 }
 
@@ -336,60 +344,6 @@ fn convert(text: &StringArray, target: &DataType) -> std::result::Result<ArrayRe
     }
 }
 
-/// Cuts a stream into blocks that end at a record end (a line end outside quotes),
-/// calling `f(block, number of its first line)`; stops early when `f` returns false.
-fn split_records(
-    mut reader: Box<dyn Read + Send>,
-    url: &str,
-    block_bytes: usize,
-    f: &mut dyn FnMut(Bytes, u64) -> bool,
-) -> Result<()> {
-    let mut buf: Vec<u8> = Vec::with_capacity(block_bytes);
-    let mut want = block_bytes;
-    let mut line = 1u64;
-    let mut eof = false;
-    loop {
-        while !eof && buf.len() < want {
-            let filled = buf.len();
-            buf.resize(want, 0);
-            let n = reader
-                .read(&mut buf[filled..])
-                .map_err(|e| compression::stream_error(url, Position::Line(line), e))?;
-            buf.truncate(filled + n);
-            eof = n == 0;
-        }
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let cut = if eof {
-            buf.len()
-        } else if let Some(pos) = last_record_end(&buf) {
-            pos + 1
-        } else if want >= MAX_RECORD_BYTES {
-            return Err(Error::decode(
-                url,
-                FORMAT,
-                Position::Line(line),
-                format!("record longer than {MAX_RECORD_BYTES} bytes (an unclosed quote?)"),
-            ));
-        } else {
-            want = (want * 2).min(MAX_RECORD_BYTES);
-            continue;
-        };
-        let rest = buf.split_off(cut);
-        let block = Bytes::from(std::mem::replace(&mut buf, rest));
-        let lines = memchr::memchr_iter(b'\n', &block).count() as u64;
-        if !f(block, line) {
-            return Ok(());
-        }
-        line += lines;
-        want = block_bytes.max(buf.len() + 1);
-        if eof && buf.is_empty() {
-            return Ok(());
-        }
-    }
-}
-
 /// The last `\n` that is outside quotes, for data starting outside quotes.
 fn last_record_end(data: &[u8]) -> Option<usize> {
     let mut quoted = false;
@@ -404,34 +358,25 @@ fn last_record_end(data: &[u8]) -> Option<usize> {
     last
 }
 
-impl PreparedShards for PreparedCsv {
-    fn format(&self) -> &'static str {
-        FORMAT
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.config.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
-        let url: Arc<str> = self.shards[unit.shard].url.as_str().into();
+impl UnitJobs for PreparedCsv {
+    fn job(&self, _unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
+        let url: Arc<str> = shard.url.as_str().into();
         let config = self.config.clone();
         UnitJob::Stream(Box::new(move |stream, emit: &mut EmitTask| {
-            let reader = compression::auto_gzip(stream, &url, config.limit)?;
-            split_records(reader, &url, BLOCK_BYTES, &mut |block, first_line| {
-                let (config, url) = (config.clone(), url.clone());
-                emit(Box::new(move || {
-                    decode_block(&config, &url, &block, first_line)
-                }))
-            })
+            let mut reader = compression::auto_gzip(stream, &url, config.limit)?;
+            split_blocks(
+                &mut *reader,
+                &url,
+                FORMAT,
+                BLOCK_BYTES,
+                last_record_end,
+                &mut |block, first_line| {
+                    let (config, url) = (config.clone(), url.clone());
+                    emit(Box::new(move || {
+                        decode_block(&config, &url, &block, first_line)
+                    }))
+                },
+            )
         }))
     }
 }

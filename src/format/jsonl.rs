@@ -2,18 +2,19 @@
 //! A file is read front to back and cut into blocks at line ends; blocks are decoded in
 //! parallel. The schema is given or inferred from the first records.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_json::ReaderBuilder;
 use arrow_schema::{ArrowError, Schema, SchemaRef};
-use bytes::Bytes;
 
+use super::blocks::split_blocks;
 use super::compression::{self, stream_error};
 use super::json_infer::SchemaInference;
 use super::{
-    Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit, whole_files,
+    Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
+    whole_files,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::{self, IoCounters, ShardMeta};
@@ -23,15 +24,11 @@ const FORMAT: &str = "JSON";
 pub const INFER_RECORDS: usize = 1000;
 /// Size of the blocks a file is cut into for parallel decoding.
 const BLOCK_BYTES: usize = 4 * 1024 * 1024;
-/// A "line" longer than this is treated as corrupt input rather than buffered forever.
-const MAX_LINE_BYTES: usize = 512 * 1024 * 1024;
 const DECODE_BATCH_ROWS: usize = 8192;
 
 pub struct JsonLines;
 
 struct PreparedJsonl {
-    shards: Vec<ShardMeta>,
-    units: Vec<WorkUnit>,
     /// Bound on each file's decompressed size.
     limit: u64,
     decoder: Arc<BlockDecoderConfig>,
@@ -59,7 +56,7 @@ impl Format for JsonLines {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("jsonl");
         let limit = opts.u64(
             "max_decompressed_bytes",
@@ -86,18 +83,23 @@ impl Format for JsonLines {
             None => full,
             Some(columns) => project(&full, columns, &shards)?,
         };
-        Ok(Arc::new(PreparedJsonl {
-            units: whole_files(&shards),
+        let units = whole_files(&shards);
+        Ok(PreparedShards::new(
+            FORMAT,
+            schema.clone(),
             shards,
-            limit,
-            decoder: Arc::new(BlockDecoderConfig {
-                schema,
-                strict: options.columns.is_none() && inferred,
-                coerce,
-                inferred,
-                on_error: options.on_error,
-            }),
-        }))
+            units,
+            PreparedJsonl {
+                limit,
+                decoder: Arc::new(BlockDecoderConfig {
+                    schema,
+                    strict: options.columns.is_none() && inferred,
+                    coerce,
+                    inferred,
+                    on_error: options.on_error,
+                }),
+            },
+        ))
     }
 }
 
@@ -160,88 +162,25 @@ fn infer_schema(
     Ok(inference)
 }
 
-impl PreparedShards for PreparedJsonl {
-    fn format(&self) -> &'static str {
-        FORMAT
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.decoder.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
-        let url: Arc<str> = self.shards[unit.shard].url.as_str().into();
+impl UnitJobs for PreparedJsonl {
+    fn job(&self, _unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
+        let url: Arc<str> = shard.url.as_str().into();
         let config = self.decoder.clone();
         let limit = self.limit;
         UnitJob::Stream(Box::new(move |reader, emit: &mut EmitTask| {
             let mut reader = compression::auto_gzip(reader, &url, limit)?;
-            split_lines(&mut reader, &url, BLOCK_BYTES, &mut |block, first_line| {
-                let (config, url) = (config.clone(), url.clone());
-                emit(Box::new(move || config.decode(&url, &block, first_line)))
-            })
-        }))
-    }
-}
-
-/// Cuts a stream into blocks of about `block_bytes` that end at a line end, calling
-/// `f(block, number of its first line)`; stops early when `f` returns false.
-fn split_lines(
-    reader: &mut dyn Read,
-    url: &str,
-    block_bytes: usize,
-    f: &mut dyn FnMut(Bytes, u64) -> bool,
-) -> Result<()> {
-    let mut buf: Vec<u8> = Vec::with_capacity(block_bytes);
-    let mut want = block_bytes;
-    let mut line = 1u64;
-    let mut eof = false;
-    loop {
-        while !eof && buf.len() < want {
-            let filled = buf.len();
-            buf.resize(want, 0);
-            let n = reader
-                .read(&mut buf[filled..])
-                .map_err(|e| stream_error(url, Position::Line(line), e))?;
-            buf.truncate(filled + n);
-            eof = n == 0;
-        }
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let cut = if eof {
-            buf.len()
-        } else if let Some(pos) = memchr::memrchr(b'\n', &buf) {
-            pos + 1
-        } else if want >= MAX_LINE_BYTES {
-            return Err(Error::decode(
-                url,
+            split_blocks(
+                &mut *reader,
+                &url,
                 FORMAT,
-                Position::Line(line),
-                format!("line longer than {MAX_LINE_BYTES} bytes"),
-            ));
-        } else {
-            want = (want * 2).min(MAX_LINE_BYTES);
-            continue;
-        };
-        let rest = buf.split_off(cut);
-        let block = Bytes::from(std::mem::replace(&mut buf, rest));
-        let lines_in_block = memchr::memchr_iter(b'\n', &block).count() as u64;
-        if !f(block, line) {
-            return Ok(());
-        }
-        line += lines_in_block;
-        want = block_bytes.max(buf.len() + 1);
-        if eof && buf.is_empty() {
-            return Ok(());
-        }
+                BLOCK_BYTES,
+                |data| memchr::memrchr(b'\n', data),
+                &mut |block, first_line| {
+                    let (config, url) = (config.clone(), url.clone());
+                    emit(Box::new(move || config.decode(&url, &block, first_line)))
+                },
+            )
+        }))
     }
 }
 
@@ -346,43 +285,5 @@ impl BlockDecoderConfig {
         } else {
             message
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn blocks(data: &[u8], block_bytes: usize) -> Vec<(String, u64)> {
-        let mut out = Vec::new();
-        split_lines(&mut &data[..], "t", block_bytes, &mut |b, line| {
-            out.push((String::from_utf8(b.to_vec()).unwrap(), line));
-            true
-        })
-        .unwrap();
-        out
-    }
-
-    #[test]
-    fn blocks_end_at_line_ends_and_count_lines() {
-        let got = blocks(b"aa\nbb\ncc\ndd", 4);
-        assert_eq!(
-            got,
-            [
-                ("aa\n".into(), 1),
-                ("bb\n".into(), 2),
-                ("cc\n".into(), 3),
-                ("dd".into(), 4)
-            ]
-        );
-        // A line longer than a block grows the block instead of splitting the line.
-        let got = blocks(b"abcdefghij\nk\nlmnopqrstuvwxyz", 4);
-        assert_eq!(got[0], ("abcdefghij\nk\n".into(), 1));
-        assert_eq!(got.last().unwrap().1, 3);
-        let all: String = blocks(b"x\ny\nz\n", 1 << 20)
-            .into_iter()
-            .map(|(s, _)| s)
-            .collect();
-        assert_eq!(all, "x\ny\nz\n");
     }
 }

@@ -4,6 +4,7 @@
 //! Adding a format: one file in this folder and one line in [`REGISTRY`].
 
 pub mod arrow_ipc;
+mod blocks;
 pub mod compression;
 pub mod csv;
 pub mod example;
@@ -223,19 +224,52 @@ pub enum UnitJob {
     Stream(Box<dyn FnOnce(Box<dyn Read + Send>, &mut EmitTask) -> Result<()> + Send>),
 }
 
+/// Makes each work unit's job for one prepared dataset: the format-specific part.
+pub trait UnitJobs: Send + Sync {
+    fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob;
+}
+
 /// Shards a format has looked at (footers read, schema known), ready to be read.
-pub trait PreparedShards: Send + Sync {
+pub struct PreparedShards {
     /// The format's name as shown in errors ("Parquet", "JSON").
-    fn format(&self) -> &'static str;
-    /// The schema of every batch this reader yields (after projection).
-    fn schema(&self) -> SchemaRef;
+    pub format: &'static str,
+    /// The schema of every batch (after projection).
+    pub schema: SchemaRef,
     /// The shards that are read; units refer to them by index.
-    fn shards(&self) -> &[ShardMeta];
-    fn units(&self) -> &[WorkUnit];
-    fn job(&self, unit: &WorkUnit) -> UnitJob;
+    pub shards: Vec<ShardMeta>,
+    pub units: Vec<WorkUnit>,
     /// Shards dropped while preparing because they were unreadable and `on_error="skip"`.
-    fn skipped_shards(&self) -> u64 {
-        0
+    pub skipped_shards: u64,
+    jobs: Box<dyn UnitJobs>,
+}
+
+impl PreparedShards {
+    pub fn new(
+        format: &'static str,
+        schema: SchemaRef,
+        shards: Vec<ShardMeta>,
+        units: Vec<WorkUnit>,
+        jobs: impl UnitJobs + 'static,
+    ) -> Self {
+        Self {
+            format,
+            schema,
+            shards,
+            units,
+            skipped_shards: 0,
+            jobs: Box::new(jobs),
+        }
+    }
+
+    pub fn with_skipped_shards(self, skipped_shards: u64) -> Self {
+        Self {
+            skipped_shards,
+            ..self
+        }
+    }
+
+    pub fn job(&self, unit: &WorkUnit) -> UnitJob {
+        self.jobs.job(unit, &self.shards[unit.shard])
     }
 }
 
@@ -248,7 +282,7 @@ pub trait Format: Send + Sync {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>>;
+    ) -> Result<PreparedShards>;
 }
 
 struct Registration {

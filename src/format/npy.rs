@@ -20,7 +20,8 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 
 use super::{
-    Decoded, Format, PreparedShards, ReadOptions, UnitJob, WorkUnit, per_shard, tensor_field,
+    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, per_shard,
+    tensor_field,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
@@ -502,9 +503,7 @@ struct NpyFile {
 }
 
 struct PreparedNpy {
-    shards: Vec<ShardMeta>,
     files: Vec<NpyFile>,
-    units: Vec<WorkUnit>,
     mode: Mode,
     schema: SchemaRef,
     /// Rows per unit in rows mode.
@@ -524,7 +523,7 @@ impl Format for Npy {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         let (mode, _) = parse_mode(options, "npy")?;
         let prefixes = per_shard(&shards, counters, FORMAT, |source, size| {
             Box::pin(
@@ -605,35 +604,23 @@ impl Format for Npy {
             }
         }
         let unit_rows = unit_rows.max(1);
-        Ok(Arc::new(PreparedNpy {
+        Ok(PreparedShards::new(
+            FORMAT,
+            schema.clone(),
             shards,
-            files,
             units,
-            mode,
-            schema,
-            unit_rows,
-        }))
+            PreparedNpy {
+                files,
+                mode,
+                schema,
+                unit_rows,
+            },
+        ))
     }
 }
 
-impl PreparedShards for PreparedNpy {
-    fn format(&self) -> &'static str {
-        FORMAT
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
+impl UnitJobs for PreparedNpy {
+    fn job(&self, unit: &WorkUnit, _shard: &ShardMeta) -> UnitJob {
         let file = &self.files[unit.shard];
         let header = file.header.clone();
         let (url, schema) = (file.url.clone(), self.schema.clone());

@@ -14,7 +14,8 @@ use flate2::read::DeflateDecoder;
 
 use super::npy::{self, Header, Mode};
 use super::{
-    Decoded, Format, PreparedShards, ReadOptions, UnitJob, WorkUnit, per_shard, whole_file_job,
+    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, per_shard,
+    whole_file_job,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
@@ -272,8 +273,6 @@ async fn read_layout(src: &dyn Source, size: u64) -> Result<Layout> {
 pub struct Npz;
 
 struct PreparedNpz {
-    shards: Vec<ShardMeta>,
-    units: Vec<WorkUnit>,
     schema: SchemaRef,
     mode: Mode,
     limit: u64,
@@ -292,7 +291,7 @@ impl Format for Npz {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         let (mode, limit) = npy::parse_mode(options, "npz")?;
         let rows_mode = mode == Mode::Rows;
         // Sample mode reads only the first archive's layout (for the schema); each
@@ -380,15 +379,19 @@ impl Format for Npz {
                 }
             }
         }
-        Ok(Arc::new(PreparedNpz {
+        Ok(PreparedShards::new(
+            FORMAT,
+            schema.clone(),
             shards,
             units,
-            schema,
-            mode,
-            limit,
-            layouts,
-            unit_rows,
-        }))
+            PreparedNpz {
+                schema,
+                mode,
+                limit,
+                layouts,
+                unit_rows,
+            },
+        ))
     }
 }
 
@@ -440,25 +443,9 @@ fn rangeable(layout: &Layout) -> bool {
         .all(|(e, _, h)| e.method == STORED && !(h.fortran && h.shape.len() > 1))
 }
 
-impl PreparedShards for PreparedNpz {
-    fn format(&self) -> &'static str {
-        FORMAT
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
-        let url = self.shards[unit.shard].url.clone();
+impl UnitJobs for PreparedNpz {
+    fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
+        let url = shard.url.clone();
         let whole_url = url.clone();
         let schema = self.schema.clone();
         let limit = self.limit;

@@ -16,7 +16,9 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
-use super::{Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit, per_shard};
+use super::{
+    Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, per_shard,
+};
 use crate::error::{Error, Position, Result, panic_message};
 use crate::source::ranges::{RangeSet, coalesce};
 use crate::source::{IoCounters, ShardMeta, Source};
@@ -48,11 +50,7 @@ struct ParquetFile {
 }
 
 struct PreparedParquet {
-    shards: Vec<ShardMeta>,
     files: Vec<Arc<ParquetFile>>,
-    schema: SchemaRef,
-    units: Vec<WorkUnit>,
-    skipped_shards: u64,
 }
 
 impl Format for Parquet {
@@ -65,7 +63,7 @@ impl Format for Parquet {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         options.format_options.reader("parquet").finish()?;
         if options.schema.is_some() || options.features.is_some() {
             return Err(Error::invalid_argument(
@@ -146,13 +144,14 @@ impl Format for Parquet {
                     })
             })
             .collect();
-        Ok(Arc::new(PreparedParquet {
-            shards: kept_shards,
-            files,
+        Ok(PreparedShards::new(
+            FORMAT,
             schema,
+            kept_shards,
             units,
-            skipped_shards,
-        }))
+            PreparedParquet { files },
+        )
+        .with_skipped_shards(skipped_shards))
     }
 }
 
@@ -313,28 +312,8 @@ fn check_chunk_bounds(file: &ParquetFile) -> Result<()> {
     Ok(())
 }
 
-impl PreparedShards for PreparedParquet {
-    fn format(&self) -> &'static str {
-        FORMAT
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn skipped_shards(&self) -> u64 {
-        self.skipped_shards
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
+impl UnitJobs for PreparedParquet {
+    fn job(&self, unit: &WorkUnit, _shard: &ShardMeta) -> UnitJob {
         let file = self.files[unit.shard].clone();
         let row_group = unit.part;
         let rg = file.metadata.metadata().row_group(row_group);

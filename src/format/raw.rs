@@ -9,15 +9,15 @@ use std::sync::Arc;
 use arrow_array::{BinaryArray, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use super::{Decoded, Format, PreparedShards, ReadOptions, UnitJob, WorkUnit, whole_file_job};
+use super::{
+    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, whole_file_job,
+};
 use crate::error::{Error, Result};
 use crate::source::{IoCounters, ShardMeta};
 
 pub struct Raw;
 
 struct PreparedRaw {
-    shards: Vec<ShardMeta>,
-    units: Vec<WorkUnit>,
     schema: SchemaRef,
     keys: Vec<String>,
     /// (label, label_id) per shard when labels are on.
@@ -59,7 +59,7 @@ impl Format for Raw {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         _counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("raw");
         let with_labels = opts.bool("label", false)?;
         opts.finish()?;
@@ -118,38 +118,27 @@ impl Format for Raw {
                 rows: Some(1),
             })
             .collect();
-        Ok(Arc::new(PreparedRaw {
+        let schema = Arc::new(schema);
+        Ok(PreparedShards::new(
+            "raw",
+            schema.clone(),
             shards,
             units,
-            schema: Arc::new(schema),
-            keys,
-            labels,
-        }))
+            PreparedRaw {
+                schema,
+                keys,
+                labels,
+            },
+        ))
     }
 }
 
-impl PreparedShards for PreparedRaw {
-    fn format(&self) -> &'static str {
-        "raw"
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
+impl UnitJobs for PreparedRaw {
+    fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
         let schema = self.schema.clone();
         let key = self.keys[unit.shard].clone();
         let label = self.labels.as_ref().map(|l| l[unit.shard].clone());
-        whole_file_job(self.shards[unit.shard].url.clone(), move |bytes| {
+        whole_file_job(shard.url.clone(), move |bytes| {
             let columns = schema
                 .fields()
                 .iter()

@@ -17,7 +17,8 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use super::compression::{self, Compression, looks_like_zlib};
 use super::example::{ExampleDecoder, FeatureSpec, SpecInference};
 use super::{
-    Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit, whole_files,
+    Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
+    whole_files,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::{self, IoCounters, ShardMeta};
@@ -50,8 +51,6 @@ struct Config {
 }
 
 struct PreparedTfRecord {
-    shards: Vec<ShardMeta>,
-    units: Vec<WorkUnit>,
     config: Arc<Config>,
 }
 
@@ -73,7 +72,7 @@ impl Format for TfRecord {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("tfrecord");
         let verify = opts.bool("verify_crc", true)?;
         let raw = opts.bool("raw", false)?;
@@ -129,11 +128,16 @@ impl Format for TfRecord {
             config.schema = super::example::schema(&specs);
             config.specs = Some(specs);
         }
-        Ok(Arc::new(PreparedTfRecord {
-            units: whole_files(&shards),
+        let units = whole_files(&shards);
+        Ok(PreparedShards::new(
+            FORMAT,
+            config.schema.clone(),
             shards,
-            config: Arc::new(config),
-        }))
+            units,
+            PreparedTfRecord {
+                config: Arc::new(config),
+            },
+        ))
     }
 }
 
@@ -351,25 +355,9 @@ struct Block {
     records: Vec<RecordMeta>,
 }
 
-impl PreparedShards for PreparedTfRecord {
-    fn format(&self) -> &'static str {
-        FORMAT
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.config.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
-        let url: Arc<str> = self.shards[unit.shard].url.as_str().into();
+impl UnitJobs for PreparedTfRecord {
+    fn job(&self, _unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
+        let url: Arc<str> = shard.url.as_str().into();
         let config = self.config.clone();
         UnitJob::Stream(Box::new(move |stream, emit: &mut EmitTask| {
             let mut reader = RecordReader::open(stream, url.clone(), &config)?;

@@ -18,7 +18,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::{
-    Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, WorkUnit,
+    Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
     compression, whole_files,
 };
 use crate::error::{Error, Position, Result};
@@ -185,8 +185,6 @@ struct Config {
 }
 
 struct PreparedTar {
-    shards: Vec<ShardMeta>,
-    units: Vec<WorkUnit>,
     config: Arc<Config>,
 }
 
@@ -200,7 +198,7 @@ impl Format for WebDataset {
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
         counters: &Arc<IoCounters>,
-    ) -> Result<Arc<dyn PreparedShards>> {
+    ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("webdataset");
         let limit = opts.u64(
             "max_decompressed_bytes",
@@ -258,39 +256,28 @@ impl Format for WebDataset {
             .columns
             .as_ref()
             .map(|c| c.iter().cloned().collect());
-        Ok(Arc::new(PreparedTar {
-            units: whole_files(&shards),
+        let units = whole_files(&shards);
+        Ok(PreparedShards::new(
+            FORMAT,
+            schema.clone(),
             shards,
-            config: Arc::new(Config {
-                schema,
-                strict: options.columns.is_none(),
-                on_error: options.on_error,
-                limit,
-                keep,
-            }),
-        }))
+            units,
+            PreparedTar {
+                config: Arc::new(Config {
+                    schema,
+                    strict: options.columns.is_none(),
+                    on_error: options.on_error,
+                    limit,
+                    keep,
+                }),
+            },
+        ))
     }
 }
 
-impl PreparedShards for PreparedTar {
-    fn format(&self) -> &'static str {
-        FORMAT
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.config.schema.clone()
-    }
-
-    fn shards(&self) -> &[ShardMeta] {
-        &self.shards
-    }
-
-    fn units(&self) -> &[WorkUnit] {
-        &self.units
-    }
-
-    fn job(&self, unit: &WorkUnit) -> UnitJob {
-        let url: Arc<str> = self.shards[unit.shard].url.as_str().into();
+impl UnitJobs for PreparedTar {
+    fn job(&self, _unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
+        let url: Arc<str> = shard.url.as_str().into();
         let config = self.config.clone();
         UnitJob::Stream(Box::new(move |stream, emit: &mut EmitTask| {
             let reader = SampleReader {

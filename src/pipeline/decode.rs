@@ -69,8 +69,8 @@ impl SourceCache {
 }
 
 pub struct UnitDecoder {
-    prepared: Arc<dyn PreparedShards>,
-    /// Units (indices into `prepared.units()`) not yet opened, in epoch order.
+    prepared: Arc<PreparedShards>,
+    /// Units (indices into `prepared.units`) not yet opened, in epoch order.
     order: VecDeque<usize>,
     open: VecDeque<OpenUnit>,
     pending: VecDeque<Pending>,
@@ -88,7 +88,7 @@ pub struct UnitDecoder {
 
 impl UnitDecoder {
     pub fn new(
-        prepared: Arc<dyn PreparedShards>,
+        prepared: Arc<PreparedShards>,
         order: Vec<usize>,
         num_threads: usize,
         on_error: OnError,
@@ -136,8 +136,8 @@ impl UnitDecoder {
     }
 
     fn start_fetch(&mut self, unit_idx: usize, tx: mpsc::Sender<Feed>) -> Result<()> {
-        let unit = &self.prepared.units()[unit_idx];
-        let shard = &self.prepared.shards()[unit.shard];
+        let unit = &self.prepared.units[unit_idx];
+        let shard = &self.prepared.shards[unit.shard];
         let source = self.sources.get(unit.shard, &shard.url, &self.stats)?;
         let known_size = shard.size;
         match self.prepared.job(unit) {
@@ -229,7 +229,7 @@ impl UnitDecoder {
         let (tx, rx) = std_mpsc::sync_channel(1);
         let (stats, cancel) = (self.stats.clone(), self.cancel.clone());
         let url = self.unit_url(unit).to_string();
-        let format = self.prepared.format();
+        let format = self.prepared.format;
         self.pool.spawn(move || {
             if cancel.load(Ordering::Relaxed) {
                 return;
@@ -252,7 +252,7 @@ impl UnitDecoder {
     }
 
     fn unit_url(&self, unit: usize) -> &str {
-        &self.prepared.shards()[self.prepared.units()[unit].shard].url
+        &self.prepared.shards[self.prepared.units[unit].shard].url
     }
 
     /// Handles a unit-level failure: skipped and counted, or returned.

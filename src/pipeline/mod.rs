@@ -34,7 +34,7 @@ pub struct DataSource {
     shards: Vec<ShardMeta>,
     format: Arc<dyn Format>,
     options: ReadOptions,
-    prepared: Mutex<Option<Arc<dyn PreparedShards>>>,
+    prepared: Mutex<Option<Arc<PreparedShards>>>,
     /// I/O done while preparing (not part of any loader's stats).
     counters: Arc<IoCounters>,
 }
@@ -89,7 +89,7 @@ impl Dataset {
     }
 
     /// Reads footers / infers the schema once; a failure is returned and retried next time.
-    pub fn prepared(&self) -> Result<Arc<dyn PreparedShards>> {
+    pub fn prepared(&self) -> Result<Arc<PreparedShards>> {
         let mut slot = self
             .source
             .prepared
@@ -98,18 +98,18 @@ impl Dataset {
         if let Some(prepared) = slot.as_ref() {
             return Ok(prepared.clone());
         }
-        let prepared = self.source.format.prepare(
+        let prepared = Arc::new(self.source.format.prepare(
             self.source.shards.clone(),
             &self.source.options,
             &self.source.counters,
-        )?;
+        )?);
         *slot = Some(prepared.clone());
         Ok(prepared)
     }
 
     /// The schema of the source's records (before any user function changes them).
     pub fn source_schema(&self) -> Result<SchemaRef> {
-        Ok(self.prepared()?.schema())
+        Ok(self.prepared()?.schema.clone())
     }
 
     /// Whether no user function changes the records' columns.
@@ -120,7 +120,7 @@ impl Dataset {
     /// Number of rows, when metadata and the ops make it known.
     pub fn num_rows(&self) -> Result<Option<u64>> {
         let prepared = self.prepared()?;
-        let mut rows: Option<u64> = prepared.units().iter().map(|u| u.rows).sum();
+        let mut rows: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
         for op in &self.ops {
             rows = match op {
                 Op::Shuffle { .. } => rows,
@@ -150,10 +150,10 @@ impl Dataset {
     pub fn stream(&self, run: &RunOptions, stats: Arc<Stats>) -> Result<BatchIter> {
         let prepared = self.prepared()?;
         stats.skipped_units.fetch_add(
-            prepared.skipped_shards(),
+            prepared.skipped_shards,
             std::sync::atomic::Ordering::Relaxed,
         );
-        let mut order: Vec<usize> = (0..prepared.units().len()).collect();
+        let mut order: Vec<usize> = (0..prepared.units.len()).collect();
         if let Some(seed) = self.unit_shuffle_seed() {
             Rng::new(seed, run.epoch, 0).shuffle(&mut order);
         }
