@@ -10,7 +10,7 @@ use shardflow::Dataset;
 use shardflow::format::ReadOptions;
 use shardflow::format::options::{FormatOptions, OptionValue};
 use shardflow::format::tfrecord::masked_crc;
-use shardflow::pipeline::{RunOptions, Stats, default_num_threads};
+use shardflow::pipeline::{RunOptions, Stats};
 
 const IMAGE: usize = 28 * 28;
 
@@ -152,11 +152,8 @@ fn write_npz(path: &std::path::Path, n: usize) {
 
 fn epoch(ds: &Dataset) -> usize {
     let run = RunOptions {
-        epoch: 0,
         batch_rows: Some(256),
-        drop_last: false,
-        num_threads: default_num_threads(),
-        prefetch: 4,
+        ..RunOptions::default()
     };
     ds.start(run, Arc::new(Stats::default()))
         .unwrap()

@@ -69,11 +69,9 @@ fn write_file(path: &std::path::Path) {
 
 fn epoch(ds: &Dataset, threads: usize) -> usize {
     let run = RunOptions {
-        epoch: 0,
         batch_rows: Some(1024),
-        drop_last: false,
         num_threads: threads,
-        prefetch: 4,
+        ..RunOptions::default()
     };
     ds.start(run, Arc::new(Stats::default()))
         .unwrap()

@@ -44,9 +44,9 @@ fn run(epoch: u64, batch: usize, threads: usize) -> RunOptions {
     RunOptions {
         epoch,
         batch_rows: Some(batch),
-        drop_last: false,
         num_threads: threads,
         prefetch: 2,
+        ..RunOptions::default()
     }
 }
 

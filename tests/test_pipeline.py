@@ -269,3 +269,56 @@ def test_arrow_stream_of_dataset_and_loader(shards: str) -> None:
     assert [b.num_rows for b in reader] == [1000] * 5 + [445]
     mapped = sf.dataset(shards).take(10).map(lambda r: {"x": r["id"] + 1})
     assert pa.RecordBatchReader.from_stream(mapped).read_all().column("x").to_pylist() == list(range(1, 11))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=5),
+    row_group=st.integers(1, 120),
+    world=st.integers(1, 4),
+    batch_size=st.integers(1, 64),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    fmt=st.sampled_from(["parquet", "jsonl"]),
+)
+def test_ranks_split_every_epoch_exactly_once(
+    sizes: list[int], row_group: int, world: int, batch_size: int, shuffle: bool, drop_last: bool, fmt: str
+) -> None:
+    total = sum(sizes)
+    if fmt == "jsonl" and total == 0:
+        return
+    with tempfile.TemporaryDirectory() as d:
+        pattern = write_id_shards(Path(d), sizes, fmt, row_group)
+        per_rank = []
+        for rank in range(world):
+            loader = sf.DataLoader(
+                sf.dataset(pattern), batch_size=batch_size, shuffle=shuffle, seed=3 if shuffle else None,
+                drop_last=drop_last, rank=rank, world_size=world,
+            )
+            loader.set_epoch(1)
+            batches = list(loader)
+            per_rank.append(ids_of(batches))
+            if fmt == "parquet":
+                assert len(loader) == len(batches)  # lengths are known per rank
+        everything = sorted(i for ids in per_rank for i in ids)
+        assert len(set(everything)) == len(everything)  # nothing twice
+        if fmt == "parquet":
+            # Row counts known: contiguous shares, equal (drop_last) or within one row.
+            sizes_per_rank = [len(ids) for ids in per_rank]
+            if drop_last:
+                assert len(set(sizes_per_rank)) == 1
+                share = total // world
+                assert all(s == share - share % batch_size for s in sizes_per_rank)
+            else:
+                assert max(sizes_per_rank) - min(sizes_per_rank) <= 1
+                assert everything == list(range(total))
+        elif not drop_last:
+            assert everything == list(range(total))
+
+
+def test_rank_arguments_are_checked(shards: str) -> None:
+    ds = sf.dataset(shards)
+    with pytest.raises(ValueError, match="rank must be in"):
+        sf.DataLoader(ds, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="together"):
+        sf.DataLoader(ds, rank=0)

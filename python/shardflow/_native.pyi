@@ -68,6 +68,8 @@ class DataLoader:
         drop_last: bool = False,
         num_threads: int | None = None,
         prefetch: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         output: str = "numpy",
     ) -> DataLoader: ...
     def __iter__(self) -> BatchIterator: ...

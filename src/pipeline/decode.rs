@@ -3,7 +3,7 @@
 //! results are handed out strictly in unit order, then task order within a unit, so the
 //! batch sequence never depends on thread timing.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +40,34 @@ enum Pending {
     UnitDone,
 }
 
+/// A unit to read this epoch, possibly only part of its rows (the rows of a unit that
+/// straddles two ranks' ranges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitSlice {
+    pub unit: usize,
+    pub skip: u64,
+    /// Rows to keep after `skip`; `None` keeps the rest.
+    pub take: Option<u64>,
+}
+
+/// Rows of a partly read unit seen so far, to clip its batches to the slice.
+struct Window {
+    skip: u64,
+    take: Option<u64>,
+    seen: u64,
+}
+
+impl Window {
+    fn clip(&mut self, batch: RecordBatch) -> Option<RecordBatch> {
+        let start = self.seen;
+        let end = start + batch.num_rows() as u64;
+        self.seen = end;
+        let lo = self.skip.max(start);
+        let hi = self.take.map_or(end, |t| (self.skip + t).min(end));
+        (hi > lo).then(|| batch.slice((lo - start) as usize, (hi - lo) as usize))
+    }
+}
+
 struct OpenUnit {
     unit: usize,
     rx: mpsc::Receiver<Feed>,
@@ -72,6 +100,8 @@ pub struct UnitDecoder {
     prepared: Arc<PreparedShards>,
     /// Units (indices into `prepared.units`) not yet opened, in epoch order.
     order: VecDeque<usize>,
+    /// Units read only in part, by unit.
+    windows: HashMap<usize, Window>,
     open: VecDeque<OpenUnit>,
     pending: VecDeque<Pending>,
     ready: VecDeque<RecordBatch>,
@@ -89,7 +119,7 @@ pub struct UnitDecoder {
 impl UnitDecoder {
     pub fn new(
         prepared: Arc<PreparedShards>,
-        order: Vec<usize>,
+        slices: Vec<UnitSlice>,
         num_threads: usize,
         on_error: OnError,
         stats: Arc<Stats>,
@@ -102,7 +132,21 @@ impl UnitDecoder {
             .map_err(|e| Error::Internal(format!("cannot start decode threads: {e}")))?;
         Ok(Self {
             prepared,
-            order: order.into(),
+            order: slices.iter().map(|s| s.unit).collect(),
+            windows: slices
+                .iter()
+                .filter(|s| s.skip > 0 || s.take.is_some())
+                .map(|s| {
+                    (
+                        s.unit,
+                        Window {
+                            skip: s.skip,
+                            take: s.take,
+                            seen: 0,
+                        },
+                    )
+                })
+                .collect(),
             open: VecDeque::new(),
             pending: VecDeque::new(),
             ready: VecDeque::new(),
@@ -292,8 +336,13 @@ impl UnitDecoder {
                         self.stats
                             .skipped_records
                             .fetch_add(decoded.skipped, Ordering::Relaxed);
-                        self.ready
-                            .extend(decoded.batches.into_iter().filter(|b| b.num_rows() > 0));
+                        for batch in decoded.batches {
+                            let batch = match self.windows.get_mut(&unit) {
+                                Some(window) => window.clip(batch),
+                                None => Some(batch),
+                            };
+                            self.ready.extend(batch.filter(|b| b.num_rows() > 0));
+                        }
                     }
                     Ok(Err(error)) => {
                         if let Some(error) = self.unit_failed(error) {

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::format::{self, Format, PreparedShards, ReadOptions};
 use crate::source::{self, IoCounters, ShardMeta};
 pub use batch::Rebatch;
+use decode::UnitSlice;
 pub use ops::{BatchTransform, Op};
 pub use prefetch::{BatchReceiver, Received};
 use rng::Rng;
@@ -119,8 +120,17 @@ impl Dataset {
 
     /// Number of rows, when metadata and the ops make it known.
     pub fn num_rows(&self) -> Result<Option<u64>> {
+        self.rows_of_part(0, 1, false)
+    }
+
+    /// Rows one part of an epoch delivers after the ops, when that is known.
+    pub fn rows_of_part(&self, part: usize, parts: usize, even: bool) -> Result<Option<u64>> {
         let prepared = self.prepared()?;
-        let mut rows: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
+        let total: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
+        let mut rows = total.map(|t| {
+            let (start, end) = part_range(t, part, parts, even);
+            end - start
+        });
         for op in &self.ops {
             rows = match op {
                 Op::Shuffle { .. } => rows,
@@ -146,6 +156,51 @@ impl Dataset {
         None
     }
 
+    /// The units this part reads this epoch, in order: all units, permuted when shuffling,
+    /// then this part's share. With row counts known, each part gets a contiguous range
+    /// of the epoch's rows (sizes differ by at most one; with `drop_last`, all equal and
+    /// the remainder dropped); otherwise whole units are dealt round-robin.
+    fn epoch_plan(&self, prepared: &PreparedShards, run: &RunOptions) -> Vec<UnitSlice> {
+        let mut order: Vec<usize> = (0..prepared.units.len()).collect();
+        if let Some(seed) = self.unit_shuffle_seed() {
+            Rng::new(seed, run.epoch, 0).shuffle(&mut order);
+        }
+        let whole = |unit| UnitSlice {
+            unit,
+            skip: 0,
+            take: None,
+        };
+        if run.parts <= 1 {
+            return order.into_iter().map(whole).collect();
+        }
+        let rows: Option<Vec<u64>> = order.iter().map(|&u| prepared.units[u].rows).collect();
+        let Some(rows) = rows else {
+            return order
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| i % run.parts == run.part)
+                .map(|(_, u)| whole(u))
+                .collect();
+        };
+        let total: u64 = rows.iter().sum();
+        let (start, end) = part_range(total, run.part, run.parts, run.drop_last);
+        let mut slices = Vec::new();
+        let mut at = 0;
+        for (unit, n) in order.into_iter().zip(rows) {
+            let (lo, hi) = (at.max(start), (at + n).min(end));
+            if hi > lo {
+                let partial = lo > at || hi < at + n;
+                slices.push(UnitSlice {
+                    unit,
+                    skip: lo - at,
+                    take: partial.then_some(hi - lo),
+                });
+            }
+            at += n;
+        }
+        slices
+    }
+
     /// Builds this epoch's stream of batches. Runs on the pipeline thread.
     pub fn stream(&self, run: &RunOptions, stats: Arc<Stats>) -> Result<BatchIter> {
         let prepared = self.prepared()?;
@@ -153,13 +208,10 @@ impl Dataset {
             prepared.skipped_shards,
             std::sync::atomic::Ordering::Relaxed,
         );
-        let mut order: Vec<usize> = (0..prepared.units.len()).collect();
-        if let Some(seed) = self.unit_shuffle_seed() {
-            Rng::new(seed, run.epoch, 0).shuffle(&mut order);
-        }
+        let slices = self.epoch_plan(&prepared, run);
         let mut stream: BatchIter = Box::new(decode::UnitDecoder::new(
             prepared,
-            order,
+            slices,
             run.num_threads,
             self.on_error(),
             stats,
@@ -184,6 +236,12 @@ impl Dataset {
 
     /// Starts a background pipeline thread for one epoch.
     pub fn start(&self, run: RunOptions, stats: Arc<Stats>) -> Result<BatchReceiver> {
+        if run.parts == 0 || run.part >= run.parts {
+            return Err(Error::invalid_argument(format!(
+                "part {} of {} does not exist (rank must be below world_size)",
+                run.part, run.parts
+            )));
+        }
         if run.num_threads == 0 {
             return Err(Error::invalid_argument("num_threads must be at least 1"));
         }
@@ -192,16 +250,50 @@ impl Dataset {
     }
 }
 
+/// Rows `[start, end)` of `total` that part `part` of `parts` reads.
+fn part_range(total: u64, part: usize, parts: usize, even: bool) -> (u64, u64) {
+    let (part, parts) = (part as u128, parts.max(1) as u128);
+    let total = total as u128;
+    if even {
+        let each = total / parts;
+        ((part * each) as u64, ((part + 1) * each) as u64)
+    } else {
+        (
+            (part * total / parts) as u64,
+            ((part + 1) * total / parts) as u64,
+        )
+    }
+}
+
 /// How one epoch is run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub epoch: u64,
+    /// This reader's share of the data: part `part` of `parts` (rank and worker combined).
+    pub part: usize,
+    pub parts: usize,
     /// Re-batch to exactly this many rows; `None` passes decoded batches through.
     pub batch_rows: Option<usize>,
+    /// Drop a last short batch; across several parts, also give every part the same
+    /// number of rows.
     pub drop_last: bool,
     pub num_threads: usize,
     /// Batches buffered between the pipeline thread and the consumer.
     pub prefetch: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            epoch: 0,
+            part: 0,
+            parts: 1,
+            batch_rows: None,
+            drop_last: false,
+            num_threads: default_num_threads(),
+            prefetch: 4,
+        }
+    }
 }
 
 /// Default decode threads: one per core.

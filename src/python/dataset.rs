@@ -217,13 +217,7 @@ impl PyDataset {
 
     /// Starts one pass over the dataset's records, in decoded batches.
     pub fn start(&self, py: Python<'_>) -> PyResult<BatchReceiver> {
-        let run = RunOptions {
-            epoch: 0,
-            batch_rows: None,
-            drop_last: false,
-            num_threads: pipeline::default_num_threads(),
-            prefetch: 4,
-        };
+        let run = RunOptions::default();
         let ds = self.inner.clone();
         Ok(py.detach(|| ds.start(run, Arc::new(Stats::default())))?)
     }

@@ -40,6 +40,9 @@ pub struct PyDataLoader {
     shuffle: bool,
     seed: u64,
     drop_last: bool,
+    /// This loader's share of the data: rank `rank` of `world_size` readers.
+    rank: usize,
+    world_size: usize,
     num_threads: usize,
     prefetch: usize,
     output: Output,
@@ -86,6 +89,8 @@ impl PyDataLoader {
         }
         let run = RunOptions {
             epoch: at.epoch,
+            part: self.rank,
+            parts: self.world_size,
             batch_rows: Some(self.batch_size),
             drop_last: self.drop_last,
             num_threads: self.num_threads,
@@ -100,7 +105,7 @@ impl PyDataLoader {
 #[pymethods]
 impl PyDataLoader {
     #[new]
-    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, num_threads=None, prefetch=None, output="numpy"))]
+    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, num_threads=None, prefetch=None, rank=None, world_size=None, output="numpy"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         dataset: &Bound<'_, PyAny>,
@@ -110,6 +115,8 @@ impl PyDataLoader {
         drop_last: bool,
         num_threads: Option<usize>,
         prefetch: Option<usize>,
+        rank: Option<usize>,
+        world_size: Option<usize>,
         output: &str,
     ) -> PyResult<Self> {
         let dataset = dataset
@@ -132,6 +139,18 @@ impl PyDataLoader {
         if num_threads == 0 {
             return Err(PyValueError::new_err("num_threads must be at least 1"));
         }
+        let (rank, world_size) = match (rank, world_size) {
+            (None, None) => (0, 1),
+            (Some(rank), Some(world_size)) if world_size >= 1 && rank < world_size => {
+                (rank, world_size)
+            }
+            (Some(rank), Some(world_size)) => {
+                return Err(PyValueError::new_err(format!(
+                    "rank must be in 0..world_size, got rank={rank}, world_size={world_size}"
+                )));
+            }
+            _ => return Err(PyValueError::new_err("give rank= and world_size= together")),
+        };
         let prefetch = prefetch.unwrap_or(DEFAULT_PREFETCH);
         if prefetch == 0 {
             return Err(PyValueError::new_err("prefetch must be at least 1"));
@@ -151,6 +170,8 @@ impl PyDataLoader {
             shuffle,
             seed: seed.unwrap_or_else(random_seed),
             drop_last,
+            rank,
+            world_size,
             num_threads,
             prefetch,
             output,
@@ -189,9 +210,14 @@ impl PyDataLoader {
 
     /// Batches per epoch, where the dataset's length is known.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        let rows = py.detach(|| self.dataset.num_rows())?.ok_or_else(|| {
-            PyTypeError::new_err("the number of batches is not known without reading the data")
-        })? as usize;
+        let rows = py
+            .detach(|| {
+                self.dataset
+                    .rows_of_part(self.rank, self.world_size, self.drop_last)
+            })?
+            .ok_or_else(|| {
+                PyTypeError::new_err("the number of batches is not known without reading the data")
+            })? as usize;
         Ok(if self.drop_last {
             rows / self.batch_size
         } else {
@@ -209,6 +235,8 @@ impl PyDataLoader {
         state.set_item("batch_size", self.batch_size)?;
         state.set_item("shuffle", self.shuffle)?;
         state.set_item("seed", self.seed)?;
+        state.set_item("rank", self.rank)?;
+        state.set_item("world_size", self.world_size)?;
         Ok(state)
     }
 
@@ -228,10 +256,13 @@ impl PyDataLoader {
         }
         let batch_size: usize = get("batch_size")?.extract()?;
         let shuffle: bool = get("shuffle")?.extract()?;
-        if batch_size != self.batch_size || shuffle != self.shuffle {
+        let world_size: usize = get("world_size")?.extract()?;
+        if batch_size != self.batch_size || shuffle != self.shuffle || world_size != self.world_size
+        {
             return Err(PyValueError::new_err(format!(
-                "state_dict is for batch_size={batch_size}, shuffle={shuffle}; this loader has batch_size={}, shuffle={}",
-                self.batch_size, self.shuffle
+                "state_dict is for batch_size={batch_size}, shuffle={shuffle}, world_size={world_size}; \
+                 this loader has batch_size={}, shuffle={}, world_size={}",
+                self.batch_size, self.shuffle, self.world_size
             )));
         }
         self.seed = get("seed")?.extract()?;
@@ -284,10 +315,12 @@ impl PyDataLoader {
 
     fn __repr__(&self) -> String {
         format!(
-            "shardflow.DataLoader(batch_size={}, shuffle={}, drop_last={}, num_threads={}, prefetch={}, epoch={})",
+            "shardflow.DataLoader(batch_size={}, shuffle={}, drop_last={}, rank={}, world_size={}, num_threads={}, prefetch={}, epoch={})",
             self.batch_size,
             self.shuffle,
             self.drop_last,
+            self.rank,
+            self.world_size,
             self.num_threads,
             self.prefetch,
             self.position().epoch
