@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import time
@@ -13,6 +14,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """The IDX format: big-endian magic (dtype, rank), then the dimensions."""
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    rank = data[3]
+    dims = np.frombuffer(data, ">u4", count=rank, offset=4)
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * rank).reshape(tuple(int(d) for d in dims))
 
 
 def thread_count() -> int:

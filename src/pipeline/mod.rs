@@ -5,6 +5,7 @@ mod batch;
 mod decode;
 pub mod ops;
 mod prefetch;
+mod random_access;
 pub mod rng;
 mod shuffle;
 pub mod stats;
@@ -21,6 +22,7 @@ pub use batch::Rebatch;
 use decode::UnitSlice;
 pub use ops::{BatchTransform, Op};
 pub use prefetch::{BatchReceiver, Received};
+pub use random_access::RandomAccess;
 use rng::Rng;
 pub use stats::{Stats, StatsSnapshot};
 
@@ -111,6 +113,11 @@ impl Dataset {
     /// The schema of the source's records (before any user function changes them).
     pub fn source_schema(&self) -> Result<SchemaRef> {
         Ok(self.prepared()?.schema.clone())
+    }
+
+    /// Map-style access by row index (see `RandomAccess`).
+    pub fn random_access(&self) -> Result<RandomAccess> {
+        RandomAccess::new(self.prepared()?, &self.ops)
     }
 
     /// Whether no user function changes the records' columns.

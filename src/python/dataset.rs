@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyCapsule, PyDict, PyList, PyString};
+use pyo3::types::{PyBool, PyCapsule, PyDict, PyList, PyString, PyTuple};
 
 use super::arrow_ffi::{schema_from_py, stream_capsule};
 use super::next_batch;
@@ -16,7 +16,7 @@ use super::transform::{Kind, PyTransform};
 use crate::format::example::{FeatureSpec, Kind as ExampleKind, Missing, Shape, Values};
 use crate::format::options::{FormatOptions, OptionValue};
 use crate::format::{OnError, ReadOptions};
-use crate::pipeline::{self, BatchReceiver, Dataset, Op, RunOptions, Stats};
+use crate::pipeline::{self, BatchReceiver, Dataset, Op, RandomAccess, RunOptions, Stats};
 
 /// Rows per call of a batched `map` when the user gives no `batch_size` (as in
 /// Hugging Face `datasets`).
@@ -25,6 +25,12 @@ const DEFAULT_MAP_BATCH: usize = 1000;
 #[pyclass(frozen, name = "Dataset", module = "shardflow")]
 pub struct PyDataset {
     pub(crate) inner: Dataset,
+    /// How to build this dataset again: `("dataset", kwargs)` then `(method, args)` for
+    /// each op, seeds resolved. Pickling sends this (PyTorch's spawned workers rebuild
+    /// the dataset from it; the footers are read again there).
+    recipe: Vec<(&'static str, Py<PyAny>)>,
+    /// Set up on the first `ds[i]`.
+    access: std::sync::OnceLock<Arc<RandomAccess>>,
 }
 
 /// Paths given as str, os.PathLike or a list of them.
@@ -79,6 +85,7 @@ pub fn dataset(
     on_error: &str,
 ) -> PyResult<PyDataset> {
     let specs = source_list(source)?;
+    let columns_arg = columns.clone();
     let options = ReadOptions {
         columns,
         schema: schema.map(schema_from_py).transpose()?,
@@ -90,7 +97,19 @@ pub fn dataset(
         on_error: OnError::parse(on_error)?,
     };
     let inner = py.detach(|| Dataset::open(&specs, format.as_deref(), options))?;
-    Ok(PyDataset { inner })
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("source", source)?;
+    kwargs.set_item("format", format)?;
+    kwargs.set_item("columns", columns_arg)?;
+    kwargs.set_item("schema", schema)?;
+    kwargs.set_item("features", features)?;
+    kwargs.set_item("format_options", format_options)?;
+    kwargs.set_item("on_error", on_error)?;
+    Ok(PyDataset {
+        inner,
+        recipe: vec![("dataset", kwargs.into_any().unbind())],
+        access: Default::default(),
+    })
 }
 
 fn parse_format_options(options: &Bound<'_, PyDict>) -> PyResult<FormatOptions> {
@@ -201,18 +220,51 @@ fn feature_specs(features: &Bound<'_, PyDict>) -> PyResult<Vec<FeatureSpec>> {
 }
 
 impl PyDataset {
-    fn with(&self, op: Op) -> PyDataset {
-        PyDataset {
-            inner: self.inner.with_op(op),
+    fn random_access(&self, py: Python<'_>) -> PyResult<Arc<RandomAccess>> {
+        if let Some(access) = self.access.get() {
+            return Ok(access.clone());
+        }
+        let access = Arc::new(py.detach(|| self.inner.random_access())?);
+        Ok(self.access.get_or_init(|| access).clone())
+    }
+
+    /// A dataset object for internal use (no recipe: it is never pickled).
+    pub(crate) fn from_inner(inner: Dataset) -> Self {
+        Self {
+            inner,
+            recipe: Vec::new(),
+            access: Default::default(),
         }
     }
 
-    fn transform(&self, func: &Bound<'_, PyAny>, kind: Kind) -> PyResult<PyDataset> {
+    /// This dataset with `op` added; `method(*args)` is how the recipe replays it.
+    fn with(&self, op: Op, method: &'static str, args: Bound<'_, PyTuple>) -> PyDataset {
+        let mut recipe: Vec<_> = self
+            .recipe
+            .iter()
+            .map(|(m, a)| (*m, a.clone_ref(args.py())))
+            .collect();
+        recipe.push((method, args.into_any().unbind()));
+        PyDataset {
+            inner: self.inner.with_op(op),
+            recipe,
+            access: Default::default(),
+        }
+    }
+
+    fn transform(
+        &self,
+        func: &Bound<'_, PyAny>,
+        kind: Kind,
+        method: &'static str,
+        args: Bound<'_, PyTuple>,
+    ) -> PyResult<PyDataset> {
         check_callable(func)?;
-        Ok(self.with(Op::Transform(Arc::new(PyTransform {
+        let op = Op::Transform(Arc::new(PyTransform {
             func: func.clone().unbind(),
             kind,
-        }))))
+        }));
+        Ok(self.with(op, method, args))
     }
 
     /// Starts one pass over the dataset's records, in decoded batches.
@@ -228,28 +280,45 @@ impl PyDataset {
     /// Shuffles shard order (seeded, new each epoch) and rows through a buffer of
     /// `buffer_size` rows.
     #[pyo3(signature = (seed=None, buffer_size=None))]
-    fn shuffle(&self, seed: Option<u64>, buffer_size: Option<usize>) -> PyResult<PyDataset> {
+    fn shuffle(
+        &self,
+        py: Python<'_>,
+        seed: Option<u64>,
+        buffer_size: Option<usize>,
+    ) -> PyResult<PyDataset> {
         let buffer_rows = buffer_size.unwrap_or(pipeline::DEFAULT_SHUFFLE_BUFFER);
         if buffer_rows == 0 {
             return Err(PyValueError::new_err("buffer_size must be at least 1"));
         }
-        Ok(self.with(Op::Shuffle {
-            seed: seed.unwrap_or_else(random_seed),
-            buffer_rows,
-        }))
+        let seed = seed.unwrap_or_else(random_seed);
+        let args = PyTuple::new(py, [seed as usize, buffer_rows])?;
+        Ok(self.with(Op::Shuffle { seed, buffer_rows }, "shuffle", args))
     }
 
-    fn take(&self, n: i64) -> PyResult<PyDataset> {
-        Ok(self.with(Op::Take(non_negative("n", n)?)))
+    fn take(&self, py: Python<'_>, n: i64) -> PyResult<PyDataset> {
+        Ok(self.with(
+            Op::Take(non_negative("n", n)?),
+            "take",
+            PyTuple::new(py, [n])?,
+        ))
     }
 
-    fn skip(&self, n: i64) -> PyResult<PyDataset> {
-        Ok(self.with(Op::Skip(non_negative("n", n)?)))
+    fn skip(&self, py: Python<'_>, n: i64) -> PyResult<PyDataset> {
+        Ok(self.with(
+            Op::Skip(non_negative("n", n)?),
+            "skip",
+            PyTuple::new(py, [n])?,
+        ))
     }
 
     /// Keeps the samples for which `fn(sample)` is true.
     fn filter(&self, func: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
-        self.transform(func, Kind::Filter)
+        self.transform(
+            func,
+            Kind::Filter,
+            "filter",
+            PyTuple::new(func.py(), [func])?,
+        )
     }
 
     /// `fn(sample) -> dict`, or with `batched=True`, `fn(batch) -> dict of columns` on
@@ -273,12 +342,39 @@ impl PyDataset {
                 batch_rows: rows.unwrap_or(DEFAULT_MAP_BATCH),
             },
         };
-        self.transform(func, kind)
+        let py = func.py();
+        let args = PyTuple::new(
+            py,
+            [
+                func.clone(),
+                batched.into_pyobject(py)?.to_owned().into_any(),
+                batch_size.into_pyobject(py)?,
+            ],
+        )?;
+        self.transform(func, kind, "map", args)
     }
 
     /// `fn(sample) -> iterable of samples`.
     fn flat_map(&self, func: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
-        self.transform(func, Kind::FlatMap)
+        self.transform(
+            func,
+            Kind::FlatMap,
+            "flat_map",
+            PyTuple::new(func.py(), [func])?,
+        )
+    }
+
+    /// Pickles as its recipe: the `dataset(...)` call and the ops, seeds included.
+    fn __reduce__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyList>,))> {
+        let rebuild = py.import("shardflow._recipe")?.getattr("rebuild")?;
+        let steps = PyList::empty(py);
+        for (method, args) in &self.recipe {
+            steps.append((*method, args.bind(py)))?;
+        }
+        Ok((rebuild, (steps,)))
     }
 
     /// Number of samples, where metadata tells it (Parquet) and no filter hides it.
@@ -291,6 +387,38 @@ impl PyDataset {
                 self.inner.format_name()
             ))),
         }
+    }
+
+    /// The sample at `index` (negative counts from the end).
+    fn __getitem__<'py>(&self, py: Python<'py>, index: i64) -> PyResult<Bound<'py, PyDict>> {
+        let mut rows = self.__getitems__(py, vec![index])?;
+        Ok(rows.pop().expect("one index gives one row"))
+    }
+
+    /// The samples at `indices`, reading each needed part of the data once (PyTorch's
+    /// DataLoader calls this with a whole batch of sampler indices).
+    fn __getitems__<'py>(
+        &self,
+        py: Python<'py>,
+        indices: Vec<i64>,
+    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let access = self.random_access(py)?;
+        let len = access.len() as i64;
+        let indices = indices
+            .into_iter()
+            .map(|i| {
+                let j = if i < 0 { i + len } else { i };
+                if (0..len).contains(&j) {
+                    Ok(j as u64)
+                } else {
+                    Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                        "index {i} is out of range for {len} samples"
+                    )))
+                }
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let batch = py.detach(|| access.rows(&indices))?;
+        batch_to_rows(py, &batch)
     }
 
     fn __iter__(&self, py: Python<'_>) -> PyResult<SampleIterator> {
@@ -316,6 +444,23 @@ impl PyDataset {
     fn column_names(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         let schema = py.detach(|| self.inner.source_schema())?;
         Ok(schema.fields().iter().map(|f| f.name().clone()).collect())
+    }
+
+    /// Each column's type as frameworks see it, for building tensor specs: a list of
+    /// dicts with `name`, `dtype` (a numpy dtype name, "string", "bytes" or "object"),
+    /// `shape` (per sample; None for a ragged axis) and, for structs, `fields`.
+    fn _column_types<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let schema = if self.inner.keeps_source_schema() {
+            py.detach(|| self.inner.source_schema())?
+        } else {
+            // User functions decide the columns: look at the first batch they make.
+            let mut receiver = self.start(py)?;
+            match next_batch(py, &mut receiver)? {
+                Some(batch) => batch.schema(),
+                None => return Ok(PyList::empty(py)),
+            }
+        };
+        column_types(py, schema.fields())
     }
 
     /// One pass over the records as an Arrow stream (e.g. `pyarrow.RecordBatchReader.from_stream(ds)`).
@@ -348,6 +493,96 @@ impl PyDataset {
             self.inner.shards().len(),
             ops.join(", ")
         )
+    }
+}
+
+fn column_types<'py>(
+    py: Python<'py>,
+    fields: &arrow_schema::Fields,
+) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    for field in fields {
+        let d = PyDict::new(py);
+        d.set_item("name", field.name())?;
+        let (dtype, shape) = describe_type(py, field, &d)?;
+        d.set_item("dtype", dtype)?;
+        d.set_item("shape", PyTuple::new(py, shape)?)?;
+        out.append(d)?;
+    }
+    Ok(out)
+}
+
+/// (dtype, per-sample shape) of a column; struct fields go into `d["fields"]`.
+fn describe_type(
+    py: Python<'_>,
+    field: &arrow_schema::Field,
+    d: &Bound<'_, PyDict>,
+) -> PyResult<(String, Vec<Option<usize>>)> {
+    use arrow_schema::DataType as T;
+    let marked = field
+        .metadata()
+        .contains_key(crate::format::webdataset::JSON_KEY)
+        || field
+            .metadata()
+            .contains_key(crate::format::webdataset::NPY_KEY);
+    if marked {
+        return Ok(("object".into(), vec![]));
+    }
+    let scalar = |dt: &T| -> Option<&'static str> {
+        Some(match dt {
+            T::Boolean => "bool",
+            T::Int8 => "int8",
+            T::Int16 => "int16",
+            T::Int32 => "int32",
+            T::Int64 => "int64",
+            T::UInt8 => "uint8",
+            T::UInt16 => "uint16",
+            T::UInt32 => "uint32",
+            T::UInt64 => "uint64",
+            T::Float16 => "float16",
+            T::Float32 => "float32",
+            T::Float64 => "float64",
+            T::Utf8 | T::LargeUtf8 | T::Utf8View => "string",
+            T::Binary | T::LargeBinary | T::BinaryView | T::FixedSizeBinary(_) => "bytes",
+            _ => return None,
+        })
+    };
+    let dt = match field.data_type() {
+        T::Dictionary(_, value) => value.as_ref(),
+        other => other,
+    };
+    if let Some(name) = scalar(dt) {
+        return Ok((name.into(), vec![]));
+    }
+    match dt {
+        T::FixedSizeList(_, _) => {
+            let mut shape = Vec::new();
+            let mut current = dt;
+            while let T::FixedSizeList(item, size) = current {
+                shape.push(*size as usize);
+                current = item.data_type();
+            }
+            let Some(name) = scalar(current) else {
+                return Ok(("object".into(), vec![]));
+            };
+            let declared = crate::format::tensor_shape(field)
+                .filter(|s| s.iter().product::<usize>() == shape.iter().product::<usize>());
+            let mut shape = declared.unwrap_or(shape);
+            if let Some(complex) = field.metadata().get(crate::format::npy::COMPLEX_KEY) {
+                shape.pop();
+                return Ok((complex.clone(), shape.into_iter().map(Some).collect()));
+            }
+            Ok((name.into(), shape.into_iter().map(Some).collect()))
+        }
+        T::List(item) | T::LargeList(item) => match scalar(item.data_type()) {
+            Some(name) => Ok((name.into(), vec![None])),
+            None => Ok(("object".into(), vec![])),
+        },
+        T::Struct(fields) => {
+            d.set_item("fields", column_types(py, fields)?)?;
+            Ok(("struct".into(), vec![]))
+        }
+        _ => Ok(("object".into(), vec![])),
     }
 }
 

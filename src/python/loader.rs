@@ -7,7 +7,7 @@ use arrow_array::RecordBatch;
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyCapsule, PyDict, PyType};
+use pyo3::types::{PyCapsule, PyDict, PyModule, PyType};
 
 use super::arrow_ffi::stream_capsule;
 use super::batch::PyRecordBatch;
@@ -24,6 +24,10 @@ const DEFAULT_PREFETCH: usize = 4;
 enum Output {
     Numpy,
     Arrow,
+    /// Tensors sharing memory with the numpy arrays; pinned when `pin` (and CUDA is there).
+    Torch {
+        pin: bool,
+    },
 }
 
 /// Where the loader stands: the next batch it produces is batch `batches` of `epoch`.
@@ -105,9 +109,10 @@ impl PyDataLoader {
 #[pymethods]
 impl PyDataLoader {
     #[new]
-    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, num_threads=None, prefetch=None, rank=None, world_size=None, output="numpy"))]
+    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, num_threads=None, prefetch=None, rank=None, world_size=None, output="numpy", pin_memory=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         dataset: &Bound<'_, PyAny>,
         batch_size: usize,
         shuffle: bool,
@@ -118,6 +123,7 @@ impl PyDataLoader {
         rank: Option<usize>,
         world_size: Option<usize>,
         output: &str,
+        pin_memory: bool,
     ) -> PyResult<Self> {
         let dataset = dataset
             .cast::<PyDataset>()
@@ -158,12 +164,20 @@ impl PyDataLoader {
         let output = match output {
             "numpy" => Output::Numpy,
             "arrow" => Output::Arrow,
+            "torch" => Output::Torch {
+                pin: pin_memory && cuda_available(py)?,
+            },
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "output must be \"numpy\" or \"arrow\", not {other:?}"
+                    "output must be \"numpy\", \"arrow\" or \"torch\", not {other:?}"
                 )));
             }
         };
+        if pin_memory && !matches!(output, Output::Torch { .. }) {
+            return Err(PyValueError::new_err(
+                "pin_memory=True needs output=\"torch\"",
+            ));
+        }
         Ok(Self {
             dataset,
             batch_size,
@@ -291,6 +305,18 @@ impl PyDataLoader {
         Ok(d)
     }
 
+    /// The dataset's column types (see `Dataset._column_types`).
+    fn _column_types<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
+        let dataset = Bound::new(
+            py,
+            super::dataset::PyDataset::from_inner(self.dataset.clone()),
+        )?;
+        dataset
+            .call_method0("_column_types")?
+            .cast_into()
+            .map_err(Into::into)
+    }
+
     /// One epoch as an Arrow stream of batches (advances the epoch like iterating does).
     #[pyo3(signature = (requested_schema=None))]
     fn __arrow_c_stream__<'py>(
@@ -342,8 +368,60 @@ fn batch_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     BATCH.import(py, "shardflow._batch", "Batch")
 }
 
+fn torch(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static TORCH: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    TORCH
+        .get_or_try_init(py, || Ok::<_, PyErr>(py.import("torch")?.unbind()))
+        .map(|m| m.bind(py))
+}
+
+/// Whether pinned memory can be had; says so once when it cannot.
+fn cuda_available(py: Python<'_>) -> PyResult<bool> {
+    let available = torch(py)?
+        .getattr("cuda")?
+        .call_method0("is_available")?
+        .is_truthy()?;
+    if !available {
+        let warnings = py.import("warnings")?;
+        warnings.call_method1(
+            "warn",
+            ("pin_memory=True has no effect: there is no CUDA device, so batches stay in ordinary memory",),
+        )?;
+    }
+    Ok(available)
+}
+
+/// numpy columns to tensors: numbers via `torch.from_numpy` (no copy), anything torch
+/// cannot hold (strings, bytes, ragged lists) as a Python list, structs as dicts.
+fn to_torch<'py>(
+    py: Python<'py>,
+    value: &Bound<'py, PyAny>,
+    pin: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    if let Ok(dict) = value.cast::<PyDict>() {
+        let out = PyDict::new(py);
+        for (k, v) in dict.iter() {
+            out.set_item(k, to_torch(py, &v, pin)?)?;
+        }
+        return Ok(out.into_any());
+    }
+    let kind: String = value.getattr("dtype")?.getattr("kind")?.extract()?;
+    if !"biufc".contains(kind.as_str()) {
+        return value.call_method0("tolist");
+    }
+    let tensor = torch(py)?.call_method1("from_numpy", (value,))?;
+    if pin {
+        tensor.call_method0("pin_memory")
+    } else {
+        Ok(tensor)
+    }
+}
+
 fn to_output(py: Python<'_>, batch: RecordBatch, output: Output) -> PyResult<Py<PyAny>> {
     match output {
+        Output::Torch { pin } => {
+            Ok(to_torch(py, batch_to_numpy(py, &batch)?.as_any(), pin)?.unbind())
+        }
         Output::Arrow => Ok(Py::new(py, PyRecordBatch { batch })?.into_any()),
         Output::Numpy => {
             let columns = batch_to_numpy(py, &batch)?;

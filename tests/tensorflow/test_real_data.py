@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
 import numpy as np
@@ -12,20 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 import webdataset as wds
+from conftest import FASHION_MNIST, read_idx
 
 import shardflow as sf
-
-FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
-
-
-def read_idx(path: Path) -> np.ndarray:
-    """The IDX format: big-endian magic (dtype, rank), then the dimensions."""
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    rank = data[3]
-    dims = np.frombuffer(data, ">u4", count=rank, offset=4)
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * rank).reshape(tuple(int(d) for d in dims))
-
 
 @pytest.fixture(scope="module")
 def fashion() -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,156 @@
+"""The PyTorch adapters, end to end with torch's own DataLoader, workers and samplers."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import FASHION_MNIST, read_idx, write_id_shards
+from torch.utils.data import DataLoader as TorchLoader
+from torch.utils.data import DistributedSampler
+
+import shardflow as sf
+from shardflow.torch import IterableDataset, MapDataset
+
+
+@pytest.fixture(scope="module")
+def ids(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_id_shards(tmp_path_factory.mktemp("ids"), [500, 333, 0, 711, 256], row_group_size=90)
+
+
+TOTAL = 500 + 333 + 711 + 256
+
+
+def read_ids(loader: TorchLoader) -> list[int]:
+    out: list[int] = []
+    for batch in loader:
+        out.extend(batch["id"].tolist())
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_row_once_across_workers_and_ranks(ids: str, workers: int, shuffle: bool) -> None:
+    for world in (1, 2, 3):
+        seen: list[int] = []
+        for rank in range(world):
+            ds = IterableDataset(sf.dataset(ids), batch_size=37, shuffle=shuffle, rank=rank, world_size=world)
+            loader = TorchLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None)
+            got = read_ids(loader)
+            assert all(isinstance(i, int) for i in got[:3])
+            seen.extend(got)
+        assert sorted(seen) == list(range(TOTAL)), (world, workers, shuffle)
+        if shuffle:
+            assert seen != sorted(seen)
+
+
+def test_samples_for_torch_to_collate(ids: str) -> None:
+    ds = IterableDataset(sf.dataset(ids, columns=["id", "value"]))
+    loader = TorchLoader(ds, batch_size=64, num_workers=2, multiprocessing_context="fork")
+    batches = list(loader)
+    assert isinstance(batches[0]["id"], torch.Tensor) and batches[0]["id"].dtype == torch.int64
+    assert sorted(torch.cat([b["id"] for b in batches]).tolist()) == list(range(TOTAL))
+
+
+def test_spawn_and_persistent_workers_across_epochs(ids: str) -> None:
+    ds = IterableDataset(sf.dataset(ids), batch_size=50, shuffle=True, seed=9)
+    loader = TorchLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn", persistent_workers=True)
+    first, second = read_ids(loader), read_ids(loader)
+    assert sorted(first) == sorted(second) == list(range(TOTAL))
+    assert first != second  # the epoch advanced in the workers
+
+
+def test_datasets_pickle_as_their_recipe(ids: str) -> None:
+    ds = sf.dataset(ids, columns=["id", "name"]).shuffle(buffer_size=50).skip(3).take(100)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert list(clone) == list(ds)
+    assert repr(clone) == repr(ds)
+
+
+def test_map_dataset_with_distributed_sampler(tmp_path: Path) -> None:
+    pattern = write_id_shards(tmp_path, [300, 200, 100], row_group_size=64)
+    ds = sf.dataset(pattern)
+    mapped = MapDataset(ds)
+    assert len(mapped) == 600 and mapped[599]["id"] == 599 and mapped[-1]["id"] == 599
+    with pytest.raises(IndexError):
+        mapped[600]
+    seen: list[int] = []
+    for rank in range(2):
+        sampler = DistributedSampler(mapped, num_replicas=2, rank=rank, shuffle=True, seed=1)
+        sampler.set_epoch(3)
+        loader = TorchLoader(mapped, sampler=sampler, batch_size=32, num_workers=2, multiprocessing_context="fork")
+        rank_ids = [i for b in loader for i in b["id"].tolist()]
+        assert rank_ids == [int(i) for i in sampler]  # the sampler's order, exactly
+        seen.extend(rank_ids)
+    assert sorted(seen) == list(range(600))
+
+
+def test_map_dataset_refuses_what_cannot_be_indexed(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"a": 1}\n')
+    with pytest.raises(ValueError, match="cannot be indexed"):
+        sf.dataset(str(tmp_path / "a.jsonl"))[0]
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match="cannot follow"):
+        sf.dataset(str(tmp_path / "a.parquet")).filter(lambda r: True)[0]
+    assert sf.dataset(str(tmp_path / "a.parquet")).map(lambda r: {"b": r["a"] * 10})[1] == {"b": 20}
+
+
+def test_torch_output_shares_the_arrow_buffers(tmp_path: Path) -> None:
+    path = tmp_path / "z.parquet"
+    pq.write_table(pa.table({"x": np.arange(1000, dtype=np.int64)}), path, row_group_size=1000)
+    batches = list(sf.DataLoader(sf.dataset(str(path)), batch_size=100, output="torch"))
+    tensors = [b["x"] for b in batches]
+    # One decoded column, sliced: each batch's tensor starts where the previous ended,
+    # inside the same Arrow buffer. A copy would put them in separate allocations.
+    for a, b in zip(tensors, tensors[1:]):
+        assert b.data_ptr() == a.data_ptr() + 100 * 8
+    assert torch.cat(tensors).tolist() == list(range(1000))
+    numpy_batch = next(iter(sf.DataLoader(sf.dataset(str(path)), batch_size=100)))
+    tensor = torch.from_numpy(numpy_batch["x"])
+    assert tensor.data_ptr() == numpy_batch["x"].base.address
+
+
+def test_pin_memory_without_cuda_is_a_noted_no_op(ids: str) -> None:
+    assert not torch.cuda.is_available()
+    with pytest.warns(UserWarning, match="no CUDA device"):
+        loader = sf.DataLoader(sf.dataset(ids), batch_size=10, output="torch", pin_memory=True)
+    assert not next(iter(loader))["id"].is_pinned()
+    with pytest.raises(ValueError, match="output=\"torch\""):
+        sf.DataLoader(sf.dataset(ids), pin_memory=True)
+
+
+@pytest.fixture(scope="module")
+def fashion_parquet(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = tmp_path_factory.mktemp("fmnist")
+    images = read_idx(FASHION_MNIST / "t10k-images-idx3-ubyte.gz")
+    labels = read_idx(FASHION_MNIST / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
+    for part in range(4):
+        rows = slice(part * 2500, (part + 1) * 2500)
+        flat = pa.array(images[rows].reshape(-1))
+        table = pa.table({"image": pa.FixedSizeListArray.from_arrays(flat, 784), "label": labels[rows]})
+        pq.write_table(table, directory / f"train-{part}.parquet", row_group_size=500)
+    return str(directory / "train-*.parquet")
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_training_an_epoch_lowers_the_loss(fashion_parquet: str, context: str) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ds = IterableDataset(sf.dataset(fashion_parquet), batch_size=64, shuffle=True, seed=0, drop_last=True)
+    loader = TorchLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+    losses = []
+    for batch in loader:
+        x = batch["image"].float() / 255.0
+        loss = torch.nn.functional.cross_entropy(model(x), batch["label"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert len(losses) == 2 * (5000 // 64)  # each worker's share, full batches only
+    assert np.mean(losses[-20:]) < 0.6 * np.mean(losses[:20])
