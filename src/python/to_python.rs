@@ -355,11 +355,15 @@ pub fn batch_to_rows<'py>(
         .collect()
 }
 
-/// One column's values for per-sample use: numpy arrays for tensors and `.npy`
-/// members, parsed documents for JSON text, plain Python values otherwise.
+/// One column's values for per-sample use: numpy arrays for tensors (fixed-size lists
+/// of numbers) and `.npy` members, parsed documents for JSON text, plain Python values
+/// (as `pyarrow`'s `to_pylist()` gives them) otherwise.
 pub fn field_values(py: Python<'_>, column: &ArrayRef, field: &Field) -> PyResult<Vec<Py<PyAny>>> {
     let n = column.len();
-    if declared_tensor_shape(field).is_some() && column.null_count() == 0 {
+    // Fixed-size lists of numbers are tensors: one array per sample (a view of the
+    // batch's), as in the batch output, rather than a list of Python numbers.
+    let tensor = declared_tensor_shape(field).is_some() || tensor_parts(column.as_ref()).is_some();
+    if tensor && column.null_count() == 0 {
         let tensors = column_to_numpy(py, column, field)?;
         // `a[i, ...]` keeps 0-d arrays as arrays (not numpy scalars), like `np.load`.
         let ellipsis = py.Ellipsis();
