@@ -266,7 +266,7 @@ impl Literal<'_> {
         }
     }
 
-    fn expect(&mut self, c: u8) -> Result<(), String> {
+    fn require(&mut self, c: u8) -> Result<(), String> {
         if self.eat(c) {
             Ok(())
         } else {
@@ -311,7 +311,7 @@ impl Literal<'_> {
                             .map_err(|_| "malformed shape in .npy header")?,
                     );
                     if !self.eat(b',') {
-                        self.expect(b')')?;
+                        self.require(b')')?;
                         break;
                     }
                 }
@@ -331,14 +331,14 @@ impl Literal<'_> {
     }
 
     fn dict(&mut self) -> Result<Vec<(String, Value)>, String> {
-        self.expect(b'{')?;
+        self.require(b'{')?;
         let mut out = Vec::new();
         while !self.eat(b'}') {
             let key = self.string()?;
-            self.expect(b':')?;
+            self.require(b':')?;
             out.push((key, self.value()?));
             if !self.eat(b',') {
-                self.expect(b'}')?;
+                self.require(b'}')?;
                 break;
             }
         }

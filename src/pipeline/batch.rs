@@ -36,7 +36,9 @@ impl Rebatch {
         let mut parts = Vec::new();
         let mut need = rows;
         while need > 0 {
-            let front = self.queued.pop_front().expect("enough rows are queued");
+            let Some(front) = self.queued.pop_front() else {
+                return Err(Error::Internal("re-batching ran out of queued rows".into()));
+            };
             if front.num_rows() <= need {
                 need -= front.num_rows();
                 parts.push(front);
@@ -48,8 +50,8 @@ impl Rebatch {
             }
         }
         self.queued_rows -= rows;
-        if parts.len() == 1 {
-            return Ok(parts.pop().expect("one part"));
+        if let [single] = &parts[..] {
+            return Ok(single.clone());
         }
         let schema: SchemaRef = parts[0].schema();
         concat_batches(&schema, &parts)

@@ -83,8 +83,12 @@ const OPEN_SOURCES: usize = 64;
 
 impl SourceCache {
     fn get(&mut self, shard: usize, url: &str, stats: &Stats) -> Result<Arc<dyn Source>> {
-        if let Some(pos) = self.entries.iter().position(|(s, _)| *s == shard) {
-            let entry = self.entries.remove(pos).expect("position is in range");
+        if let Some(entry) = self
+            .entries
+            .iter()
+            .position(|(s, _)| *s == shard)
+            .and_then(|pos| self.entries.remove(pos))
+        {
             let source = entry.1.clone();
             self.entries.push_front(entry);
             return Ok(source);

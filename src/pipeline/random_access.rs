@@ -129,9 +129,10 @@ impl RandomAccess {
         };
         for transform in &self.transforms {
             let mut batches = transform.apply(out)?;
-            out = match batches.len() {
-                1 => batches.pop().expect("one batch"),
-                _ => {
+            out = match batches.pop() {
+                Some(only) if batches.is_empty() => only,
+                last => {
+                    batches.extend(last);
                     let schema = batches
                         .first()
                         .map(|b| b.schema())
@@ -146,8 +147,11 @@ impl RandomAccess {
 
     fn unit_batches(&self, unit: usize) -> Result<Arc<Vec<RecordBatch>>> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pos) = cache.iter().position(|(u, _, _)| *u == unit) {
-            let entry = cache.remove(pos).expect("position is in range");
+        if let Some(entry) = cache
+            .iter()
+            .position(|(u, _, _)| *u == unit)
+            .and_then(|pos| cache.remove(pos))
+        {
             let batches = entry.1.clone();
             cache.push_front(entry);
             return Ok(batches);

@@ -104,19 +104,17 @@ impl ShuffleBuffer {
         }
         let batches: Vec<&RecordBatch> = used
             .iter()
-            .map(|&slot| {
-                &self.slots[slot]
-                    .as_ref()
-                    .expect("picked rows live in held batches")
-                    .0
-            })
+            .filter_map(|&slot| self.slots[slot].as_ref().map(|(batch, _)| batch))
             .collect();
+        if batches.len() != used.len() {
+            return Err(Error::Internal("shuffle buffer lost a batch".into()));
+        }
         let out = interleave_record_batch(&batches, &indices)
             .map_err(|e| Error::Internal(format!("shuffle gather failed: {e}")))?;
         for &(slot, _) in picks {
-            let entry = self.slots[slot]
-                .as_mut()
-                .expect("picked rows live in held batches");
+            let Some(entry) = self.slots[slot].as_mut() else {
+                return Err(Error::Internal("shuffle buffer lost a batch".into()));
+            };
             entry.1 -= 1;
             if entry.1 == 0 {
                 self.held_rows -= entry.0.num_rows();

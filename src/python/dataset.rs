@@ -392,7 +392,9 @@ impl PyDataset {
     /// The sample at `index` (negative counts from the end).
     fn __getitem__<'py>(&self, py: Python<'py>, index: i64) -> PyResult<Bound<'py, PyDict>> {
         let mut rows = self.__getitems__(py, vec![index])?;
-        Ok(rows.pop().expect("one index gives one row"))
+        rows.pop().ok_or_else(|| {
+            pyo3::exceptions::PyIndexError::new_err(format!("no sample at index {index}"))
+        })
     }
 
     /// The samples at `indices`, reading each needed part of the data once (PyTorch's
