@@ -8,7 +8,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use shardflow::Dataset;
 use shardflow::format::ReadOptions;
-use shardflow::format::options::{FormatOptions, OptionValue};
+use shardflow::options::{Options, OptionValue};
 use shardflow::format::tfrecord::masked_crc;
 use shardflow::pipeline::{RunOptions, Stats};
 
@@ -164,7 +164,7 @@ fn epoch(ds: &Dataset) -> usize {
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let rows_mode = ReadOptions {
-        format_options: FormatOptions(
+        format_options: Options(
             [("mode".to_string(), OptionValue::Str("rows".into()))].into(),
         ),
         ..ReadOptions::default()

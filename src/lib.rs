@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod format;
+pub mod options;
 pub mod pipeline;
 pub mod source;
 

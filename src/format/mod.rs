@@ -12,7 +12,6 @@ mod json_infer;
 pub mod jsonl;
 pub mod npy;
 pub mod npz;
-pub mod options;
 pub mod parquet;
 pub mod raw;
 pub mod tfrecord;
@@ -61,7 +60,7 @@ pub struct ReadOptions {
     /// A `tf.io.parse_example`-style spec for TFRecord Examples.
     pub features: Option<Vec<example::FeatureSpec>>,
     /// Format-specific settings.
-    pub format_options: options::FormatOptions,
+    pub format_options: crate::options::Options,
     pub on_error: OnError,
 }
 

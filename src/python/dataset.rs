@@ -14,7 +14,7 @@ use super::next_batch;
 use super::to_python::batch_to_rows;
 use super::transform::{Kind, PyTransform};
 use crate::format::example::{FeatureSpec, Kind as ExampleKind, Missing, Shape, Values};
-use crate::format::options::{FormatOptions, OptionValue};
+use crate::options::{Options, OptionValue};
 use crate::format::{OnError, ReadOptions};
 use crate::pipeline::{self, BatchReceiver, Dataset, Op, RandomAccess, RunOptions, Stats};
 
@@ -112,15 +112,17 @@ pub fn dataset(
     })
 }
 
-fn parse_format_options(options: &Bound<'_, PyDict>) -> PyResult<FormatOptions> {
+fn parse_format_options(options: &Bound<'_, PyDict>) -> PyResult<Options> {
     let mut map = std::collections::BTreeMap::new();
     for (key, value) in options.iter() {
         let key: String = key.extract()?;
         // bool first: Python's bool is an int.
         let value = if value.is_instance_of::<PyBool>() {
             OptionValue::Bool(value.extract()?)
-        } else if let Ok(i) = value.extract::<i64>() {
-            OptionValue::Int(i)
+        } else if value.is_instance_of::<pyo3::types::PyInt>() {
+            OptionValue::Int(value.extract()?)
+        } else if value.is_instance_of::<pyo3::types::PyFloat>() {
+            OptionValue::Float(value.extract()?)
         } else if let Ok(s) = value.extract::<String>() {
             OptionValue::Str(s)
         } else {
@@ -130,7 +132,7 @@ fn parse_format_options(options: &Bound<'_, PyDict>) -> PyResult<FormatOptions> 
         };
         map.insert(key, value);
     }
-    Ok(FormatOptions(map))
+    Ok(Options(map))
 }
 
 fn example_kind(dtype: &Bound<'_, PyAny>) -> PyResult<ExampleKind> {

@@ -1,5 +1,6 @@
-//! Format-specific options (`format_options={...}`): each format reads the keys it
-//! knows, and any key left over is an error rather than silently ignored.
+//! Keyed options from Python dicts (`format_options={...}`, `storage_options={...}`):
+//! each reader takes the keys it knows, and any key left over is an error rather than
+//! silently ignored.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,14 +10,15 @@ use crate::error::{Error, Result};
 pub enum OptionValue {
     Bool(bool),
     Int(i64),
+    Float(f64),
     Str(String),
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FormatOptions(pub BTreeMap<String, OptionValue>);
+pub struct Options(pub BTreeMap<String, OptionValue>);
 
-impl FormatOptions {
-    /// Starts reading the options for `format`.
+impl Options {
+    /// Starts reading the options for `what` (a format's name, "storage").
     pub fn reader<'a>(&'a self, format: &'static str) -> OptionReader<'a> {
         OptionReader {
             options: self,
@@ -28,7 +30,7 @@ impl FormatOptions {
 }
 
 pub struct OptionReader<'a> {
-    options: &'a FormatOptions,
+    options: &'a Options,
     format: &'static str,
     used: BTreeSet<&'a str>,
     /// Every key asked for, for the error message.
@@ -63,6 +65,25 @@ impl<'a> OptionReader<'a> {
             None => Ok(default),
             Some(OptionValue::Int(i)) if *i >= 0 => Ok(*i as u64),
             Some(_) => Err(self.wrong(key, "a non-negative integer")),
+        }
+    }
+
+    /// Any string.
+    pub fn string(&mut self, key: &'static str) -> Result<Option<&'a str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(OptionValue::Str(s)) => Ok(Some(s.as_str())),
+            Some(_) => Err(self.wrong(key, "a string")),
+        }
+    }
+
+    /// A number of seconds (int or float given as a string or int).
+    pub fn seconds(&mut self, key: &'static str, default: f64) -> Result<f64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(OptionValue::Int(i)) if *i >= 0 => Ok(*i as f64),
+            Some(OptionValue::Float(f)) if *f >= 0.0 => Ok(*f),
+            Some(_) => Err(self.wrong(key, "a non-negative number of seconds")),
         }
     }
 
@@ -109,7 +130,7 @@ mod tests {
         let mut map = BTreeMap::new();
         map.insert("verify_crc".to_string(), OptionValue::Bool(false));
         map.insert("typo".to_string(), OptionValue::Int(1));
-        let options = FormatOptions(map);
+        let options = Options(map);
         let mut reader = options.reader("tfrecord");
         assert!(!reader.bool("verify_crc", true).unwrap());
         assert_eq!(reader.u64("limit", 5).unwrap(), 5);

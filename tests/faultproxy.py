@@ -1,0 +1,162 @@
+"""A fault-injecting HTTP proxy for tests: forwards every request to an upstream server
+(S3 or plain HTTP) unchanged, and can add latency before the response, answer 503
+SlowDown, reset the connection part-way through a body, or cut a body short. It counts
+the requests it sees, so tests can check what was (not) fetched.
+
+Signed S3 requests pass unchanged: the client signs for the proxy's address and the
+upstream server checks the headers it receives.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer"}
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+@dataclass
+class Faults:
+    """Probabilities (0..1) of each fault per GET, and latency before each response."""
+
+    latency: float = 0.0
+    slow_down: float = 0.0
+    reset: float = 0.0
+    truncate: float = 0.0
+    seed: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+
+class FaultProxy:
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.faults = Faults()
+        self.counts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                proxy._forward(self, "GET")
+
+            def do_HEAD(self) -> None:
+                proxy._forward(self, "HEAD")
+
+            def do_PUT(self) -> None:
+                proxy._forward(self, "PUT")
+
+            def do_POST(self) -> None:
+                proxy._forward(self, "POST")
+
+            def do_DELETE(self) -> None:
+                proxy._forward(self, "DELETE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def set_faults(self, **kwargs: float) -> None:
+        seed = int(kwargs.pop("seed", 0))
+        self.faults = Faults(**kwargs, seed=seed, rng=random.Random(seed))
+
+    def reset_counts(self) -> None:
+        with self.lock:
+            self.counts.clear()
+
+    def gets(self, path_contains: str = "") -> int:
+        with self.lock:
+            return sum(n for key, n in self.counts.items() if key.startswith("GET ") and path_contains in key)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _draw(self) -> str | None:
+        faults = self.faults
+        with self.lock:
+            r = faults.rng.random()
+        for name in ("slow_down", "reset", "truncate"):
+            p = getattr(faults, name)
+            if r < p:
+                return name
+            r -= p
+        return None
+
+    def _forward(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        with self.lock:
+            self.counts[f"{method} {handler.path}"] += 1
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else None
+        fault = self._draw() if method == "GET" else None
+        if self.faults.latency:
+            time.sleep(self.faults.latency)
+        if fault == "slow_down":
+            handler.send_response(503, "Slow Down")
+            handler.send_header("Content-Type", "application/xml")
+            handler.send_header("Content-Length", str(len(SLOW_DOWN)))
+            handler.end_headers()
+            handler.wfile.write(SLOW_DOWN)
+            return
+        upstream = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP}
+            upstream.request(method, handler.path, body=body, headers=headers)
+            response = upstream.getresponse()
+            handler.send_response(response.status, response.reason)
+            for key, value in response.getheaders():
+                if key.lower() not in HOP_BY_HOP:
+                    handler.send_header(key, value)
+            handler.end_headers()
+            if method == "HEAD":
+                return
+            total = int(response.getheader("Content-Length") or 0)
+            # Faults on a body: stop half-way, by a TCP reset or a plain close.
+            stop_at = total // 2 if fault in ("reset", "truncate") and total > 1 else None
+            sent = 0
+            while True:
+                chunk = response.read(64 * 1024)
+                if not chunk:
+                    break
+                if stop_at is not None and sent + len(chunk) >= stop_at:
+                    handler.wfile.write(chunk[: stop_at - sent])
+                    handler.wfile.flush()
+                    self._break(handler, fault == "reset")
+                    return
+                handler.wfile.write(chunk)
+                sent += len(chunk)
+        finally:
+            upstream.close()
+
+    @staticmethod
+    def _break(handler: BaseHTTPRequestHandler, reset: bool) -> None:
+        connection = handler.connection
+        if reset:
+            # SO_LINGER 0: close() sends RST instead of FIN.
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        try:
+            connection.shutdown(socket.SHUT_RDWR) if not reset else None
+        finally:
+            connection.close()
+            handler.close_connection = True
