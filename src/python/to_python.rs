@@ -7,7 +7,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_buffer::Buffer;
-use arrow_cast::display::{ArrayFormatter, Options};
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{DataType, Field, TimeUnit};
 use numpy::npyffi::{self, NPY_ARRAY_WRITEABLE, PY_ARRAY_API, npy_intp};
 use numpy::{PyArray1, PyArrayDescr, PyArrayDescrMethods};
@@ -610,7 +610,7 @@ pub fn column_to_py(py: Python<'_>, array: &dyn Array) -> PyResult<Vec<Py<PyAny>
         | DataType::Decimal256(..) => {
             let decimal = datetime_api(py)?.decimal.bind(py);
             let formatter =
-                ArrayFormatter::try_new(array, &Options::default()).map_err(to_type_error)?;
+                ArrayFormatter::try_new(array, &FormatOptions::default()).map_err(to_type_error)?;
             (0..n)
                 .map(|i| {
                     if array.is_null(i) {
