@@ -8,9 +8,10 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use shardflow::Dataset;
 use shardflow::format::ReadOptions;
-use shardflow::options::{Options, OptionValue};
 use shardflow::format::tfrecord::masked_crc;
+use shardflow::options::{OptionValue, Options};
 use shardflow::pipeline::{RunOptions, Stats};
+use shardflow::source::Storage;
 
 const IMAGE: usize = 28 * 28;
 
@@ -164,9 +165,7 @@ fn epoch(ds: &Dataset) -> usize {
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let rows_mode = ReadOptions {
-        format_options: Options(
-            [("mode".to_string(), OptionValue::Str("rows".into()))].into(),
-        ),
+        format_options: Options([("mode".to_string(), OptionValue::Str("rows".into()))].into()),
         ..ReadOptions::default()
     };
     let cases: Vec<(&str, usize, std::path::PathBuf, ReadOptions)> = vec![
@@ -192,7 +191,13 @@ fn bench(c: &mut Criterion) {
         .sample_size(10)
         .measurement_time(Duration::from_secs(6));
     for (name, rows, path, options) in cases {
-        let ds = Dataset::open(&[path.display().to_string()], None, options).unwrap();
+        let ds = Dataset::open(
+            &[path.display().to_string()],
+            None,
+            options,
+            Storage::local_only(),
+        )
+        .unwrap();
         group.throughput(Throughput::Bytes(std::fs::metadata(&path).unwrap().len()));
         group.bench_function(format!("{name}/bytes"), |b| {
             b.iter(|| assert_eq!(epoch(&ds), rows))

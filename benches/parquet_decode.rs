@@ -13,6 +13,7 @@ use parquet::file::properties::WriterProperties;
 use shardflow::Dataset;
 use shardflow::format::ReadOptions;
 use shardflow::pipeline::{RunOptions, Stats, default_num_threads};
+use shardflow::source::Storage;
 
 const ROWS: usize = 1_000_000;
 const CHUNK: usize = 100_000;
@@ -84,7 +85,13 @@ fn bench(c: &mut Criterion) {
     let path = dir.path().join("bench.parquet");
     write_file(&path);
     let bytes = std::fs::metadata(&path).unwrap().len();
-    let ds = Dataset::open(&[path.display().to_string()], None, ReadOptions::default()).unwrap();
+    let ds = Dataset::open(
+        &[path.display().to_string()],
+        None,
+        ReadOptions::default(),
+        Storage::local_only(),
+    )
+    .unwrap();
     let threads = default_num_threads();
     let mut group = c.benchmark_group("parquet_decode");
     group

@@ -12,6 +12,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use shardflow::format::{OnError, ReadOptions};
 use shardflow::pipeline::{Op, RunOptions, Stats};
+use shardflow::source::Storage;
 use shardflow::{Dataset, Error};
 
 fn write_parquet(path: &std::path::Path, ids: std::ops::Range<i64>, row_group: usize) {
@@ -60,7 +61,13 @@ fn shuffled_epochs_are_complete_deterministic_and_differ() {
         writeln!(jsonl, "{{\"id\": {i}}}").unwrap();
     }
     let pattern = format!("{}/*.parquet", dir.path().display());
-    let ds = Dataset::open(&[pattern], None, ReadOptions::default()).unwrap();
+    let ds = Dataset::open(
+        &[pattern],
+        None,
+        ReadOptions::default(),
+        Storage::local_only(),
+    )
+    .unwrap();
     assert_eq!(ds.num_rows().unwrap(), Some(1500));
     assert_eq!(ids(&ds, run(0, 64, 2)), (0..1500).collect::<Vec<_>>());
 
@@ -79,6 +86,7 @@ fn shuffled_epochs_are_complete_deterministic_and_differ() {
         &[format!("{}/c.jsonl", dir.path().display())],
         None,
         ReadOptions::default(),
+        Storage::local_only(),
     )
     .unwrap();
     assert_eq!(json.num_rows().unwrap(), None);
@@ -97,7 +105,13 @@ fn corrupt_file_is_an_error_or_a_counted_skip() {
     write_parquet(&dir.path().join("a.parquet"), 0..10, 5);
     std::fs::write(dir.path().join("b.parquet"), b"garbage that is not parquet").unwrap();
     let pattern = format!("{}/*.parquet", dir.path().display());
-    let ds = Dataset::open(&[pattern.clone()], None, ReadOptions::default()).unwrap();
+    let ds = Dataset::open(
+        &[pattern.clone()],
+        None,
+        ReadOptions::default(),
+        Storage::local_only(),
+    )
+    .unwrap();
     match ds.num_rows() {
         Err(Error::Decode { url, .. }) => assert!(url.ends_with("b.parquet")),
         other => panic!("expected a decode error, got {other:?}"),
@@ -106,7 +120,7 @@ fn corrupt_file_is_an_error_or_a_counted_skip() {
         on_error: OnError::Skip,
         ..ReadOptions::default()
     };
-    let ds = Dataset::open(&[pattern], None, options).unwrap();
+    let ds = Dataset::open(&[pattern], None, options, Storage::local_only()).unwrap();
     let stats = Arc::new(Stats::default());
     let rows: usize = ds
         .start(run(0, 4, 1), stats.clone())

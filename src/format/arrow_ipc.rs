@@ -17,7 +17,7 @@ use super::{
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
-use crate::source::{self, IoCounters, ShardMeta, Source};
+use crate::source::{Io, ShardMeta, Source};
 
 const FORMAT: &str = "Arrow IPC";
 /// The first (and last) bytes of the file format; streams start with a message.
@@ -78,9 +78,9 @@ impl Format for ArrowIpc {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
-        let kinds = per_shard(&shards, counters, FORMAT, |source, size| {
+        let kinds = per_shard(&shards, io, FORMAT, |source, size| {
             Box::pin(async move {
                 Ok(size >= 6 && source.read_range(0..6).await?[..] == ARROW_MAGIC[..])
             })
@@ -97,9 +97,9 @@ impl Format for ArrowIpc {
             }
         }
         if is_file.unwrap_or(true) {
-            ArrowFile.prepare(shards, options, counters)
+            ArrowFile.prepare(shards, options, io)
         } else {
-            ArrowStream.prepare(shards, options, counters)
+            ArrowStream.prepare(shards, options, io)
         }
     }
 }
@@ -187,10 +187,10 @@ impl Format for ArrowFile {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
         check_options(options, "arrow")?;
-        let footers = per_shard(&shards, counters, FORMAT, |source, size| {
+        let footers = per_shard(&shards, io, FORMAT, |source, size| {
             Box::pin(async move { read_footer(source.as_ref(), size).await })
         })?;
         let mut files: Vec<Arc<IpcFile>> = Vec::with_capacity(shards.len());
@@ -303,13 +303,13 @@ impl Format for ArrowStream {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
         check_options(options, "arrow_stream")?;
         let (schema, projection) = match shards.first() {
             None => (Arc::new(Schema::empty()), None),
             Some(first) => {
-                let stream = source::open(&first.url, counters.clone())?.open_stream()?;
+                let stream = io.open(first)?.open_stream()?;
                 let reader = StreamReader::try_new(stream, None)
                     .map_err(|e| Error::decode(&first.url, FORMAT, Position::Byte(0), e))?;
                 let full = reader.schema();

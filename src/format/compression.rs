@@ -112,6 +112,13 @@ impl<R: Read> Read for Limited<R> {
 /// and early ends are faults in the data, anything else is I/O.
 pub fn stream_error(url: &str, position: Position, e: std::io::Error) -> Error {
     use std::io::ErrorKind::*;
+    // A remote stream hands its own errors through `Read` wrapped in io::Error.
+    if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+        if let Some(Ok(inner)) = e.into_inner().map(|inner| inner.downcast::<Error>()) {
+            return *inner;
+        }
+        return Error::Internal(format!("{url}: lost a stream error"));
+    }
     match e.kind() {
         InvalidData | InvalidInput | UnexpectedEof => Error::decode(url, "compressed", position, e),
         _ => Error::io(url, position, e),

@@ -20,7 +20,7 @@ use super::{
     compression, whole_files,
 };
 use crate::error::{Error, Position, Result};
-use crate::source::{self, IoCounters, ShardMeta};
+use crate::source::{Io, ShardMeta};
 
 const FORMAT: &str = "CSV";
 const BLOCK_BYTES: usize = 4 * 1024 * 1024;
@@ -59,7 +59,7 @@ impl Format for Csv {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("csv");
         let limit = opts.u64(
@@ -78,11 +78,7 @@ impl Format for Csv {
         let url = first.url.as_str();
         // The first block of the first file: its header names the columns, its records
         // give the types.
-        let mut stream = compression::auto_gzip(
-            source::open(url, counters.clone())?.open_stream()?,
-            url,
-            limit,
-        )?;
+        let mut stream = compression::auto_gzip(io.open(first)?.open_stream()?, url, limit)?;
         let mut head = None;
         split_blocks(
             &mut *stream,

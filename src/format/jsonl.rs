@@ -17,7 +17,7 @@ use super::{
     whole_files,
 };
 use crate::error::{Error, Position, Result};
-use crate::source::{self, IoCounters, ShardMeta};
+use crate::source::{Io, ShardMeta};
 
 const FORMAT: &str = "JSON";
 /// Records read to infer a schema when none is given.
@@ -55,7 +55,7 @@ impl Format for JsonLines {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("jsonl");
         let limit = opts.u64(
@@ -71,7 +71,7 @@ impl Format for JsonLines {
         let (full, coerce, inferred) = match &options.schema {
             Some(schema) => (schema.clone(), false, false),
             None => {
-                let inference = infer_schema(&shards, options.on_error, counters, limit)?;
+                let inference = infer_schema(&shards, options.on_error, io, limit)?;
                 (
                     Arc::new(inference.schema()),
                     inference.needs_coercion(),
@@ -127,17 +127,13 @@ fn project(full: &Schema, columns: &[String], shards: &[ShardMeta]) -> Result<Sc
 fn infer_schema(
     shards: &[ShardMeta],
     on_error: OnError,
-    counters: &Arc<IoCounters>,
+    io: &Io,
     limit: u64,
 ) -> Result<SchemaInference> {
     let mut inference = SchemaInference::default();
     for shard in shards {
         let url = shard.url.as_str();
-        let reader = compression::auto_gzip(
-            source::open(url, counters.clone())?.open_stream()?,
-            url,
-            limit,
-        )?;
+        let reader = compression::auto_gzip(io.open(shard)?.open_stream()?, url, limit)?;
         for (idx, line) in BufReader::new(reader).split(b'\n').enumerate() {
             let line_no = idx as u64 + 1;
             let line = line.map_err(|e| stream_error(url, Position::Line(line_no), e))?;

@@ -26,7 +26,7 @@ use arrow_schema::{DataType, Field, SchemaRef};
 
 use crate::error::{Error, Result};
 use crate::source::ranges::RangeSet;
-use crate::source::{IoCounters, ShardMeta};
+use crate::source::{Io, ShardMeta};
 
 /// What to do with data that cannot be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,7 +83,7 @@ const HEADER_CONCURRENCY: usize = 32;
 /// corrupt bytes) becomes that shard's decode error.
 pub fn per_shard<T, F>(
     shards: &[ShardMeta],
-    counters: &Arc<IoCounters>,
+    io: &Io,
     format: &'static str,
     read: F,
 ) -> Result<Vec<Result<T>>>
@@ -100,11 +100,10 @@ where
     let tasks: Vec<_> = shards
         .iter()
         .map(|shard| {
-            let (shard, counters, limit, read) =
-                (shard.clone(), counters.clone(), limit.clone(), read.clone());
+            let (shard, io, limit, read) = (shard.clone(), io.clone(), limit.clone(), read.clone());
             rt.spawn(async move {
                 let _permit = limit.acquire_owned().await;
-                let source = crate::source::open(&shard.url, counters)?;
+                let source = io.open(&shard)?;
                 let size = match shard.size {
                     Some(size) => size,
                     None => source.size().await?,
@@ -129,11 +128,19 @@ where
     })
 }
 
-/// A unit that reads its whole file (size not needed up front), then decodes it.
+/// A unit that reads its whole file, then decodes it: one range read when the size is
+/// known (for remote objects, many such reads go on at once), else a stream.
 pub fn whole_file_job(
-    url: String,
+    shard: &ShardMeta,
     decode: impl FnOnce(bytes::Bytes) -> Result<Decoded> + Send + 'static,
 ) -> UnitJob {
+    if let Some(size) = shard.size {
+        return UnitJob::Ranges {
+            ranges: vec![0..size],
+            decode: Box::new(move |fetched| decode(fetched.get(0, size).unwrap_or_default())),
+        };
+    }
+    let url = shard.url.clone();
     UnitJob::Stream(Box::new(move |mut reader, emit: &mut EmitTask| {
         let mut data = Vec::new();
         reader
@@ -280,7 +287,7 @@ pub trait Format: Send + Sync {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards>;
 }
 

@@ -25,7 +25,7 @@ use super::{
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
-use crate::source::{IoCounters, ShardMeta};
+use crate::source::{Io, ShardMeta};
 
 pub const FORMAT: &str = "NPY";
 /// Field metadata telling the numpy conversion to view float pairs as complex numbers.
@@ -522,10 +522,10 @@ impl Format for Npy {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
         let (mode, _) = parse_mode(options, "npy")?;
-        let prefixes = per_shard(&shards, counters, FORMAT, |source, size| {
+        let prefixes = per_shard(&shards, io, FORMAT, |source, size| {
             Box::pin(
                 async move { Ok((size, source.read_range(0..size.min(HEADER_PREFIX)).await?)) },
             )

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
-use crate::source::{IoCounters, ShardMeta, Source};
+use crate::source::{Io, ShardMeta, Source};
 
 const FORMAT: &str = "NPZ";
 const EOCD_SIG: u32 = 0x0605_4b50;
@@ -290,7 +290,7 @@ impl Format for Npz {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
         let (mode, limit) = npy::parse_mode(options, "npz")?;
         let rows_mode = mode == Mode::Rows;
@@ -301,7 +301,7 @@ impl Format for Npz {
         } else {
             &shards[..shards.len().min(1)]
         };
-        let layouts: Vec<Layout> = per_shard(wanted, counters, FORMAT, |source, size| {
+        let layouts: Vec<Layout> = per_shard(wanted, io, FORMAT, |source, size| {
             Box::pin(async move { read_layout(source.as_ref(), size).await })
         })?
         .into_iter()
@@ -446,7 +446,6 @@ fn rangeable(layout: &Layout) -> bool {
 impl UnitJobs for PreparedNpz {
     fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
         let url = shard.url.clone();
-        let whole_url = url.clone();
         let schema = self.schema.clone();
         let limit = self.limit;
         let rows = unit.rows.unwrap_or(1) as usize;
@@ -542,6 +541,6 @@ impl UnitJobs for PreparedNpz {
                 skipped: 0,
             })
         };
-        whole_file_job(whole_url, decode)
+        whole_file_job(shard, decode)
     }
 }

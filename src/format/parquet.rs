@@ -21,7 +21,7 @@ use super::{
 };
 use crate::error::{Error, Position, Result, panic_message};
 use crate::source::ranges::{RangeSet, coalesce};
-use crate::source::{IoCounters, ShardMeta, Source};
+use crate::source::{Io, ShardMeta, Source};
 
 const FORMAT: &str = "Parquet";
 /// First guess at the footer size; one more read fetches the rest when it is larger.
@@ -62,7 +62,7 @@ impl Format for Parquet {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
         options.format_options.reader("parquet").finish()?;
         if options.schema.is_some() || options.features.is_some() {
@@ -70,7 +70,7 @@ impl Format for Parquet {
                 "Parquet files carry their own schema: schema= and features= have no use; columns= selects columns",
             ));
         }
-        let footers = per_shard(&shards, counters, FORMAT, |source, size| {
+        let footers = per_shard(&shards, io, FORMAT, |source, size| {
             Box::pin(async move { Ok((size, read_metadata(source.as_ref(), size).await?)) })
         })?;
         let mut kept_shards = Vec::new();

@@ -13,7 +13,7 @@ use super::{
     Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, whole_file_job,
 };
 use crate::error::{Error, Result};
-use crate::source::{IoCounters, ShardMeta};
+use crate::source::{Io, ShardMeta};
 
 pub struct Raw;
 
@@ -58,7 +58,7 @@ impl Format for Raw {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        _counters: &Arc<IoCounters>,
+        _io: &Io,
     ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("raw");
         let with_labels = opts.bool("label", false)?;
@@ -138,7 +138,7 @@ impl UnitJobs for PreparedRaw {
         let schema = self.schema.clone();
         let key = self.keys[unit.shard].clone();
         let label = self.labels.as_ref().map(|l| l[unit.shard].clone());
-        whole_file_job(shard.url.clone(), move |bytes| {
+        whole_file_job(shard, move |bytes| {
             let columns = schema
                 .fields()
                 .iter()

@@ -21,7 +21,7 @@ use super::{
     whole_files,
 };
 use crate::error::{Error, Position, Result};
-use crate::source::{self, IoCounters, ShardMeta};
+use crate::source::{Io, ShardMeta};
 
 const FORMAT: &str = "TFRecord";
 const BLOCK_BYTES: usize = 4 * 1024 * 1024;
@@ -71,7 +71,7 @@ impl Format for TfRecord {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("tfrecord");
         let verify = opts.bool("verify_crc", true)?;
@@ -118,7 +118,7 @@ impl Format for TfRecord {
         } else {
             let (specs, inferred) = match &options.features {
                 Some(specs) => (specs.clone(), false),
-                None => (infer(&shards, &config, counters)?, true),
+                None => (infer(&shards, &config, io)?, true),
             };
             let specs = match &options.columns {
                 None => specs,
@@ -164,16 +164,12 @@ fn project(
         .collect()
 }
 
-fn infer(
-    shards: &[ShardMeta],
-    config: &Config,
-    counters: &Arc<IoCounters>,
-) -> Result<Vec<FeatureSpec>> {
+fn infer(shards: &[ShardMeta], config: &Config, io: &Io) -> Result<Vec<FeatureSpec>> {
     let mut inference = SpecInference::default();
     let mut records = 0;
     'shards: for shard in shards {
         let url: Arc<str> = shard.url.as_str().into();
-        let stream = source::open(&url, counters.clone())?.open_stream()?;
+        let stream = io.open(shard)?.open_stream()?;
         let mut reader = RecordReader::open(stream, url.clone(), config)?;
         let mut data = Vec::new();
         while let Some(meta) = reader.next_into(&mut data)? {

@@ -22,7 +22,7 @@ use super::{
     compression, whole_files,
 };
 use crate::error::{Error, Position, Result};
-use crate::source::{self, IoCounters, ShardMeta};
+use crate::source::{Io, ShardMeta};
 
 const FORMAT: &str = "WebDataset tar";
 /// Field metadata marking a text column that holds JSON documents.
@@ -197,7 +197,7 @@ impl Format for WebDataset {
         &self,
         shards: Vec<ShardMeta>,
         options: &ReadOptions,
-        counters: &Arc<IoCounters>,
+        io: &Io,
     ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("webdataset");
         let limit = opts.u64(
@@ -221,7 +221,7 @@ impl Format for WebDataset {
                         url: shard.url.as_str().into(),
                         keep: Some(BTreeSet::new()),
                     };
-                    let stream = source::open(&shard.url, counters.clone())?.open_stream()?;
+                    let stream = io.open(shard)?.open_stream()?;
                     let outcome = scan.for_each(stream, limit, &mut |sample| {
                         seen.extend(sample.fields.into_iter().map(|(name, _)| name));
                         samples += 1;

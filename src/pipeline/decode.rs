@@ -17,7 +17,7 @@ use super::stats::Stats;
 use crate::error::{Error, Position, Result, panic_message};
 use crate::format::{DecodeTask, Decoded, OnError, PreparedShards, UnitJob};
 use crate::source::ranges::RangeSet;
-use crate::source::{self, Source};
+use crate::source::{self, Io, ShardMeta, Source};
 
 /// What a unit's fetcher sends, in order.
 enum Feed {
@@ -71,18 +71,30 @@ impl Window {
 struct OpenUnit {
     unit: usize,
     rx: mpsc::Receiver<Feed>,
+    /// Bytes the unit will fetch (its share of the in-flight budget).
+    bytes: u64,
 }
+
+/// Units in flight for remote data: enough to keep many requests going when objects are
+/// small (one object, one sample), bounded by the bytes they will hold.
+const REMOTE_OPEN_UNITS: usize = 128;
+const REMOTE_OPEN_BYTES: u64 = 256 * 1024 * 1024;
+/// What a streamed unit is charged: its read-ahead, roughly.
+const STREAM_UNIT_BYTES: u64 = 32 * 1024 * 1024;
 
 /// Small LRU of open sources so a file's row groups share one handle, without keeping
 /// every file of a large dataset open at once.
 struct SourceCache {
+    io: Io,
     entries: VecDeque<(usize, Arc<dyn Source>)>,
+    /// Whether the sources opened so far are remote.
+    remote: bool,
 }
 
 const OPEN_SOURCES: usize = 64;
 
 impl SourceCache {
-    fn get(&mut self, shard: usize, url: &str, stats: &Stats) -> Result<Arc<dyn Source>> {
+    fn get(&mut self, shard: usize, meta: &ShardMeta) -> Result<Arc<dyn Source>> {
         if let Some(entry) = self
             .entries
             .iter()
@@ -93,7 +105,8 @@ impl SourceCache {
             self.entries.push_front(entry);
             return Ok(source);
         }
-        let source = source::open(url, stats.io.clone())?;
+        let source = self.io.open(meta)?;
+        self.remote |= source.is_remote();
         self.entries.push_front((shard, source.clone()));
         self.entries.truncate(OPEN_SOURCES);
         Ok(source)
@@ -117,6 +130,8 @@ pub struct UnitDecoder {
     on_error: OnError,
     max_open: usize,
     max_pending: usize,
+    /// Bytes the open units will fetch; remote data is bounded by it.
+    open_bytes: u64,
     finished: bool,
 }
 
@@ -126,6 +141,7 @@ impl UnitDecoder {
         slices: Vec<UnitSlice>,
         num_threads: usize,
         on_error: OnError,
+        io: Io,
         stats: Arc<Stats>,
     ) -> Result<Self> {
         let num_threads = num_threads.max(1);
@@ -155,7 +171,9 @@ impl UnitDecoder {
             pending: VecDeque::new(),
             ready: VecDeque::new(),
             sources: SourceCache {
+                io,
                 entries: VecDeque::new(),
+                remote: false,
             },
             pool,
             runtime: source::runtime()?,
@@ -166,30 +184,50 @@ impl UnitDecoder {
             on_error,
             max_open: 2 * num_threads,
             max_pending: 2 * num_threads,
+            open_bytes: 0,
             finished: false,
         })
     }
 
-    /// Starts fetching the next units until `max_open` are open.
+    /// Starts fetching the next units until `max_open` are open (for remote data, many
+    /// more, up to a budget of bytes in flight).
     fn open_units(&mut self) -> Result<()> {
-        while self.open.len() < self.max_open {
+        loop {
+            let full = if self.sources.remote {
+                self.open.len() >= REMOTE_OPEN_UNITS.max(self.max_open)
+                    || self.open_bytes >= REMOTE_OPEN_BYTES
+            } else {
+                self.open.len() >= self.max_open
+            };
+            if full && !self.open.is_empty() {
+                return Ok(());
+            }
             let Some(unit) = self.order.pop_front() else {
                 return Ok(());
             };
             let (tx, rx) = mpsc::channel(2);
-            self.start_fetch(unit, tx)?;
-            self.open.push_back(OpenUnit { unit, rx });
+            let bytes = self.start_fetch(unit, tx)?;
+            self.open_bytes += bytes;
+            self.open.push_back(OpenUnit { unit, rx, bytes });
         }
-        Ok(())
     }
 
-    fn start_fetch(&mut self, unit_idx: usize, tx: mpsc::Sender<Feed>) -> Result<()> {
+    /// Closes the front unit, releasing its share of the byte budget.
+    fn close_front(&mut self) {
+        if let Some(unit) = self.open.pop_front() {
+            self.open_bytes -= unit.bytes;
+        }
+    }
+
+    /// Starts fetching a unit; returns the bytes it will fetch.
+    fn start_fetch(&mut self, unit_idx: usize, tx: mpsc::Sender<Feed>) -> Result<u64> {
         let unit = &self.prepared.units[unit_idx];
         let shard = &self.prepared.shards[unit.shard];
-        let source = self.sources.get(unit.shard, &shard.url, &self.stats)?;
+        let source = self.sources.get(unit.shard, shard)?;
         let known_size = shard.size;
-        match self.prepared.job(unit) {
+        Ok(match self.prepared.job(unit) {
             UnitJob::Ranges { ranges, decode } => {
+                let bytes = ranges.iter().map(|r| r.end - r.start).sum();
                 self.runtime.spawn(async move {
                     let fetched = fetch_ranges(source, known_size, ranges).await;
                     let feed = match fetched {
@@ -200,6 +238,7 @@ impl UnitDecoder {
                         let _ = tx.send(Feed::Done).await;
                     }
                 });
+                bytes
             }
             UnitJob::Stream(job) => {
                 let cancel = self.cancel.clone();
@@ -222,9 +261,9 @@ impl UnitDecoder {
                     };
                     let _ = tx.blocking_send(last);
                 });
+                STREAM_UNIT_BYTES
             }
-        }
-        Ok(())
+        })
     }
 
     /// Moves decode tasks of the front units onto the pool, in order, until
@@ -248,17 +287,17 @@ impl UnitDecoder {
             match feed {
                 Some(Feed::Task(task)) => self.spawn_decode(unit, task),
                 Some(Feed::Failed(error)) => {
-                    self.open.pop_front();
+                    self.close_front();
                     self.pending.push_back(Pending::Failed { unit, error });
                     self.open_units()?;
                 }
                 Some(Feed::Done) => {
-                    self.open.pop_front();
+                    self.close_front();
                     self.pending.push_back(Pending::UnitDone);
                     self.open_units()?;
                 }
                 None => {
-                    self.open.pop_front();
+                    self.close_front();
                     let url = self.unit_url(unit).to_string();
                     self.pending.push_back(Pending::Failed {
                         unit,
@@ -372,8 +411,13 @@ impl UnitDecoder {
             Pending::Task { unit: u, .. } | Pending::Failed { unit: u, .. } => *u != unit,
             Pending::UnitDone => true,
         });
-        if let Some(pos) = self.open.iter().position(|o| o.unit == unit) {
-            self.open.remove(pos);
+        if let Some(open) = self
+            .open
+            .iter()
+            .position(|o| o.unit == unit)
+            .and_then(|pos| self.open.remove(pos))
+        {
+            self.open_bytes -= open.bytes;
             self.pending.push_back(Pending::UnitDone);
         }
     }

@@ -17,7 +17,7 @@ use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result};
 use crate::format::{self, Format, PreparedShards, ReadOptions};
-use crate::source::{self, IoCounters, ShardMeta};
+use crate::source::{self, Io, IoCounters, ShardMeta, Storage};
 pub use batch::Rebatch;
 use decode::UnitSlice;
 pub use ops::{BatchTransform, Op};
@@ -38,6 +38,8 @@ pub struct DataSource {
     format: Arc<dyn Format>,
     options: ReadOptions,
     prepared: Mutex<Option<Arc<PreparedShards>>>,
+    /// Where remote shards are read from, shared by every loader of the dataset.
+    storage: Arc<Storage>,
     /// I/O done while preparing (not part of any loader's stats).
     counters: Arc<IoCounters>,
 }
@@ -51,8 +53,13 @@ pub struct Dataset {
 
 impl Dataset {
     /// Resolves the shard list now, so a missing file or an empty glob fails here.
-    pub fn open(specs: &[String], format: Option<&str>, options: ReadOptions) -> Result<Self> {
-        let shards = source::resolve(specs)?;
+    pub fn open(
+        specs: &[String],
+        format: Option<&str>,
+        options: ReadOptions,
+        storage: Arc<Storage>,
+    ) -> Result<Self> {
+        let shards = source::resolve(specs, &storage)?;
         let format = format::by_name(match format {
             Some(name) => name,
             None => format::infer(&shards)?,
@@ -63,6 +70,7 @@ impl Dataset {
                 format,
                 options,
                 prepared: Mutex::new(None),
+                storage,
                 counters: Arc::default(),
             }),
             ops: Vec::new(),
@@ -75,6 +83,14 @@ impl Dataset {
 
     pub fn shards(&self) -> &[ShardMeta] {
         &self.source.shards
+    }
+
+    /// The I/O context for a reader charging `counters`.
+    pub fn io(&self, counters: Arc<IoCounters>) -> Io {
+        Io {
+            storage: self.source.storage.clone(),
+            counters,
+        }
     }
 
     pub fn ops(&self) -> &[Op] {
@@ -104,7 +120,10 @@ impl Dataset {
         let prepared = Arc::new(self.source.format.prepare(
             self.source.shards.clone(),
             &self.source.options,
-            &self.source.counters,
+            &Io {
+                storage: self.source.storage.clone(),
+                counters: self.source.counters.clone(),
+            },
         )?);
         *slot = Some(prepared.clone());
         Ok(prepared)
@@ -117,7 +136,7 @@ impl Dataset {
 
     /// Map-style access by row index (see `RandomAccess`).
     pub fn random_access(&self) -> Result<RandomAccess> {
-        RandomAccess::new(self.prepared()?, &self.ops)
+        RandomAccess::new(self.prepared()?, &self.ops, self.io(Arc::default()))
     }
 
     /// Whether no user function changes the records' columns.
@@ -216,11 +235,13 @@ impl Dataset {
             std::sync::atomic::Ordering::Relaxed,
         );
         let slices = self.epoch_plan(&prepared, run);
+        let io = self.io(stats.io.clone());
         let mut stream: BatchIter = Box::new(decode::UnitDecoder::new(
             prepared,
             slices,
             run.num_threads,
             self.on_error(),
+            io,
             stats,
         )?);
         for (stage, op) in self.ops.iter().enumerate() {

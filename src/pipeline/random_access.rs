@@ -10,10 +10,9 @@ use arrow_array::RecordBatch;
 use arrow_select::interleave::interleave_record_batch;
 
 use super::ops::{BatchTransform, Op};
-use super::stats::Stats;
 use crate::error::{Error, Result};
 use crate::format::{PreparedShards, UnitJob};
-use crate::source::{self, ranges::RangeSet};
+use crate::source::{self, Io, ranges::RangeSet};
 
 /// Decoded units kept, by their size in memory.
 const CACHE_BYTES: usize = 256 * 1024 * 1024;
@@ -24,13 +23,13 @@ pub struct RandomAccess {
     starts: Vec<u64>,
     transforms: Vec<Arc<dyn BatchTransform>>,
     cache: Mutex<VecDeque<(usize, Arc<Vec<RecordBatch>>, usize)>>,
-    stats: Arc<Stats>,
+    io: Io,
 }
 
 impl RandomAccess {
     /// Random access to `prepared` with `ops` applied; only ops that keep every row in
     /// place (per-sample `map`) can be.
-    pub fn new(prepared: Arc<PreparedShards>, ops: &[Op]) -> Result<Self> {
+    pub fn new(prepared: Arc<PreparedShards>, ops: &[Op], io: Io) -> Result<Self> {
         let mut transforms = Vec::new();
         for op in ops {
             match op {
@@ -59,7 +58,7 @@ impl RandomAccess {
             starts,
             transforms,
             cache: Mutex::new(VecDeque::new()),
-            stats: Arc::default(),
+            io,
         })
     }
 
@@ -187,7 +186,7 @@ impl RandomAccess {
     fn decode(&self, unit: usize) -> Result<Vec<RecordBatch>> {
         let work = &self.prepared.units[unit];
         let shard = &self.prepared.shards[work.shard];
-        let source = source::open(&shard.url, self.stats.io.clone())?;
+        let source = self.io.open(shard)?;
         let mut tasks = Vec::new();
         match self.prepared.job(work) {
             UnitJob::Ranges { ranges, decode } => {

@@ -36,6 +36,11 @@ pub struct StatsSnapshot {
     pub decode_ns: u64,
     pub skipped_records: u64,
     pub skipped_units: u64,
+    pub requests: u64,
+    pub retries: u64,
+    pub bytes_fetched: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 impl Stats {
@@ -54,6 +59,11 @@ impl Stats {
             decode_ns: self.decode_ns.load(Relaxed),
             skipped_records: self.skipped_records.load(Relaxed),
             skipped_units: self.skipped_units.load(Relaxed),
+            requests: self.io.requests.load(Relaxed),
+            retries: self.io.retries.load(Relaxed),
+            bytes_fetched: self.io.bytes_fetched.load(Relaxed),
+            cache_hits: self.io.cache_hits.load(Relaxed),
+            cache_misses: self.io.cache_misses.load(Relaxed),
         }
     }
 }

@@ -14,9 +14,10 @@ use super::next_batch;
 use super::to_python::batch_to_rows;
 use super::transform::{Kind, PyTransform};
 use crate::format::example::{FeatureSpec, Kind as ExampleKind, Missing, Shape, Values};
-use crate::options::{Options, OptionValue};
 use crate::format::{OnError, ReadOptions};
+use crate::options::{OptionValue, Options};
 use crate::pipeline::{self, BatchReceiver, Dataset, Op, RandomAccess, RunOptions, Stats};
+use crate::source::{Storage, StorageOptions};
 
 /// Rows per call of a batched `map` when the user gives no `batch_size` (as in
 /// Hugging Face `datasets`).
@@ -72,7 +73,7 @@ fn check_callable(func: &Bound<'_, PyAny>) -> PyResult<()> {
 /// Opens a dataset from paths, `file://` URLs, globs (`data/*.parquet`), brace ranges
 /// (`shard-{000..099}.parquet`) or a list of these.
 #[pyfunction]
-#[pyo3(signature = (source, format=None, *, columns=None, schema=None, features=None, format_options=None, on_error="raise"))]
+#[pyo3(signature = (source, format=None, *, columns=None, schema=None, features=None, format_options=None, storage_options=None, on_error="raise"))]
 #[allow(clippy::too_many_arguments)]
 pub fn dataset(
     py: Python<'_>,
@@ -82,6 +83,7 @@ pub fn dataset(
     schema: Option<&Bound<'_, PyAny>>,
     features: Option<&Bound<'_, PyDict>>,
     format_options: Option<&Bound<'_, PyDict>>,
+    storage_options: Option<&Bound<'_, PyDict>>,
     on_error: &str,
 ) -> PyResult<PyDataset> {
     let specs = source_list(source)?;
@@ -91,12 +93,17 @@ pub fn dataset(
         schema: schema.map(schema_from_py).transpose()?,
         features: features.map(feature_specs).transpose()?,
         format_options: format_options
-            .map(parse_format_options)
+            .map(parse_options)
             .transpose()?
             .unwrap_or_default(),
         on_error: OnError::parse(on_error)?,
     };
-    let inner = py.detach(|| Dataset::open(&specs, format.as_deref(), options))?;
+    let storage = match storage_options {
+        Some(given) => StorageOptions::parse(&parse_options(given)?)?,
+        None => StorageOptions::default(),
+    };
+    let storage = Storage::new(storage)?;
+    let inner = py.detach(|| Dataset::open(&specs, format.as_deref(), options, storage))?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("source", source)?;
     kwargs.set_item("format", format)?;
@@ -104,6 +111,7 @@ pub fn dataset(
     kwargs.set_item("schema", schema)?;
     kwargs.set_item("features", features)?;
     kwargs.set_item("format_options", format_options)?;
+    kwargs.set_item("storage_options", storage_options)?;
     kwargs.set_item("on_error", on_error)?;
     Ok(PyDataset {
         inner,
@@ -112,7 +120,7 @@ pub fn dataset(
     })
 }
 
-fn parse_format_options(options: &Bound<'_, PyDict>) -> PyResult<Options> {
+fn parse_options(options: &Bound<'_, PyDict>) -> PyResult<Options> {
     let mut map = std::collections::BTreeMap::new();
     for (key, value) in options.iter() {
         let key: String = key.extract()?;

@@ -302,6 +302,11 @@ impl PyDataLoader {
         d.set_item("decode_seconds", s.decode_ns as f64 / 1e9)?;
         d.set_item("skipped_records", s.skipped_records)?;
         d.set_item("skipped_units", s.skipped_units)?;
+        d.set_item("requests", s.requests)?;
+        d.set_item("retries", s.retries)?;
+        d.set_item("bytes_fetched", s.bytes_fetched)?;
+        d.set_item("cache_hits", s.cache_hits)?;
+        d.set_item("cache_misses", s.cache_misses)?;
         Ok(d)
     }
 

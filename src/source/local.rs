@@ -132,6 +132,7 @@ pub fn list(pattern: &str) -> Result<Vec<ShardMeta>> {
             Ok(ShardMeta {
                 url: path.to_string_lossy().into_owned(),
                 size,
+                etag: None,
             })
         })
         .collect()
@@ -172,8 +173,13 @@ mod tests {
             std::fs::write(dir.path().join(name), b"x").unwrap();
         }
         let d = dir.path().to_str().unwrap();
+        let storage = crate::source::Storage::local_only();
         let urls = |specs: &[String]| -> Vec<String> {
-            resolve(specs).unwrap().into_iter().map(|s| s.url).collect()
+            resolve(specs, &storage)
+                .unwrap()
+                .into_iter()
+                .map(|s| s.url)
+                .collect()
         };
         let all = urls(&[format!("{d}/*.txt")]);
         assert_eq!(all.len(), 3);
@@ -182,11 +188,11 @@ mod tests {
         assert_eq!(urls(&[format!("file://{d}")]), all);
         assert_eq!(urls(&[format!("{d}/{{a-000,b-001}}.txt")]), all[..2]);
         assert!(matches!(
-            resolve(&[format!("{d}/*.parquet")]),
+            resolve(&[format!("{d}/*.parquet")], &storage),
             Err(Error::NoMatch { .. })
         ));
         assert!(matches!(
-            resolve(&[format!("{d}/missing-{{0..1}}.txt")]),
+            resolve(&[format!("{d}/missing-{{0..1}}.txt")], &storage),
             Err(Error::NotFound { .. })
         ));
     }

@@ -1,10 +1,16 @@
 //! WHERE bytes come from: resolving user paths/URLs/patterns to a stable shard list,
 //! and reading those shards whole, by range, or as a stream.
 
+pub mod cache;
+mod http;
 mod local;
 pub mod pattern;
 pub mod ranges;
+pub mod remote;
+pub mod retry;
 mod runtime;
+pub mod s3;
+pub mod storage;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -19,6 +25,7 @@ use bytes::Bytes;
 use crate::error::{Error, Result};
 pub use local::LocalSource;
 pub use runtime::runtime;
+pub use storage::{Storage, StorageOptions};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -32,15 +39,34 @@ pub trait Source: Send + Sync + Debug {
     fn size(&self) -> BoxFuture<'_, Result<u64>>;
     /// Reads exactly `range`; a short object is an error naming the offset.
     fn read_range(&self, range: Range<u64>) -> BoxFuture<'_, Result<Bytes>>;
+    /// The last `n` bytes (fewer if the object is smaller) and the object's size: one
+    /// request where the size is not yet known (a suffix range request).
+    fn read_suffix(&self, n: u64) -> BoxFuture<'_, Result<(Bytes, u64)>> {
+        Box::pin(async move {
+            let size = self.size().await?;
+            Ok((self.read_range(size.saturating_sub(n)..size).await?, size))
+        })
+    }
     /// A reader over the whole object from its first byte.
     fn open_stream(&self) -> Result<Box<dyn Read + Send>>;
+    /// Whether reads cross a network (so many should be in flight at once).
+    fn is_remote(&self) -> bool {
+        false
+    }
 }
 
 /// I/O counters shared by every source a loader opens.
 #[derive(Debug, Default)]
 pub struct IoCounters {
+    /// Bytes handed to decoders (from disk, the network or the cache).
     pub bytes_read: AtomicU64,
     pub files_opened: AtomicU64,
+    /// Remote requests made, retries among them, and the bytes they brought.
+    pub requests: AtomicU64,
+    pub retries: AtomicU64,
+    pub bytes_fetched: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
 }
 
 impl IoCounters {
@@ -52,16 +78,31 @@ impl IoCounters {
     }
 }
 
-/// A shard as listed: its URL and, where the listing told us, its size.
+/// A shard as listed: its URL and, where the listing told us, its size and version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardMeta {
     pub url: String,
     pub size: Option<u64>,
+    pub etag: Option<String>,
 }
 
-/// Turns user input (paths, `file://` URLs, globs, brace ranges, directories) into the
-/// shard list. Each pattern's matches are sorted; the order of the patterns is kept.
-pub fn resolve(specs: &[String]) -> Result<Vec<ShardMeta>> {
+/// What opening a shard needs: the dataset's storage and the counters to charge.
+#[derive(Clone)]
+pub struct Io {
+    pub storage: Arc<Storage>,
+    pub counters: Arc<IoCounters>,
+}
+
+impl Io {
+    pub fn open(&self, shard: &ShardMeta) -> Result<Arc<dyn Source>> {
+        open(shard, &self.storage, self.counters.clone())
+    }
+}
+
+/// Turns user input (paths, `file://`/`s3://`/`http(s)://` URLs, globs, brace ranges,
+/// directories and prefixes) into the shard list. Each pattern's matches are sorted; the
+/// order of the patterns is kept.
+pub fn resolve(specs: &[String], storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
     if specs.is_empty() {
         return Err(Error::invalid_argument("no source given"));
     }
@@ -71,16 +112,27 @@ pub fn resolve(specs: &[String]) -> Result<Vec<ShardMeta>> {
         if spec.is_empty() {
             return Err(Error::invalid_argument("empty source path"));
         }
-        match scheme(spec) {
-            Scheme::Local(path) => {
-                for expanded in pattern::expand_braces(path)? {
-                    shards.extend(local::list(&expanded)?);
+        for expanded in pattern::expand_braces(spec)? {
+            match scheme(&expanded) {
+                Scheme::Local(path) => shards.extend(local::list(path)?),
+                Scheme::S3 => shards.extend(s3::list(&expanded, storage)?),
+                Scheme::Http => {
+                    if expanded.contains('*') {
+                        return Err(Error::invalid_argument(format!(
+                            "{expanded}: HTTP servers cannot be listed; name the files (brace ranges like {{000..099}} work)"
+                        )));
+                    }
+                    shards.push(ShardMeta {
+                        url: expanded.clone(),
+                        size: None,
+                        etag: None,
+                    });
                 }
-            }
-            Scheme::Unsupported(name) => {
-                return Err(Error::invalid_argument(format!(
-                    "{spec}: {name} sources are not supported by this build of shardflow"
-                )));
+                Scheme::Unsupported(name) => {
+                    return Err(Error::invalid_argument(format!(
+                        "{spec}: {name}:// sources are not supported (use a path, s3:// or http(s)://)"
+                    )));
+                }
             }
         }
     }
@@ -88,17 +140,40 @@ pub fn resolve(specs: &[String]) -> Result<Vec<ShardMeta>> {
 }
 
 /// Opens one shard for reading.
-pub fn open(url: &str, counters: Arc<IoCounters>) -> Result<Arc<dyn Source>> {
-    match scheme(url) {
-        Scheme::Local(path) => Ok(Arc::new(LocalSource::new(path, counters))),
-        Scheme::Unsupported(name) => Err(Error::invalid_argument(format!(
-            "{url}: {name} sources are not supported by this build of shardflow"
-        ))),
-    }
+pub fn open(
+    shard: &ShardMeta,
+    storage: &Arc<Storage>,
+    counters: Arc<IoCounters>,
+) -> Result<Arc<dyn Source>> {
+    let url = shard.url.as_str();
+    let info = shard.size.map(|size| remote::ObjectInfo {
+        size,
+        etag: shard.etag.clone(),
+    });
+    let backend: Box<dyn remote::Backend> = match scheme(url) {
+        Scheme::Local(path) => return Ok(Arc::new(LocalSource::new(path, counters))),
+        Scheme::S3 => Box::new(s3::S3Backend::new(url, storage)?),
+        Scheme::Http => Box::new(http::HttpBackend::new(url, storage)?),
+        Scheme::Unsupported(name) => {
+            return Err(Error::invalid_argument(format!(
+                "{url}: {name}:// sources are not supported"
+            )));
+        }
+    };
+    counters.add_file();
+    Ok(Arc::new(remote::RemoteSource::new(
+        url.to_string(),
+        backend,
+        info,
+        storage.clone(),
+        counters,
+    )))
 }
 
 enum Scheme<'a> {
     Local(&'a str),
+    S3,
+    Http,
     Unsupported(&'a str),
 }
 
@@ -107,6 +182,8 @@ fn scheme(spec: &str) -> Scheme<'_> {
         return Scheme::Local(path);
     }
     match spec.split_once("://") {
+        Some(("s3", _)) => Scheme::S3,
+        Some(("http" | "https", _)) => Scheme::Http,
         Some((name, _)) if !name.contains('/') => Scheme::Unsupported(name),
         _ => Scheme::Local(spec),
     }

@@ -32,7 +32,7 @@ pub fn runtime() -> Result<&'static Runtime> {
         .thread_name("shardflow-io")
         // Idle blocking threads (file reads, stream readers) go away soon after an epoch.
         .thread_keep_alive(Duration::from_millis(500))
-        .enable_time()
+        .enable_all()
         .build()
         .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
     let rt: &'static Runtime = Box::leak(Box::new(rt));

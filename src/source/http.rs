@@ -1,0 +1,172 @@
+//! HTTP(S) objects: explicit URLs (brace ranges expand; there is no listing), read with
+//! Range requests. TLS certificates are verified.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, ETAG, IF_MATCH, RANGE};
+
+use super::BoxFuture;
+use super::remote::{Backend, Body, ObjectInfo, Request, Response};
+use super::retry::{Failure, transient_status};
+use super::s3::{changed, size_from_content_range};
+use super::storage::Storage;
+use crate::error::{Error, Result};
+
+pub fn client(storage: &Storage) -> Result<reqwest::Client> {
+    storage.http.get_or_try_init(|| {
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(storage.options.max_concurrency)
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot build the HTTP client: {e}")))
+    })
+}
+
+pub struct HttpBackend {
+    url: String,
+    client: reqwest::Client,
+}
+
+impl HttpBackend {
+    pub fn new(url: &str, storage: &Arc<Storage>) -> Result<Self> {
+        Ok(Self {
+            url: url.to_string(),
+            client: client(storage)?,
+        })
+    }
+
+    fn status_failure(&self, status: StatusCode) -> Failure {
+        let url = self.url.clone();
+        match status.as_u16() {
+            404 | 410 => Failure::Permanent(Error::NotFound { url }),
+            401 | 403 => Failure::Permanent(Error::PermissionDenied { url }),
+            412 => Failure::Permanent(changed(&self.url)),
+            s if transient_status(s) => Failure::Transient(format!("HTTP {status}")),
+            _ => Failure::Permanent(Error::Io {
+                url,
+                position: crate::error::Position::Unknown,
+                source: std::io::Error::other(format!("HTTP {status}")),
+            }),
+        }
+    }
+}
+
+fn transport(e: reqwest::Error) -> Failure {
+    let mut cause = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(inner) = source {
+        cause = inner.to_string();
+        source = inner.source();
+    }
+    Failure::Transient(cause)
+}
+
+/// A body, less `skip` leading bytes (for a server that ignored our Range header).
+struct HttpBody {
+    response: reqwest::Response,
+    skip: u64,
+}
+
+impl Body for HttpBody {
+    fn next(&mut self) -> BoxFuture<'_, Option<std::result::Result<Bytes, String>>> {
+        Box::pin(async move {
+            loop {
+                let chunk = match self.response.chunk().await {
+                    Ok(Some(chunk)) => chunk,
+                    Ok(None) => return None,
+                    Err(e) => {
+                        return Some(Err(match transport(e) {
+                            Failure::Transient(cause) => cause,
+                            Failure::Permanent(e) => e.to_string(),
+                        }));
+                    }
+                };
+                if self.skip >= chunk.len() as u64 {
+                    self.skip -= chunk.len() as u64;
+                    continue;
+                }
+                let chunk = chunk.slice(self.skip as usize..);
+                self.skip = 0;
+                return Some(Ok(chunk));
+            }
+        })
+    }
+}
+
+impl Backend for HttpBackend {
+    fn head(&self) -> BoxFuture<'_, std::result::Result<ObjectInfo, Failure>> {
+        Box::pin(async move {
+            let response = self
+                .client
+                .head(&self.url)
+                .send()
+                .await
+                .map_err(transport)?;
+            if !response.status().is_success() {
+                return Err(self.status_failure(response.status()));
+            }
+            let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok());
+            let size = header(CONTENT_LENGTH)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| {
+                    Failure::Permanent(Error::Io {
+                        url: self.url.clone(),
+                        position: crate::error::Position::Unknown,
+                        source: std::io::Error::other(
+                            "the server does not say the object's size (no Content-Length)",
+                        ),
+                    })
+                })?;
+            Ok(ObjectInfo {
+                size,
+                etag: header(ETAG).map(str::to_string),
+            })
+        })
+    }
+
+    fn get(
+        &self,
+        request: Request,
+        if_match: Option<String>,
+    ) -> BoxFuture<'_, std::result::Result<Response, Failure>> {
+        Box::pin(async move {
+            let (range, start) = match &request {
+                Request::Range(r) => (
+                    format!("bytes={}-{}", r.start, r.end.saturating_sub(1)),
+                    r.start,
+                ),
+                Request::Suffix(n) => (format!("bytes=-{n}"), 0),
+            };
+            let mut builder = self.client.get(&self.url).header(RANGE, range);
+            if let Some(etag) = if_match {
+                builder = builder.header(IF_MATCH, etag);
+            }
+            let response = builder.send().await.map_err(transport)?;
+            let status = response.status();
+            let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok());
+            let object_size = match status {
+                StatusCode::PARTIAL_CONTENT => {
+                    header(CONTENT_RANGE).and_then(size_from_content_range)
+                }
+                StatusCode::OK => header(CONTENT_LENGTH).and_then(|v| v.parse().ok()),
+                _ => return Err(self.status_failure(status)),
+            };
+            // 200 means the whole object came back: skip to the part we asked for.
+            let skip = if status == StatusCode::OK {
+                match &request {
+                    Request::Range(_) => start,
+                    Request::Suffix(n) => object_size.map_or(0, |size| size.saturating_sub(*n)),
+                }
+            } else {
+                0
+            };
+            Ok(Response {
+                object_size,
+                body: Box::new(HttpBody { response, skip }),
+            })
+        })
+    }
+}

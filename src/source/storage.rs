@@ -1,0 +1,196 @@
+//! `storage_options`: how remote data is reached (endpoint, region, credentials, limits,
+//! retries, cache), and the per-dataset state built from them: the request limit every
+//! reader of the dataset shares, the disk cache, and clients rebuilt after `fork()`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use super::cache::DiskCache;
+use super::retry::RetryPolicy;
+use crate::error::Result;
+use crate::options::Options;
+
+/// Settings for S3 and HTTP(S) sources. Secrets are never printed.
+#[derive(Clone)]
+pub struct StorageOptions {
+    /// S3-compatible endpoint; `AWS_ENDPOINT_URL` when not given.
+    pub endpoint_url: Option<String>,
+    pub region: Option<String>,
+    /// Unsigned requests (public buckets).
+    pub anonymous: bool,
+    /// `bucket.host` (false) or `host/bucket` (true) addressing; path style by default
+    /// when an endpoint is given, as S3-compatible servers expect.
+    pub force_path_style: Option<bool>,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    pub session_token: Option<String>,
+    /// A named profile from the shared AWS config/credentials files.
+    pub profile: Option<String>,
+    /// Requests in flight at once, for the whole dataset.
+    pub max_concurrency: usize,
+    pub retry: RetryPolicy,
+    /// Limit on waiting for a response, and for each part of a body.
+    pub timeout: Duration,
+    /// Objects larger than this are fetched as parallel ranges of this size.
+    pub chunk_size: u64,
+    pub cache_dir: Option<PathBuf>,
+    pub cache_size: u64,
+}
+
+impl std::fmt::Debug for StorageOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageOptions")
+            .field("endpoint_url", &self.endpoint_url)
+            .field("region", &self.region)
+            .field("anonymous", &self.anonymous)
+            .field(
+                "credentials",
+                &self.access_key_id.as_ref().map(|_| "<given>"),
+            )
+            .field("max_concurrency", &self.max_concurrency)
+            .field("cache_dir", &self.cache_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for StorageOptions {
+    fn default() -> Self {
+        Self {
+            endpoint_url: None,
+            region: None,
+            anonymous: false,
+            force_path_style: None,
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
+            profile: None,
+            max_concurrency: 64,
+            retry: RetryPolicy::default(),
+            timeout: Duration::from_secs(30),
+            chunk_size: 8 * 1024 * 1024,
+            cache_dir: None,
+            cache_size: 10 << 30,
+        }
+    }
+}
+
+impl StorageOptions {
+    pub fn parse(options: &Options) -> Result<Self> {
+        let d = Self::default();
+        let mut r = options.reader("storage_options");
+        let owned = |s: Option<&str>| s.map(str::to_string);
+        let parsed = Self {
+            endpoint_url: owned(r.string("endpoint_url")?),
+            region: owned(r.string("region")?),
+            anonymous: r.bool("anonymous", false)?,
+            force_path_style: match r.string("addressing_style")? {
+                None => None,
+                Some("path") => Some(true),
+                Some("virtual") => Some(false),
+                Some(_) => {
+                    return Err(crate::error::Error::invalid_argument(
+                        "storage_options[\"addressing_style\"] must be \"path\" or \"virtual\"",
+                    ));
+                }
+            },
+            access_key_id: owned(r.string("access_key_id")?),
+            secret_access_key: owned(r.string("secret_access_key")?),
+            session_token: owned(r.string("session_token")?),
+            profile: owned(r.string("profile")?),
+            max_concurrency: r.u64("max_concurrency", d.max_concurrency as u64)?.max(1) as usize,
+            retry: RetryPolicy {
+                max_attempts: r
+                    .u64("max_attempts", u64::from(d.retry.max_attempts))?
+                    .clamp(1, 100) as u32,
+                base: Duration::from_secs_f64(
+                    r.seconds("retry_base_seconds", d.retry.base.as_secs_f64())?,
+                ),
+                max: Duration::from_secs_f64(
+                    r.seconds("retry_max_seconds", d.retry.max.as_secs_f64())?,
+                ),
+            },
+            timeout: Duration::from_secs_f64(
+                r.seconds("timeout_seconds", d.timeout.as_secs_f64())?
+                    .max(0.001),
+            ),
+            chunk_size: r.u64("chunk_size", d.chunk_size)?.max(64 * 1024),
+            cache_dir: owned(r.string("cache_dir")?).map(PathBuf::from),
+            cache_size: r.u64("cache_size", d.cache_size)?,
+        };
+        r.finish()?;
+        Ok(parsed)
+    }
+}
+
+/// A client that belongs to the process that built it (connection pools do not survive
+/// `fork()`; PyTorch workers fork).
+pub struct PerProcess<T: Clone> {
+    slot: Mutex<Option<(u32, T)>>,
+}
+
+impl<T: Clone> Default for PerProcess<T> {
+    fn default() -> Self {
+        Self {
+            slot: Mutex::new(None),
+        }
+    }
+}
+
+impl<T: Clone> PerProcess<T> {
+    pub fn get_or_try_init(&self, make: impl FnOnce() -> Result<T>) -> Result<T> {
+        let pid = std::process::id();
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((owner, value)) = slot.as_ref()
+            && *owner == pid
+        {
+            return Ok(value.clone());
+        }
+        // A client inherited from the parent is left alone, not dropped: its pool refers
+        // to threads this process does not have.
+        if let Some(stale) = slot.take() {
+            std::mem::forget(stale);
+        }
+        let value = make()?;
+        *slot = Some((pid, value.clone()));
+        Ok(value)
+    }
+}
+
+/// What every remote read of one dataset shares.
+pub struct Storage {
+    pub options: StorageOptions,
+    /// Requests in flight, across all loaders of the dataset.
+    pub limit: Arc<Semaphore>,
+    pub cache: Option<DiskCache>,
+    pub s3: PerProcess<aws_sdk_s3::Client>,
+    pub http: PerProcess<reqwest::Client>,
+}
+
+impl Storage {
+    pub fn new(options: StorageOptions) -> Result<Arc<Self>> {
+        let cache = match &options.cache_dir {
+            Some(dir) => Some(DiskCache::open(dir.clone(), options.cache_size)?),
+            None => None,
+        };
+        Ok(Arc::new(Self {
+            limit: Arc::new(Semaphore::new(options.max_concurrency)),
+            cache,
+            options,
+            s3: PerProcess::default(),
+            http: PerProcess::default(),
+        }))
+    }
+
+    pub fn local_only() -> Arc<Self> {
+        Arc::new(Self {
+            limit: Arc::new(Semaphore::new(64)),
+            cache: None,
+            options: StorageOptions::default(),
+            s3: PerProcess::default(),
+            http: PerProcess::default(),
+        })
+    }
+}
