@@ -176,10 +176,8 @@ impl Inner {
             if buf.len() >= want {
                 break;
             }
-            // Progress resets the count: only a request that gets nothing is a failure.
-            if received > 0 {
-                tries = 0;
-            }
+            // Every broken try counts (what it brought is kept), so a server that always
+            // breaks off ends in an error, not in an endless trickle of resumed requests.
             if tries >= policy.max_attempts {
                 return Err(self.gave_up(
                     from,
