@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use arrow_array::{BinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::{
@@ -145,7 +146,12 @@ impl UnitJobs for PreparedRaw {
                 .map(|f| -> arrow_array::ArrayRef {
                     match f.name().as_str() {
                         "__key__" => Arc::new(StringArray::from(vec![key.as_str()])),
-                        "bytes" => Arc::new(BinaryArray::from(vec![&bytes[..]])),
+                        // The file's bytes themselves, not a copy.
+                        "bytes" => Arc::new(BinaryArray::new(
+                            OffsetBuffer::new(ScalarBuffer::from(vec![0, bytes.len() as i32])),
+                            Buffer::from(bytes.clone()),
+                            None,
+                        )),
                         "label" => Arc::new(StringArray::from(vec![
                             label.as_ref().map_or("", |l| l.0.as_str()),
                         ])),

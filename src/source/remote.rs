@@ -145,10 +145,17 @@ impl Inner {
         }
     }
 
-    /// Reads `range` exactly; resumes a broken body where it stopped.
-    async fn fetch(self: &Arc<Self>, range: Range<u64>, etag: Option<String>) -> Result<Bytes> {
+    /// Reads `range` exactly into `buf` (emptied first; pass one with room for the range
+    /// to avoid reallocation); resumes a broken body where it stopped.
+    async fn fetch(
+        self: &Arc<Self>,
+        range: Range<u64>,
+        etag: Option<String>,
+        mut buf: BytesMut,
+    ) -> Result<BytesMut> {
         let want = (range.end - range.start) as usize;
-        let mut buf = BytesMut::with_capacity(want);
+        buf.clear();
+        buf.reserve(want);
         let policy = self.storage.options.retry;
         let timeout = self.storage.options.timeout;
         let mut tries = 0;
@@ -190,7 +197,7 @@ impl Inner {
             tokio::time::sleep(policy.backoff(tries.max(1))).await;
         }
         buf.truncate(want);
-        Ok(buf.freeze())
+        Ok(buf)
     }
 
     /// `fetch` through the disk cache.
@@ -198,7 +205,8 @@ impl Inner {
         self: &Arc<Self>,
         range: Range<u64>,
         etag: Option<String>,
-    ) -> Result<Bytes> {
+        buf: BytesMut,
+    ) -> Result<BytesMut> {
         let cache_key = match (&self.storage.cache, &etag) {
             (Some(_), Some(etag)) => Some(DiskCache::key(&self.url, etag, &range)),
             _ => None,
@@ -213,13 +221,16 @@ impl Inner {
             .flatten();
             if let Some(bytes) = hit {
                 self.counters.cache_hits.fetch_add(1, Relaxed);
-                return Ok(bytes);
+                let mut buf = buf;
+                buf.clear();
+                buf.extend_from_slice(&bytes);
+                return Ok(buf);
             }
             self.counters.cache_misses.fetch_add(1, Relaxed);
         }
-        let bytes = self.fetch(range, etag).await?;
+        let buf = self.fetch(range, etag, buf).await?;
         if let Some(key) = cache_key {
-            let (this, data) = (self.clone(), bytes.clone());
+            let (this, data) = (self.clone(), Bytes::copy_from_slice(&buf));
             // Written in the background: the reader need not wait for the disk.
             tokio::task::spawn_blocking(move || {
                 if let Some(cache) = &this.storage.cache {
@@ -227,10 +238,11 @@ impl Inner {
                 }
             });
         }
-        Ok(bytes)
+        Ok(buf)
     }
 
-    /// A range of any size: large ones as parallel chunk requests.
+    /// A range of any size: large ones as parallel chunk requests, each filling its own
+    /// slice of one allocation, so the pieces join without copying.
     async fn read(self: &Arc<Self>, range: Range<u64>) -> Result<Bytes> {
         let info = self.info().await?;
         if range.end > info.size {
@@ -245,23 +257,29 @@ impl Inner {
             ));
         }
         let chunk = self.storage.options.chunk_size;
-        if range.end - range.start <= chunk {
-            return self.fetch_cached(range, info.etag).await;
+        let total = (range.end - range.start) as usize;
+        if total as u64 <= chunk {
+            let buf = BytesMut::with_capacity(total);
+            return Ok(self.fetch_cached(range, info.etag, buf).await?.freeze());
         }
-        let parts: Vec<_> = (range.start..range.end)
-            .step_by(chunk as usize)
-            .map(|start| {
-                let (this, etag) = (self.clone(), info.etag.clone());
-                let part = start..(start + chunk).min(range.end);
-                tokio::spawn(async move { this.fetch_cached(part, etag).await })
-            })
-            .collect();
-        let mut out = BytesMut::with_capacity((range.end - range.start) as usize);
-        for part in parts {
-            let bytes = part
+        let mut whole = BytesMut::zeroed(total);
+        let mut tasks = Vec::new();
+        for start in (range.start..range.end).step_by(chunk as usize) {
+            let part_range = start..(start + chunk).min(range.end);
+            let rest = whole.split_off((part_range.end - part_range.start) as usize);
+            let part = std::mem::replace(&mut whole, rest);
+            let (this, etag) = (self.clone(), info.etag.clone());
+            tasks.push(tokio::spawn(async move {
+                this.fetch_cached(part_range, etag, part).await
+            }));
+        }
+        let mut out = BytesMut::new();
+        for task in tasks {
+            let part = task
                 .await
                 .map_err(|e| Error::Internal(format!("{}: read task failed: {e}", self.url)))??;
-            out.extend_from_slice(&bytes);
+            // Adjacent slices of one allocation: joining them is free.
+            out.unsplit(part);
         }
         Ok(out.freeze())
     }
@@ -374,9 +392,12 @@ impl Source for RemoteSource {
                 {
                     let (this, etag) = (inner.clone(), info.etag.clone());
                     let part = start..(start + chunk).min(info.size);
-                    ahead.push_back(tokio::spawn(
-                        async move { this.fetch_cached(part, etag).await },
-                    ));
+                    let buf = BytesMut::with_capacity((part.end - part.start) as usize);
+                    ahead.push_back(tokio::spawn(async move {
+                        this.fetch_cached(part, etag, buf)
+                            .await
+                            .map(BytesMut::freeze)
+                    }));
                 }
                 let Some(next) = ahead.pop_front() else {
                     return;

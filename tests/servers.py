@@ -1,0 +1,87 @@
+"""Servers the tests and benchmarks run against, started and stopped by them (by PID):
+SeaweedFS, a real S3 object store whose filer also serves the objects over plain HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+S3_KEY, S3_SECRET = "shardflow-test-key", "shardflow-test-secret-Zq81"
+
+
+def _free_port_pair() -> int:
+    """A port P with P and P + 10000 free (SeaweedFS puts gRPC at +10000)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+class Seaweed:
+    def __init__(self, directory: Path, auth: bool = True) -> None:
+        self.ports = {name: _free_port_pair() for name in ("master", "volume", "filer", "s3")}
+        args = [
+            "weed", "mini", f"-dir={directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+        ]
+        for name, port in self.ports.items():
+            args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + 10000}"]
+        # With credentials set, SeaweedFS checks signatures (so wrong keys get a real 403).
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET) if auth else dict(os.environ)
+        self.log = open(directory / "weed.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.s3_url = f"http://127.0.0.1:{self.ports['s3']}"
+        self.filer_url = f"http://127.0.0.1:{self.ports['filer']}"
+        self._wait_ready()
+
+    def client(self, endpoint: str | None = None):  # noqa: ANN201
+        import boto3
+
+        return boto3.client(
+            "s3", endpoint_url=endpoint or self.s3_url, aws_access_key_id=S3_KEY,
+            aws_secret_access_key=S3_SECRET, region_name="us-east-1",
+        )
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 90
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.process.returncode}")
+            try:
+                self.client().list_buckets()
+                return
+            except Exception as e:  # noqa: BLE001 (any failure means: not ready yet)
+                last = e
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"SeaweedFS did not start: {last}")
+
+    def storage_options(self, endpoint: str | None = None, **extra: object) -> dict:
+        return {
+            "endpoint_url": endpoint or self.s3_url, "access_key_id": S3_KEY,
+            "secret_access_key": S3_SECRET, "region": "us-east-1", **extra,
+        }
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except Exception:  # noqa: BLE001
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
