@@ -272,3 +272,23 @@ def test_cache_serves_a_second_epoch_and_refetches_changed_objects(
     assert proxy.gets("/many/obj/00008.bin") == 1
     assert proxy.gets("/many/obj/") <= 2  # 00007 has the same bytes: SeaweedFS may keep its ETag
     client.put_object(Bucket="many", Key="obj/00008.bin", Body=(8).to_bytes(4, "little") * 256)
+
+
+def test_credentials_from_environment_and_profiles(
+    formats: tuple[Path, dict], seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import S3_KEY
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.s3_url)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert len(sf.dataset("s3://formats/parquet/")) == 1500  # the standard chain: environment
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"[bench]\naws_access_key_id = {S3_KEY}\naws_secret_access_key = {S3_SECRET}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    assert len(sf.dataset("s3://formats/parquet/", storage_options={"profile": "bench"})) == 1500

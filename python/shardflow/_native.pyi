@@ -25,7 +25,8 @@ def dataset(
     columns: list[str] | None = None,
     schema: Any = None,
     features: dict[str, Any] | None = None,
-    format_options: dict[str, bool | int | str] | None = None,
+    format_options: dict[str, bool | int | float | str] | None = None,
+    storage_options: dict[str, bool | int | float | str] | None = None,
     on_error: str = "raise",
 ) -> Dataset: ...
 @final
