@@ -401,6 +401,7 @@ mod tests {
         ShardMeta {
             url: url.into(),
             size: None,
+            etag: None,
         }
     }
 
