@@ -262,7 +262,8 @@ impl Inner {
             let buf = BytesMut::with_capacity(total);
             return Ok(self.fetch_cached(range, info.etag, buf).await?.freeze());
         }
-        let mut whole = BytesMut::zeroed(total);
+        // Uninitialised room, split by capacity: each part is written once, by its body.
+        let mut whole = BytesMut::with_capacity(total);
         let mut tasks = Vec::new();
         for start in (range.start..range.end).step_by(chunk as usize) {
             let part_range = start..(start + chunk).min(range.end);
