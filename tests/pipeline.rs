@@ -106,7 +106,7 @@ fn corrupt_file_is_an_error_or_a_counted_skip() {
     std::fs::write(dir.path().join("b.parquet"), b"garbage that is not parquet").unwrap();
     let pattern = format!("{}/*.parquet", dir.path().display());
     let ds = Dataset::open(
-        &[pattern.clone()],
+        std::slice::from_ref(&pattern),
         None,
         ReadOptions::default(),
         Storage::local_only(),

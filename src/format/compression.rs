@@ -7,9 +7,15 @@ use std::io::{BufRead, BufReader, Read};
 use flate2::bufread::{MultiGzDecoder, ZlibDecoder};
 
 use crate::error::{Error, Position, Result};
+use crate::options::OptionReader;
 
 /// Default bound on one file's decompressed size.
 pub const DEFAULT_MAX_DECOMPRESSED: u64 = 64 << 30;
+
+/// The `max_decompressed_bytes` format option every compressed format takes.
+pub fn limit_option(opts: &mut OptionReader) -> Result<u64> {
+    opts.u64("max_decompressed_bytes", DEFAULT_MAX_DECOMPRESSED)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {

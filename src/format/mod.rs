@@ -136,7 +136,7 @@ pub fn whole_file_job(
 ) -> UnitJob {
     if let Some(size) = shard.size {
         return UnitJob::Ranges {
-            ranges: vec![0..size],
+            ranges: std::iter::once(0..size).collect(),
             decode: Box::new(move |fetched| decode(fetched.get(0, size).unwrap_or_default())),
         };
     }
@@ -218,6 +218,9 @@ pub type DecodeTask = Box<dyn FnOnce() -> Result<Decoded> + Send>;
 /// Emits a decode task; returns false once the consumer has gone away.
 pub type EmitTask<'a> = dyn FnMut(DecodeTask) -> bool + 'a;
 
+/// Reads a shard's stream to its end, emitting decode tasks as it goes.
+pub type StreamJob = Box<dyn FnOnce(Box<dyn Read + Send>, &mut EmitTask) -> Result<()> + Send>;
+
 /// How the pipeline should fetch one unit's bytes.
 pub enum UnitJob {
     /// Random access: fetch these byte ranges (concurrently), then decode them.
@@ -227,7 +230,7 @@ pub enum UnitJob {
     },
     /// Sequential: read the shard front to back on a blocking thread, cutting it into
     /// decode tasks as it goes (so a large file is decoded in parallel, in bounded memory).
-    Stream(Box<dyn FnOnce(Box<dyn Read + Send>, &mut EmitTask) -> Result<()> + Send>),
+    Stream(StreamJob),
 }
 
 /// Makes each work unit's job for one prepared dataset: the format-specific part.

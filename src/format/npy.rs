@@ -397,7 +397,7 @@ pub fn leaf_array(header: &Header, data: Bytes, count: usize) -> Result<ArrayRef
             };
             let leaf = elem.leaf();
             // Typed Arrow buffers must be aligned to their element size.
-            let buffer = if (data.as_ptr() as usize) % elem.lane() == 0 {
+            let buffer = if (data.as_ptr() as usize).is_multiple_of(elem.lane()) {
                 Buffer::from(data)
             } else {
                 Buffer::from_slice_ref(&data)
@@ -481,10 +481,7 @@ pub fn parse_mode(options: &ReadOptions, format: &'static str) -> Result<(Mode, 
         "rows" => Mode::Rows,
         _ => Mode::Sample,
     };
-    let limit = opts.u64(
-        "max_decompressed_bytes",
-        super::compression::DEFAULT_MAX_DECOMPRESSED,
-    )?;
+    let limit = super::compression::limit_option(&mut opts)?;
     opts.finish()?;
     if options.schema.is_some() || options.features.is_some() {
         return Err(Error::invalid_argument(format!(
@@ -638,7 +635,7 @@ impl UnitJobs for PreparedNpy {
         };
         let mode = self.mode;
         UnitJob::Ranges {
-            ranges: vec![start..start + len],
+            ranges: std::iter::once(start..start + len).collect(),
             decode: Box::new(move |fetched: RangeSet| {
                 let corrupt = |m: String| Error::decode(&url, FORMAT, Position::Byte(start), m);
                 let data = fetched

@@ -83,10 +83,7 @@ impl Format for TfRecord {
                 "zlib" => Some(Compression::Zlib),
                 _ => None,
             };
-        let limit = opts.u64(
-            "max_decompressed_bytes",
-            compression::DEFAULT_MAX_DECOMPRESSED,
-        )?;
+        let limit = compression::limit_option(&mut opts)?;
         opts.finish()?;
         if options.schema.is_some() {
             return Err(Error::invalid_argument(

@@ -200,10 +200,7 @@ impl Format for WebDataset {
         io: &Io,
     ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("webdataset");
-        let limit = opts.u64(
-            "max_decompressed_bytes",
-            compression::DEFAULT_MAX_DECOMPRESSED,
-        )?;
+        let limit = compression::limit_option(&mut opts)?;
         opts.finish()?;
         if options.schema.is_some() || options.features.is_some() {
             return Err(Error::invalid_argument(

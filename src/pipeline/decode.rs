@@ -362,10 +362,7 @@ impl UnitDecoder {
             if let Err(e) = self.schedule() {
                 return Some(Err(e));
             }
-            let Some(pending) = self.pending.pop_front() else {
-                return None;
-            };
-            match pending {
+            match self.pending.pop_front()? {
                 Pending::UnitDone => {
                     self.stats.units.fetch_add(1, Ordering::Relaxed);
                 }

@@ -17,12 +17,15 @@ use crate::source::{self, Io, ranges::RangeSet};
 /// Decoded units kept, by their size in memory.
 const CACHE_BYTES: usize = 256 * 1024 * 1024;
 
+/// A decoded unit in the cache: its index, its batches and their size in memory.
+type CachedUnit = (usize, Arc<Vec<RecordBatch>>, usize);
+
 pub struct RandomAccess {
     prepared: Arc<PreparedShards>,
     /// `starts[u]`: global index of unit `u`'s first row; the last entry is the total.
     starts: Vec<u64>,
     transforms: Vec<Arc<dyn BatchTransform>>,
-    cache: Mutex<VecDeque<(usize, Arc<Vec<RecordBatch>>, usize)>>,
+    cache: Mutex<VecDeque<CachedUnit>>,
     io: Io,
 }
 

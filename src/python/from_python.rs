@@ -327,72 +327,44 @@ fn primitive(
     Ok(make_array(data))
 }
 
+/// Each value through `extract`, with `None` kept as a null.
+fn nullable<'a, 'py: 'a, T>(
+    values: &'a [Bound<'py, PyAny>],
+    extract: impl Fn(&Bound<'py, PyAny>) -> PyResult<T> + 'a,
+) -> impl Iterator<Item = PyResult<Option<T>>> + 'a {
+    values.iter().map(move |v| {
+        if v.is_none() {
+            Ok(None)
+        } else {
+            extract(v).map(Some)
+        }
+    })
+}
+
 fn build(py: Python<'_>, values: &[Bound<'_, PyAny>], kind: &Kind) -> PyResult<ArrayRef> {
     let n = values.len();
     let overflow = |e: PyErr| PyValueError::new_err(format!("cannot store the value: {e}"));
     Ok(match kind {
         Kind::Null => Arc::new(NullArray::new(n)),
-        Kind::Bool => Arc::new(
-            values
-                .iter()
-                .map(|v| {
-                    if v.is_none() {
-                        Ok(None)
-                    } else {
-                        v.is_truthy().map(Some)
-                    }
-                })
-                .collect::<PyResult<BooleanArray>>()?,
-        ),
+        Kind::Bool => {
+            Arc::new(nullable(values, |v| v.is_truthy()).collect::<PyResult<BooleanArray>>()?)
+        }
         Kind::Int => Arc::new(
-            values
-                .iter()
-                .map(|v| {
-                    if v.is_none() {
-                        Ok(None)
-                    } else {
-                        v.extract::<i64>().map(Some).map_err(overflow)
-                    }
-                })
+            nullable(values, |v| v.extract::<i64>().map_err(overflow))
                 .collect::<PyResult<Int64Array>>()?,
         ),
-        Kind::Float => Arc::new(
-            values
-                .iter()
-                .map(|v| {
-                    if v.is_none() {
-                        Ok(None)
-                    } else {
-                        v.extract::<f64>().map(Some)
-                    }
-                })
-                .collect::<PyResult<Float64Array>>()?,
-        ),
+        Kind::Float => {
+            Arc::new(nullable(values, |v| v.extract::<f64>()).collect::<PyResult<Float64Array>>()?)
+        }
         Kind::Str => Arc::new(
-            values
-                .iter()
-                .map(|v| {
-                    if v.is_none() {
-                        Ok(None)
-                    } else {
-                        v.extract::<String>().map(Some)
-                    }
-                })
-                .collect::<PyResult<StringArray>>()?,
+            nullable(values, |v| v.extract::<String>()).collect::<PyResult<StringArray>>()?,
         ),
         Kind::Bytes => {
-            let owned = values
-                .iter()
-                .map(|v| {
-                    if v.is_none() {
-                        Ok(None)
-                    } else if let Ok(b) = v.cast::<PyBytes>() {
-                        Ok(Some(b.as_bytes().to_vec()))
-                    } else {
-                        Ok(Some(v.cast::<PyByteArray>()?.to_vec()))
-                    }
-                })
-                .collect::<PyResult<Vec<Option<Vec<u8>>>>>()?;
+            let owned = nullable(values, |v| match v.cast::<PyBytes>() {
+                Ok(b) => Ok(b.as_bytes().to_vec()),
+                Err(_) => Ok(v.cast::<PyByteArray>()?.to_vec()),
+            })
+            .collect::<PyResult<Vec<Option<Vec<u8>>>>>()?;
             Arc::new(BinaryArray::from_iter(owned))
         }
         Kind::Scalar(num) => {

@@ -133,14 +133,14 @@ impl Backend for HttpBackend {
         if_match: Option<String>,
     ) -> BoxFuture<'_, std::result::Result<Response, Failure>> {
         Box::pin(async move {
-            let (range, start) = match &request {
-                Request::Range(r) => (
-                    format!("bytes={}-{}", r.start, r.end.saturating_sub(1)),
-                    r.start,
-                ),
-                Request::Suffix(n) => (format!("bytes=-{n}"), 0),
+            let start = match &request {
+                Request::Range(r) => r.start,
+                Request::Suffix(_) => 0,
             };
-            let mut builder = self.client.get(&self.url).header(RANGE, range);
+            let mut builder = self
+                .client
+                .get(&self.url)
+                .header(RANGE, request.range_header());
             if let Some(etag) = if_match {
                 builder = builder.header(IF_MATCH, etag);
             }

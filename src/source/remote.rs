@@ -36,6 +36,16 @@ pub enum Request {
     Suffix(u64),
 }
 
+impl Request {
+    /// The HTTP `Range` header value asking for it.
+    pub fn range_header(&self) -> String {
+        match self {
+            Request::Range(r) => format!("bytes={}-{}", r.start, r.end.saturating_sub(1)),
+            Request::Suffix(n) => format!("bytes=-{n}"),
+        }
+    }
+}
+
 /// A response body, read part by part.
 pub trait Body: Send {
     fn next(&mut self) -> BoxFuture<'_, Option<std::result::Result<Bytes, String>>>;

@@ -182,10 +182,7 @@ impl Backend for S3Backend {
         if_match: Option<String>,
     ) -> BoxFuture<'_, std::result::Result<Response, Failure>> {
         Box::pin(async move {
-            let range = match &request {
-                Request::Range(r) => format!("bytes={}-{}", r.start, r.end.saturating_sub(1)),
-                Request::Suffix(n) => format!("bytes=-{n}"),
-            };
+            let range = request.range_header();
             let out = self
                 .client
                 .get_object()
