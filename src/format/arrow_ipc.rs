@@ -23,8 +23,8 @@ const FORMAT: &str = "Arrow IPC";
 /// The first (and last) bytes of the file format; streams start with a message.
 const ARROW_MAGIC: &[u8; 6] = b"ARROW1";
 
-fn check_options(options: &ReadOptions, name: &'static str) -> Result<()> {
-    options.format_options.reader(name).finish()?;
+fn check_options(options: &ReadOptions) -> Result<()> {
+    options.format_options.reader("arrow").finish()?;
     if options.schema.is_some() || options.features.is_some() {
         return Err(Error::invalid_argument(
             "Arrow IPC data carries its own schema: schema= and features= have no use; columns= selects columns",
@@ -80,6 +80,7 @@ impl Format for ArrowIpc {
         options: &ReadOptions,
         io: &Io,
     ) -> Result<PreparedShards> {
+        check_options(options)?;
         let kinds = per_shard(&shards, io, FORMAT, |source, size| {
             Box::pin(async move {
                 Ok(size >= 6 && source.read_range(0..6).await?[..] == ARROW_MAGIC[..])
@@ -97,16 +98,14 @@ impl Format for ArrowIpc {
             }
         }
         if is_file.unwrap_or(true) {
-            ArrowFile.prepare(shards, options, io)
+            prepare_files(shards, options, io)
         } else {
-            ArrowStream.prepare(shards, options, io)
+            prepare_streams(shards, options, io)
         }
     }
 }
 
 // ---- file format ---------------------------------------------------------------
-
-struct ArrowFile;
 
 struct IpcFile {
     url: String,
@@ -178,61 +177,50 @@ async fn read_footer(source: &dyn Source, size: u64) -> Result<IpcFile> {
     })
 }
 
-impl Format for ArrowFile {
-    fn name(&self) -> &'static str {
-        "arrow"
-    }
-
-    fn prepare(
-        &self,
-        shards: Vec<ShardMeta>,
-        options: &ReadOptions,
-        io: &Io,
-    ) -> Result<PreparedShards> {
-        check_options(options, "arrow")?;
-        let footers = per_shard(&shards, io, FORMAT, |source, size| {
-            Box::pin(async move { read_footer(source.as_ref(), size).await })
-        })?;
-        let mut files: Vec<Arc<IpcFile>> = Vec::with_capacity(shards.len());
-        for footer in footers {
-            let mut file = footer?;
-            file.projection = projection(&file.schema, options.columns.as_deref(), &file.url)?;
-            if let Some(first) = files.first() {
-                check_same_schema((&first.url, &first.schema), (&file.url, &file.schema))?;
-            }
-            files.push(Arc::new(file));
+/// IPC files: footers read first (by range), then each record batch is a unit.
+fn prepare_files(shards: Vec<ShardMeta>, options: &ReadOptions, io: &Io) -> Result<PreparedShards> {
+    let footers = per_shard(&shards, io, FORMAT, |source, size| {
+        Box::pin(async move { read_footer(source.as_ref(), size).await })
+    })?;
+    let mut files: Vec<Arc<IpcFile>> = Vec::with_capacity(shards.len());
+    for footer in footers {
+        let mut file = footer?;
+        file.projection = projection(&file.schema, options.columns.as_deref(), &file.url)?;
+        if let Some(first) = files.first() {
+            check_same_schema((&first.url, &first.schema), (&file.url, &file.schema))?;
         }
-        let schema = match files.first() {
-            Some(first) => match &first.projection {
-                Some(p) => Arc::new(
-                    first
-                        .schema
-                        .project(p)
-                        .map_err(|e| Error::Internal(e.to_string()))?,
-                ),
-                None => first.schema.clone(),
-            },
-            None => Arc::new(Schema::empty()),
-        };
-        let units = files
-            .iter()
-            .enumerate()
-            .flat_map(|(shard, f)| {
-                (0..f.batches.len()).map(move |part| WorkUnit {
-                    shard,
-                    part,
-                    rows: None,
-                })
-            })
-            .collect();
-        Ok(PreparedShards::new(
-            FORMAT,
-            schema.clone(),
-            shards,
-            units,
-            PreparedFile { files, schema },
-        ))
+        files.push(Arc::new(file));
     }
+    let schema = match files.first() {
+        Some(first) => match &first.projection {
+            Some(p) => Arc::new(
+                first
+                    .schema
+                    .project(p)
+                    .map_err(|e| Error::Internal(e.to_string()))?,
+            ),
+            None => first.schema.clone(),
+        },
+        None => Arc::new(Schema::empty()),
+    };
+    let units = files
+        .iter()
+        .enumerate()
+        .flat_map(|(shard, f)| {
+            (0..f.batches.len()).map(move |part| WorkUnit {
+                shard,
+                part,
+                rows: None,
+            })
+        })
+        .collect();
+    Ok(PreparedShards::new(
+        FORMAT,
+        schema.clone(),
+        shards,
+        units,
+        PreparedFile { files, schema },
+    ))
 }
 
 impl UnitJobs for PreparedFile {
@@ -287,51 +275,43 @@ impl UnitJobs for PreparedFile {
 
 // ---- stream format ---------------------------------------------------------------
 
-struct ArrowStream;
-
 struct PreparedStream {
     schema: SchemaRef,
     projection: Option<Vec<usize>>,
 }
 
-impl Format for ArrowStream {
-    fn name(&self) -> &'static str {
-        "arrow"
-    }
-
-    fn prepare(
-        &self,
-        shards: Vec<ShardMeta>,
-        options: &ReadOptions,
-        io: &Io,
-    ) -> Result<PreparedShards> {
-        check_options(options, "arrow_stream")?;
-        let (schema, projection) = match shards.first() {
-            None => (Arc::new(Schema::empty()), None),
-            Some(first) => {
-                let stream = io.open(first)?.open_stream()?;
-                let reader = StreamReader::try_new(stream, None)
-                    .map_err(|e| Error::decode(&first.url, FORMAT, Position::Byte(0), e))?;
-                let full = reader.schema();
-                let projection = projection(&full, options.columns.as_deref(), &first.url)?;
-                let schema = match &projection {
-                    Some(p) => Arc::new(
-                        full.project(p)
-                            .map_err(|e| Error::Internal(e.to_string()))?,
-                    ),
-                    None => full,
-                };
-                (schema, projection)
-            }
-        };
-        Ok(PreparedShards::new(
-            FORMAT,
-            schema.clone(),
-            shards.clone(),
-            whole_files(&shards),
-            PreparedStream { schema, projection },
-        ))
-    }
+/// IPC streams: the schema from the first stream's head, then each stream is one unit.
+fn prepare_streams(
+    shards: Vec<ShardMeta>,
+    options: &ReadOptions,
+    io: &Io,
+) -> Result<PreparedShards> {
+    let (schema, projection) = match shards.first() {
+        None => (Arc::new(Schema::empty()), None),
+        Some(first) => {
+            let stream = io.open(first)?.open_stream()?;
+            let reader = StreamReader::try_new(stream, None)
+                .map_err(|e| Error::decode(&first.url, FORMAT, Position::Byte(0), e))?;
+            let full = reader.schema();
+            let projection = projection(&full, options.columns.as_deref(), &first.url)?;
+            let schema = match &projection {
+                Some(p) => Arc::new(
+                    full.project(p)
+                        .map_err(|e| Error::Internal(e.to_string()))?,
+                ),
+                None => full,
+            };
+            (schema, projection)
+        }
+    };
+    let units = whole_files(&shards);
+    Ok(PreparedShards::new(
+        FORMAT,
+        schema.clone(),
+        shards,
+        units,
+        PreparedStream { schema, projection },
+    ))
 }
 
 impl UnitJobs for PreparedStream {

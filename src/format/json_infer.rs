@@ -132,14 +132,14 @@ impl SchemaInference {
     /// Adds one record; an error describes a record that is not an object or a field whose
     /// type conflicts with earlier records.
     pub fn add(&mut self, record: &Value) -> Result<(), String> {
-        let Value::Object(_) = record else {
-            return Err(format!(
-                "expected a JSON object per line, found {}",
-                Kind::of(record).describe()
-            ));
-        };
-        let Kind::Object(fields) = Kind::of(record) else {
-            unreachable!("objects infer to Kind::Object")
+        let fields = match Kind::of(record) {
+            Kind::Object(fields) => fields,
+            other => {
+                return Err(format!(
+                    "expected a JSON object per line, found {}",
+                    other.describe()
+                ));
+            }
         };
         let merged = merge(
             Kind::Object(std::mem::take(&mut self.fields)),
@@ -147,7 +147,7 @@ impl SchemaInference {
         );
         match merged {
             Ok(Kind::Object(fields)) => self.fields = fields,
-            Ok(_) => unreachable!("objects merge to objects"),
+            Ok(other) => return Err(format!("objects merged to {}", other.describe())),
             Err(e) => return Err(format!("field {e}; pass schema= to choose the type")),
         }
         self.records += 1;

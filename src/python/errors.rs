@@ -24,17 +24,18 @@ impl From<Error> for PyErr {
 }
 
 fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
-    let class = match &error {
-        Error::Callback(_) => {
-            let Error::Callback(inner) = error else {
-                unreachable!()
-            };
-            // A user function's own exception comes back unchanged.
+    let error = match error {
+        // A user function's own exception comes back unchanged.
+        Error::Callback(inner) => {
             return match inner.downcast::<PyErr>() {
                 Ok(pyerr) => *pyerr,
                 Err(other) => PyRuntimeError::new_err(other.to_string()),
             };
         }
+        other => other,
+    };
+    let class = match &error {
+        Error::Callback(_) => return PyRuntimeError::new_err(error.to_string()),
         Error::NotFound { .. } | Error::NoMatch { .. } => exception_class!(py, "NotFoundError"),
         Error::PermissionDenied { .. } => exception_class!(py, "AccessDeniedError"),
         Error::Io { .. } => exception_class!(py, "ReadError"),
