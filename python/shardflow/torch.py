@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -40,13 +41,92 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return 0, 1
 
 
+class _SharedEpoch:
+    """The epoch each torch iteration reads, kept in shared memory made in the parent so
+    that worker processes agree on it whether they are forked, spawned, persistent or
+    started afresh each epoch (torch's default).
+
+    Workers started for one iteration of a torch ``DataLoader`` share its base seed
+    (``worker_info.seed - worker_info.id``), and each new iteration draws a new one.
+    The first worker of an iteration to start claims the next epoch for that seed; the
+    others read it. Persistent workers, which outlive an iteration, count on from the
+    epoch they last read. ``set_epoch`` in the parent reaches all of them.
+    """
+
+    # Slots of the shared array.
+    _SEED, _EPOCH, _NEXT, _SET_EPOCH, _SET_VERSION = range(5)
+
+    def __init__(self, epoch: int) -> None:
+        # The spawn context's primitives can also be inherited by forked workers.
+        context = multiprocessing.get_context("spawn")
+        self._lock = context.Lock()
+        self._values = context.RawArray("q", 5)
+        self._values[self._SEED] = -1
+        self._values[self._NEXT] = epoch
+        self._values[self._SET_EPOCH] = epoch
+        # What this process last read: (pid, set_epoch version, epoch). A persistent
+        # worker counts on from it; a worker forked afresh has the parent's, not its own.
+        self._seen: tuple[int, int, int] | None = None
+
+    def set(self, epoch: int) -> None:
+        with self._lock:
+            self._values[self._NEXT] = epoch
+            self._values[self._SET_EPOCH] = epoch
+            self._values[self._SET_VERSION] += 1
+
+    def resume(self, base_seed: int, epoch: int) -> None:
+        """Workers resuming a saved state all run its epoch; the next iteration the one after."""
+        with self._lock:
+            self._values[self._SEED] = base_seed
+            self._values[self._EPOCH] = epoch
+            self._values[self._NEXT] = epoch + 1
+            self._seen = (os.getpid(), self._values[self._SET_VERSION], epoch)
+
+    def claim(self, base_seed: int) -> int:
+        """The epoch this worker's next pass reads."""
+        with self._lock:
+            version = self._values[self._SET_VERSION]
+            if self._seen is not None and self._seen[0] == os.getpid():
+                _, seen_version, seen_epoch = self._seen
+                epoch = self._values[self._SET_EPOCH] if version != seen_version else seen_epoch + 1
+            else:
+                if self._values[self._SEED] != base_seed:
+                    self._values[self._SEED] = base_seed
+                    self._values[self._EPOCH] = self._values[self._NEXT]
+                    self._values[self._NEXT] += 1
+                epoch = self._values[self._EPOCH]
+            self._seen = (os.getpid(), version, epoch)
+            return epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        if _spawning():
+            return {"lock": self._lock, "values": self._values}
+        # Pickled outside process start-up (e.g. saved): a fresh counter at its epoch.
+        return {"epoch": self._values[self._NEXT]}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "epoch" in state:
+            self.__init__(state["epoch"])  # type: ignore[misc]
+            return
+        self._lock, self._values, self._seen = state["lock"], state["values"], None
+
+
+def _spawning() -> bool:
+    from multiprocessing import context
+
+    return context.get_spawning_popen() is not None
+
+
 class IterableDataset(_TorchIterableDataset):
     """A ``torch.utils.data.IterableDataset`` over a shardflow dataset.
 
     The order is a function of (seed, epoch): every rank must use the same ``seed``
-    (the default, 0, is shared). The epoch advances by one each time the dataset is
-    iterated, in every worker alike, so persistent workers stay in step;
-    :meth:`set_epoch` chooses it explicitly.
+    (the default, 0, is shared). The epoch advances by one each pass, for 0 workers,
+    for workers started afresh each epoch (torch's default) and for persistent ones,
+    forked or spawned; :meth:`set_epoch` chooses it explicitly.
+
+    ``state_dict()`` / ``load_state_dict()`` save and restore the position of the pass
+    in progress, in each worker, as torchdata's ``StatefulDataLoader`` expects.
     """
 
     def __init__(
@@ -73,17 +153,22 @@ class IterableDataset(_TorchIterableDataset):
         self.world_size = world_size
         self.num_threads = num_threads
         self.prefetch = prefetch
-        self.epoch = 0
+        self._epoch = _SharedEpoch(0)
+        # The pass in progress in this process: the loader's state before the batch being
+        # yielded, and how many of that batch's samples are out.
+        self._position: dict[str, Any] | None = None
+        self._resume: dict[str, Any] | None = None
+        self._main_passes = 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self._epoch.set(epoch)
 
     def _loader(self) -> sf.DataLoader:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world = _rank_and_world(self.rank, self.world_size)
         # Every (rank, worker) pair is one part of the epoch.
-        loader = sf.DataLoader(
+        return sf.DataLoader(
             self.dataset,
             batch_size=self.batch_size or 256,
             shuffle=self.shuffle,
@@ -95,19 +180,59 @@ class IterableDataset(_TorchIterableDataset):
             prefetch=self.prefetch,
             output="torch" if self.batch_size else "numpy",
         )
-        loader.set_epoch(self.epoch)
-        self.epoch += 1
-        return loader
 
     def __iter__(self) -> Iterator[Any]:
         loader = self._loader()
-        if self.batch_size:
-            yield from loader
-            return
-        for batch in loader:
+        info = get_worker_info()
+        if info is not None:
+            # Workers of one torch iteration share its base seed.
+            iteration = info.seed - info.id
+        else:
+            # In the main process every pass is an iteration of its own.
+            self._main_passes += 1
+            iteration = -1 - self._main_passes
+        skip = 0
+        if self._resume is not None:
+            state, self._resume = self._resume, None
+            loader.load_state_dict(state["loader"])
+            skip = state["samples_out"]
+            self._epoch.resume(iteration, state["loader"]["epoch"])
+        else:
+            loader.set_epoch(self._epoch.claim(iteration))
+        return self._pass(loader, skip)
+
+    def _pass(self, loader: sf.DataLoader, skip: int) -> Iterator[Any]:
+        batches = iter(loader)
+        while True:
+            before = loader.state_dict()
+            batch = next(batches, None)
+            if batch is None:
+                self._position = {"loader": loader.state_dict(), "samples_out": 0}
+                return
+            if self.batch_size:
+                self._position = {"loader": loader.state_dict(), "samples_out": 0}
+                yield batch
+                continue
             columns = list(batch.items())
-            for i in range(batch.num_rows):
+            for i in range(skip, batch.num_rows):
+                # Recorded before the sample leaves: a state taken after it counts it.
+                self._position = {"loader": before, "samples_out": i + 1}
                 yield {name: values[i] for name, values in columns}
+            skip = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the pass in progress in this process stands (one state per worker
+        under torch's workers); plain JSON-serialisable data."""
+        return {"format": _STATE_FORMAT, "position": self._position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next pass in this process resumes at ``state``'s position."""
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"not a shardflow.torch.IterableDataset state: {state.get('format')!r}")
+        self._resume = state["position"]
+
+
+_STATE_FORMAT = "shardflow.torch.IterableDataset/1"
 
 
 class MapDataset(_TorchDataset):

@@ -39,11 +39,56 @@ pub struct Csv;
 struct Config {
     /// Column names and types of the output.
     schema: SchemaRef,
-    /// The same names, all text: what blocks are parsed into first.
-    text_schema: SchemaRef,
-    /// Positions in the file of the output columns.
-    projection: Vec<usize>,
     limit: u64,
+    /// Output columns that a file lacks are all nulls (`missing_columns="null"`) rather
+    /// than an error.
+    null_missing: bool,
+}
+
+/// How one file's columns map onto the output, from that file's own header: columns
+/// are matched by name, as `pyarrow.dataset` does, never by position.
+struct FileLayout {
+    /// The file's header names, all text: what its blocks are parsed into first.
+    text_schema: SchemaRef,
+    /// For each output column, its position in the file (None: the file lacks it).
+    projection: Vec<Option<usize>>,
+}
+
+impl FileLayout {
+    /// Reads the header at the start of `head` (a file's first block).
+    fn from_header(config: &Config, url: &str, head: &[u8]) -> Result<Self> {
+        let (names, _) = CsvFormat::default()
+            .with_header(true)
+            .infer_schema(head, Some(0))
+            .map_err(|e| Error::decode(url, FORMAT, Position::Line(1), e))?;
+        let text_schema = text_schema(names.fields().iter().map(|f| f.name().clone()));
+        let schema_error = |message: String| Error::Schema {
+            url: url.to_string(),
+            message,
+        };
+        let mut projection = Vec::with_capacity(config.schema.fields().len());
+        for field in config.schema.fields() {
+            match text_schema.index_of(field.name()) {
+                Ok(i) => projection.push(Some(i)),
+                Err(_) if config.null_missing => projection.push(None),
+                Err(_) => {
+                    return Err(schema_error(format!(
+                        "the header has no column {:?} (it has {:?}); pass format_options={{\"missing_columns\": \"null\"}} to read it as nulls",
+                        field.name(),
+                        header_names(&text_schema)
+                    )));
+                }
+            }
+        }
+        Ok(Self {
+            text_schema,
+            projection,
+        })
+    }
+}
+
+fn header_names(schema: &Schema) -> Vec<&String> {
+    schema.fields().iter().map(|f| f.name()).collect()
 }
 
 struct PreparedCsv {
@@ -63,6 +108,15 @@ impl Format for Csv {
     ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("csv");
         let limit = compression::limit_option(&mut opts)?;
+        let null_missing = match opts.string("missing_columns")? {
+            None | Some("error") => false,
+            Some("null") => true,
+            Some(other) => {
+                return Err(Error::invalid_argument(format!(
+                    "format_options[\"missing_columns\"] must be \"error\" or \"null\", not {other:?}"
+                )));
+            }
+        };
         opts.finish()?;
         if options.features.is_some() {
             return Err(Error::invalid_argument(
@@ -122,11 +176,7 @@ impl Format for Csv {
                         url: url.to_string(),
                         message: format!(
                             "no column {c:?}; the header has {:?}",
-                            text_schema
-                                .fields()
-                                .iter()
-                                .map(|f| f.name())
-                                .collect::<Vec<_>>()
+                            header_names(&text_schema)
                         ),
                     })
                 })
@@ -147,9 +197,8 @@ impl Format for Csv {
             PreparedCsv {
                 config: Arc::new(Config {
                     schema,
-                    text_schema,
-                    projection,
                     limit,
+                    null_missing,
                 }),
             },
         ))
@@ -357,6 +406,8 @@ impl UnitJobs for PreparedCsv {
         let config = self.config.clone();
         UnitJob::Stream(Box::new(move |stream, emit: &mut EmitTask| {
             let mut reader = compression::auto_gzip(stream, &url, config.limit)?;
+            let mut layout: Option<Arc<FileLayout>> = None;
+            let mut failed = None;
             split_blocks(
                 &mut *reader,
                 &url,
@@ -364,17 +415,36 @@ impl UnitJobs for PreparedCsv {
                 BLOCK_BYTES,
                 last_record_end,
                 &mut |block, first_line| {
+                    if first_line == 1 {
+                        match FileLayout::from_header(&config, &url, &block) {
+                            Ok(found) => layout = Some(Arc::new(found)),
+                            Err(e) => {
+                                failed = Some(e);
+                                return false;
+                            }
+                        }
+                    }
+                    let Some(layout) = layout.clone() else {
+                        return false;
+                    };
                     let (config, url) = (config.clone(), url.clone());
                     emit(Box::new(move || {
-                        decode_block(&config, &url, &block, first_line)
+                        decode_block(&config, &layout, &url, &block, first_line)
                     }))
                 },
-            )
+            )?;
+            failed.map_or(Ok(()), Err)
         }))
     }
 }
 
-fn decode_block(config: &Config, url: &str, block: &[u8], first_line: u64) -> Result<Decoded> {
+fn decode_block(
+    config: &Config,
+    layout: &FileLayout,
+    url: &str,
+    block: &[u8],
+    first_line: u64,
+) -> Result<Decoded> {
     let header = first_line == 1;
     let at = |m: String| {
         Error::decode(
@@ -384,12 +454,15 @@ fn decode_block(config: &Config, url: &str, block: &[u8], first_line: u64) -> Re
             format!("{m} (in the block of records from line {first_line})"),
         )
     };
-    let text = parse_text(&config.text_schema, block, header, usize::MAX)
+    let text = parse_text(&layout.text_schema, block, header, usize::MAX)
         .map_err(|e| at(e.to_string()))?;
-    let mut columns = Vec::with_capacity(config.projection.len());
-    for (&i, field) in config.projection.iter().zip(config.schema.fields()) {
-        let column = convert(text.column(i).as_string::<i32>(), field.data_type())
-            .map_err(|m| at(format!("column {:?}: {m}", field.name())))?;
+    let mut columns = Vec::with_capacity(layout.projection.len());
+    for (&i, field) in layout.projection.iter().zip(config.schema.fields()) {
+        let column = match i {
+            Some(i) => convert(text.column(i).as_string::<i32>(), field.data_type())
+                .map_err(|m| at(format!("column {:?}: {m}", field.name())))?,
+            None => arrow_array::new_null_array(field.data_type(), text.num_rows()),
+        };
         columns.push(column);
     }
     let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(text.num_rows()));

@@ -10,6 +10,7 @@ pub mod rng;
 mod shuffle;
 pub mod stats;
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
@@ -107,26 +108,63 @@ impl Dataset {
         ds
     }
 
-    /// Reads footers / infers the schema once; a failure is returned and retried next time.
+    /// A digest of what the dataset's records are: the shards (URL, size, ETag), the
+    /// format and its options, and the ops with their seeds. A saved loader state names
+    /// it, so that it is never resumed over other data.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let source = &self.source;
+        let mut hash = Sha256::new();
+        hash.update(source.format.name());
+        for shard in &source.shards {
+            hash.update(format!("\0{}\0{:?}\0{:?}", shard.url, shard.size, shard.etag));
+        }
+        hash.update(format!("\0{:?}", source.options));
+        for op in &self.ops {
+            hash.update(format!("\0{op:?}"));
+        }
+        let digest = hash.finalize();
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Reads footers / infers the schema once; a failure is returned and retried next
+    /// time. The lock is not held while preparing: that is network I/O for remote data,
+    /// and a `fork()` meanwhile would leave the child a lock nobody releases. Callers that
+    /// race each prepare, and all keep the first result stored.
     pub fn prepared(&self) -> Result<Arc<PreparedShards>> {
-        let mut slot = self
-            .source
-            .prepared
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(prepared) = slot.as_ref() {
+        if let Some(prepared) = self.lock_prepared().as_ref() {
             return Ok(prepared.clone());
         }
-        let prepared = Arc::new(self.source.format.prepare(
-            self.source.shards.clone(),
-            &self.source.options,
-            &Io {
-                storage: self.source.storage.clone(),
-                counters: self.source.counters.clone(),
-            },
-        )?);
-        *slot = Some(prepared.clone());
-        Ok(prepared)
+        let source = &self.source;
+        let io = Io {
+            storage: source.storage.clone(),
+            counters: source.counters.clone(),
+        };
+        // Footers, headers and schema inference parse untrusted bytes: a panic there is
+        // a bug, reported as an error rather than unwinding into Python.
+        let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            source
+                .format
+                .prepare(source.shards.clone(), &source.options, &io)
+        }))
+        .map_err(|panic| {
+            Error::Internal(format!(
+                "preparing the {} shards failed: {}",
+                source.format.name(),
+                crate::error::panic_message(&*panic)
+            ))
+        })??;
+        Ok(self
+            .lock_prepared()
+            .get_or_insert_with(|| Arc::new(prepared))
+            .clone())
+    }
+
+    fn lock_prepared(&self) -> std::sync::MutexGuard<'_, Option<Arc<PreparedShards>>> {
+        self.source
+            .prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The schema of the source's records (before any user function changes them).
@@ -149,23 +187,55 @@ impl Dataset {
         self.rows_of_part(0, 1, false)
     }
 
+    /// Where the epoch is split between parts (see [`Split`]).
+    fn split(&self, prepared: &PreparedShards) -> Split {
+        let Some(last) = self.ops.iter().rposition(Op::counts_rows) else {
+            return Split::Units;
+        };
+        let known: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
+        let in_place = self.ops[..=last].iter().all(|op| match op {
+            Op::Take(_) | Op::Skip(_) => true,
+            Op::Transform(t) => t.preserves_rows(),
+            Op::Shuffle { .. } => false,
+        });
+        match known {
+            Some(total) if in_place => {
+                let (mut start, mut len) = (0u64, total);
+                for op in &self.ops[..=last] {
+                    match op {
+                        Op::Skip(n) => {
+                            let n = (*n).min(len);
+                            start += n;
+                            len -= n;
+                        }
+                        Op::Take(n) => len = len.min(*n),
+                        _ => {}
+                    }
+                }
+                Split::Window {
+                    rows: start..start + len,
+                    after: last + 1,
+                }
+            }
+            _ => Split::Rows { after: last + 1 },
+        }
+    }
+
     /// Rows one part of an epoch delivers after the ops, when that is known.
     pub fn rows_of_part(&self, part: usize, parts: usize, even: bool) -> Result<Option<u64>> {
         let prepared = self.prepared()?;
         let total: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
-        let mut rows = total.map(|t| {
-            let (start, end) = part_range(t, part, parts, even);
-            end - start
-        });
-        for op in &self.ops {
-            rows = match op {
-                Op::Shuffle { .. } => rows,
-                Op::Take(n) => rows.map(|r| r.min(*n)),
-                Op::Skip(n) => rows.map(|r| r.saturating_sub(*n)),
-                Op::Transform(t) if t.preserves_rows() => rows,
-                Op::Transform(_) => None,
-            };
-        }
+        let (mut rows, rest) = match self.split(&prepared) {
+            Split::Units => (total.map(|t| part_len(t, part, parts, even)), 0),
+            Split::Window { rows, after } => {
+                (Some(part_len(rows.end - rows.start, part, parts, even)), after)
+            }
+            Split::Rows { after } => {
+                let global = rows_through(total, &self.ops[..after]);
+                (global.map(|t| dealt_rows(t, part, parts, even)), after)
+            }
+        };
+        rows = rows_through(rows, &self.ops[rest..]);
         Ok(rows)
     }
 
@@ -182,21 +252,28 @@ impl Dataset {
         None
     }
 
-    /// The units this part reads this epoch, in order: all units, permuted when shuffling,
-    /// then this part's share. With row counts known, each part gets a contiguous range
-    /// of the epoch's rows (sizes differ by at most one; with `drop_last`, all equal and
-    /// the remainder dropped); otherwise whole units are dealt round-robin.
-    fn epoch_plan(&self, prepared: &PreparedShards, run: &RunOptions) -> Vec<UnitSlice> {
+    /// The units part `part` of `parts` reads this epoch, in order: all units, permuted
+    /// when shuffling, then this part's share of the rows in `window` (all rows when
+    /// None). With row counts known, each part gets a contiguous range of the rows
+    /// (sizes differ by at most one; with `even`, all equal and the remainder dropped);
+    /// otherwise whole units are dealt round-robin.
+    fn epoch_plan(
+        &self,
+        prepared: &PreparedShards,
+        epoch: u64,
+        (part, parts, even): (usize, usize, bool),
+        window: Option<Range<u64>>,
+    ) -> Vec<UnitSlice> {
         let mut order: Vec<usize> = (0..prepared.units.len()).collect();
         if let Some(seed) = self.unit_shuffle_seed() {
-            Rng::new(seed, run.epoch, 0).shuffle(&mut order);
+            Rng::new(seed, epoch, 0).shuffle(&mut order);
         }
         let whole = |unit| UnitSlice {
             unit,
             skip: 0,
             take: None,
         };
-        if run.parts <= 1 {
+        if parts <= 1 && window.is_none() {
             return order.into_iter().map(whole).collect();
         }
         let rows: Option<Vec<u64>> = order.iter().map(|&u| prepared.units[u].rows).collect();
@@ -204,12 +281,13 @@ impl Dataset {
             return order
                 .into_iter()
                 .enumerate()
-                .filter(|(i, _)| i % run.parts == run.part)
+                .filter(|(i, _)| i % parts == part)
                 .map(|(_, u)| whole(u))
                 .collect();
         };
-        let total: u64 = rows.iter().sum();
-        let (start, end) = part_range(total, run.part, run.parts, run.drop_last);
+        let window = window.unwrap_or(0..rows.iter().sum());
+        let (lo, hi) = part_range(window.end - window.start, part, parts, even);
+        let (start, end) = (window.start + lo, window.start + hi);
         let mut slices = Vec::new();
         let mut at = 0;
         for (unit, n) in order.into_iter().zip(rows) {
@@ -234,17 +312,36 @@ impl Dataset {
             prepared.skipped_shards,
             std::sync::atomic::Ordering::Relaxed,
         );
-        let slices = self.epoch_plan(&prepared, run);
+        let split = self.split(&prepared);
+        let this_part = (run.part, run.parts, run.drop_last);
+        let slices = match &split {
+            Split::Units => self.epoch_plan(&prepared, run.epoch, this_part, None),
+            // The window applies every take/skip up to `after`; the row-wise transforms
+            // among them still run below.
+            Split::Window { rows, .. } => {
+                self.epoch_plan(&prepared, run.epoch, this_part, Some(rows.clone()))
+            }
+            // Every part reads the whole epoch up to the last take/skip, then keeps its
+            // own rows of it.
+            Split::Rows { .. } => self.epoch_plan(&prepared, run.epoch, (0, 1, false), None),
+        };
         let io = self.io(stats.io.clone());
         let mut stream: BatchIter = Box::new(decode::UnitDecoder::new(
-            prepared,
+            prepared.clone(),
             slices,
             run.num_threads,
             self.on_error(),
             io,
             stats,
         )?);
+        let total: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
         for (stage, op) in self.ops.iter().enumerate() {
+            if let Split::Window { after, .. } = split
+                && stage < after
+                && matches!(op, Op::Take(_) | Op::Skip(_))
+            {
+                continue;
+            }
             stream = match op {
                 Op::Shuffle { seed, buffer_rows } => Box::new(shuffle::ShuffleBuffer::new(
                     stream,
@@ -255,6 +352,20 @@ impl Dataset {
                 Op::Skip(n) => Box::new(ops::Skip::new(stream, *n)),
                 Op::Transform(t) => Box::new(ops::Transformed::new(stream, t.clone())),
             };
+            if let Split::Rows { after } = split
+                && stage + 1 == after
+                && run.parts > 1
+            {
+                let global = rows_through(total, &self.ops[..after]);
+                let limit = match (run.drop_last, global) {
+                    (true, Some(rows)) => Some(rows / run.parts as u64 * run.parts as u64),
+                    _ => None,
+                };
+                stream = Box::new(ops::Deal::new(stream, run.part, run.parts, limit));
+            }
+        }
+        if run.skip_rows > 0 {
+            stream = Box::new(ops::Skip::new(stream, run.skip_rows));
         }
         if let Some(rows) = run.batch_rows {
             stream = Box::new(Rebatch::new(stream, rows, run.drop_last));
@@ -278,6 +389,34 @@ impl Dataset {
     }
 }
 
+/// How an epoch is divided between the parts (ranks x workers) that read it, so that
+/// take/skip count rows of the whole dataset, never of each part.
+enum Split {
+    /// No take/skip: each part reads its share of the units (or of their rows) and runs
+    /// every op on it.
+    Units,
+    /// Row counts are known and every op up to the last take/skip keeps rows in place:
+    /// those take/skips become the window of rows that the parts share.
+    Window { rows: Range<u64>, after: usize },
+    /// Otherwise every part runs the ops before `after` over the whole epoch and keeps
+    /// every `parts`-th row of the result, starting at its own.
+    Rows { after: usize },
+}
+
+/// Rows left after `ops`, from `rows` in, where that can be known.
+fn rows_through(mut rows: Option<u64>, ops: &[Op]) -> Option<u64> {
+    for op in ops {
+        rows = match op {
+            Op::Shuffle { .. } => rows,
+            Op::Take(n) => rows.map(|r| r.min(*n)),
+            Op::Skip(n) => rows.map(|r| r.saturating_sub(*n)),
+            Op::Transform(t) if t.preserves_rows() => rows,
+            Op::Transform(_) => None,
+        };
+    }
+    rows
+}
+
 /// Rows `[start, end)` of `total` that part `part` of `parts` reads.
 fn part_range(total: u64, part: usize, parts: usize, even: bool) -> (u64, u64) {
     let (part, parts) = (part as u128, parts.max(1) as u128);
@@ -290,6 +429,22 @@ fn part_range(total: u64, part: usize, parts: usize, even: bool) -> (u64, u64) {
             (part * total / parts) as u64,
             ((part + 1) * total / parts) as u64,
         )
+    }
+}
+
+fn part_len(total: u64, part: usize, parts: usize, even: bool) -> u64 {
+    let (start, end) = part_range(total, part, parts, even);
+    end - start
+}
+
+/// Rows that part `part` keeps when rows are dealt round-robin (see [`ops::Deal`]).
+fn dealt_rows(total: u64, part: usize, parts: usize, even: bool) -> u64 {
+    let parts = parts.max(1) as u64;
+    let each = total / parts;
+    if even || (part as u64) >= total % parts {
+        each
+    } else {
+        each + 1
     }
 }
 
@@ -308,6 +463,8 @@ pub struct RunOptions {
     pub num_threads: usize,
     /// Batches buffered between the pipeline thread and the consumer.
     pub prefetch: usize,
+    /// Rows of this part's stream to pass over first (resuming mid-epoch).
+    pub skip_rows: u64,
 }
 
 impl Default for RunOptions {
@@ -320,6 +477,7 @@ impl Default for RunOptions {
             drop_last: false,
             num_threads: default_num_threads(),
             prefetch: 4,
+            skip_rows: 0,
         }
     }
 }

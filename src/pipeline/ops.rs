@@ -19,6 +19,9 @@ pub trait BatchTransform: Send + Sync {
     fn batch_rows(&self) -> Option<usize> {
         None
     }
+    /// What the transform is, for people and for a dataset's fingerprint
+    /// (e.g. `map(train.normalize)`).
+    fn describe(&self) -> String;
 }
 
 #[derive(Clone)]
@@ -34,6 +37,14 @@ pub enum Op {
     Transform(Arc<dyn BatchTransform>),
 }
 
+impl Op {
+    /// Whether the op selects rows by their position in the dataset, so it must count
+    /// in the dataset's order, before the epoch is split between ranks and workers.
+    pub fn counts_rows(&self) -> bool {
+        matches!(self, Op::Take(_) | Op::Skip(_))
+    }
+}
+
 impl std::fmt::Debug for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -42,7 +53,7 @@ impl std::fmt::Debug for Op {
             }
             Op::Take(n) => write!(f, "take({n})"),
             Op::Skip(n) => write!(f, "skip({n})"),
-            Op::Transform(_) => write!(f, "transform"),
+            Op::Transform(t) => f.write_str(&t.describe()),
         }
     }
 }
@@ -119,6 +130,63 @@ impl Iterator for Skip {
             }
             let skip = std::mem::take(&mut self.remaining) as usize;
             return Some(Ok(batch.slice(skip, batch.num_rows() - skip)));
+        }
+    }
+}
+
+/// Part `part` of `parts`' rows of a stream that every part reads whole: rows `part`,
+/// `part + parts`, ... (dealt like cards), of the first `limit` rows when given.
+pub struct Deal {
+    upstream: Option<BatchIter>,
+    part: u64,
+    parts: u64,
+    /// Position in the whole stream of the next upstream row.
+    at: u64,
+    limit: Option<u64>,
+}
+
+impl Deal {
+    pub fn new(upstream: BatchIter, part: usize, parts: usize, limit: Option<u64>) -> Self {
+        Self {
+            upstream: Some(upstream),
+            part: part as u64,
+            parts: parts.max(1) as u64,
+            at: 0,
+            limit,
+        }
+    }
+}
+
+impl Iterator for Deal {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.limit.is_some_and(|limit| self.at >= limit) {
+                self.upstream = None;
+                return None;
+            }
+            let batch = match self.upstream.as_mut()?.next()? {
+                Ok(batch) => batch,
+                Err(e) => return Some(Err(e)),
+            };
+            let mut rows = batch.num_rows() as u64;
+            if let Some(limit) = self.limit {
+                rows = rows.min(limit - self.at);
+            }
+            // The first row of this batch that is ours, then every `parts`-th.
+            let first = (self.part + self.parts - self.at % self.parts) % self.parts;
+            let mine: Vec<u64> = (first..rows).step_by(self.parts as usize).collect();
+            self.at += batch.num_rows() as u64;
+            if mine.is_empty() {
+                continue;
+            }
+            let indices = arrow_array::UInt64Array::from(mine);
+            return Some(
+                arrow_select::take::take_record_batch(&batch, &indices).map_err(|e| {
+                    crate::error::Error::Internal(format!("cannot select this part's rows: {e}"))
+                }),
+            );
         }
     }
 }

@@ -1,7 +1,6 @@
 //! `shardflow.dataset(...)` and `shardflow.Dataset`.
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -53,10 +52,11 @@ fn source_list(source: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     ))
 }
 
-/// A fresh seed for a shuffle the user gave no seed: fixed for the object's lifetime.
-pub fn random_seed() -> u64 {
-    RandomState::new().hash_one(std::time::SystemTime::now())
-}
+/// The seed of a shuffle the user gave none. Fixed, not random, so that every rank and
+/// worker process (each building its own loader) shuffles the same way, as PyTorch's
+/// `DistributedSampler` does with its default `seed=0`; the order still changes with
+/// the epoch.
+pub const DEFAULT_SEED: u64 = 0;
 
 fn non_negative(name: &str, n: i64) -> PyResult<u64> {
     u64::try_from(n).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {n}")))
@@ -268,12 +268,11 @@ impl PyDataset {
         kind: Kind,
         method: &'static str,
         args: Bound<'_, PyTuple>,
+        schema: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyDataset> {
         check_callable(func)?;
-        let op = Op::Transform(Arc::new(PyTransform {
-            func: func.clone().unbind(),
-            kind,
-        }));
+        let schema = schema.map(schema_from_py).transpose()?;
+        let op = Op::Transform(Arc::new(PyTransform::new(func, kind, schema)));
         Ok(self.with(op, method, args))
     }
 
@@ -300,7 +299,7 @@ impl PyDataset {
         if buffer_rows == 0 {
             return Err(PyValueError::new_err("buffer_size must be at least 1"));
         }
-        let seed = seed.unwrap_or_else(random_seed);
+        let seed = seed.unwrap_or(DEFAULT_SEED);
         let args = PyTuple::new(py, [seed as usize, buffer_rows])?;
         Ok(self.with(Op::Shuffle { seed, buffer_rows }, "shuffle", args))
     }
@@ -328,17 +327,20 @@ impl PyDataset {
             Kind::Filter,
             "filter",
             PyTuple::new(func.py(), [func])?,
+            None,
         )
     }
 
     /// `fn(sample) -> dict`, or with `batched=True`, `fn(batch) -> dict of columns` on
-    /// `batch_size` rows at a time (default 1000).
-    #[pyo3(signature = (func, batched=false, batch_size=None))]
+    /// `batch_size` rows at a time (default 1000). The output's schema is `schema=` or
+    /// that of the first batch; later batches are cast to it or refused.
+    #[pyo3(signature = (func, batched=false, batch_size=None, schema=None))]
     fn map(
         &self,
         func: &Bound<'_, PyAny>,
         batched: bool,
         batch_size: Option<usize>,
+        schema: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyDataset> {
         let kind = match (batched, batch_size) {
             (false, None) => Kind::Map,
@@ -359,19 +361,28 @@ impl PyDataset {
                 func.clone(),
                 batched.into_pyobject(py)?.to_owned().into_any(),
                 batch_size.into_pyobject(py)?,
+                schema.map_or_else(|| py.None().into_bound(py), |s| s.clone()),
             ],
         )?;
-        self.transform(func, kind, "map", args)
+        self.transform(func, kind, "map", args, schema)
     }
 
-    /// `fn(sample) -> iterable of samples`.
-    fn flat_map(&self, func: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
-        self.transform(
-            func,
-            Kind::FlatMap,
-            "flat_map",
-            PyTuple::new(func.py(), [func])?,
-        )
+    /// `fn(sample) -> iterable of samples`; the schema as for `map`.
+    #[pyo3(signature = (func, schema=None))]
+    fn flat_map(
+        &self,
+        func: &Bound<'_, PyAny>,
+        schema: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyDataset> {
+        let py = func.py();
+        let args = PyTuple::new(
+            py,
+            [
+                func.clone(),
+                schema.map_or_else(|| py.None().into_bound(py), |s| s.clone()),
+            ],
+        )?;
+        self.transform(func, Kind::FlatMap, "flat_map", args, schema)
     }
 
     /// Pickles as its recipe: the `dataset(...)` call and the ops, seeds included.

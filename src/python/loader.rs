@@ -11,13 +11,13 @@ use pyo3::types::{PyCapsule, PyDict, PyModule, PyType};
 
 use super::arrow_ffi::stream_capsule;
 use super::batch::PyRecordBatch;
-use super::dataset::{PyDataset, random_seed};
+use super::dataset::{DEFAULT_SEED, PyDataset};
 use super::next_batch;
 use super::to_python::batch_to_numpy;
 use crate::pipeline::{self, BatchReceiver, Dataset, Op, RunOptions, Stats};
 
 /// Version tag of `state_dict()`'s layout.
-const STATE_FORMAT: &str = "shardflow.DataLoader/1";
+const STATE_FORMAT: &str = "shardflow.DataLoader/2";
 const DEFAULT_PREFETCH: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,11 +86,6 @@ impl PyDataLoader {
                 buffer_rows: pipeline::DEFAULT_SHUFFLE_BUFFER,
             });
         }
-        if at.batches > 0 {
-            // The row stream for (seed, epoch) is deterministic and batching is exact, so
-            // skipping whole batches' rows resumes exactly where the state was taken.
-            dataset = dataset.with_op(Op::Skip(at.batches * self.batch_size as u64));
-        }
         let run = RunOptions {
             epoch: at.epoch,
             part: self.rank,
@@ -99,10 +94,35 @@ impl PyDataLoader {
             drop_last: self.drop_last,
             num_threads: self.num_threads,
             prefetch: self.prefetch,
+            // This part's row stream for (seed, epoch) is deterministic and batching is
+            // exact, so passing over whole batches' rows resumes where the state was taken.
+            skip_rows: at.batches * self.batch_size as u64,
         };
         let stats = self.stats.clone();
         let receiver = py.detach(|| dataset.start(run, stats))?;
         Ok((receiver, at))
+    }
+
+    /// Why `state` cannot be resumed by this loader, if it cannot.
+    fn state_mismatch(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Option<String>> {
+        let fingerprint = self.dataset.fingerprint();
+        let mut differences = Vec::new();
+        let mut compare = |key: &str, ours: Bound<'_, PyAny>| -> PyResult<()> {
+            let theirs = state
+                .get_item(key)?
+                .ok_or_else(|| PyKeyError::new_err(format!("state_dict has no {key:?}")))?;
+            if !theirs.eq(&ours)? {
+                differences.push(format!("{key}={} (this loader: {})", theirs.repr()?, ours.repr()?));
+            }
+            Ok(())
+        };
+        compare("dataset", fingerprint.into_pyobject(py)?.into_any())?;
+        compare("batch_size", self.batch_size.into_pyobject(py)?.into_any())?;
+        compare("shuffle", self.shuffle.into_pyobject(py)?.to_owned().into_any())?;
+        compare("drop_last", self.drop_last.into_pyobject(py)?.to_owned().into_any())?;
+        compare("rank", self.rank.into_pyobject(py)?.into_any())?;
+        compare("world_size", self.world_size.into_pyobject(py)?.into_any())?;
+        Ok((!differences.is_empty()).then(|| differences.join(", ")))
     }
 }
 
@@ -182,7 +202,7 @@ impl PyDataLoader {
             dataset,
             batch_size,
             shuffle,
-            seed: seed.unwrap_or_else(random_seed),
+            seed: seed.unwrap_or(DEFAULT_SEED),
             drop_last,
             rank,
             world_size,
@@ -206,8 +226,13 @@ impl PyDataLoader {
         })
     }
 
-    /// Chooses the epoch the next iteration runs (its shuffle order).
+    /// Chooses the epoch the next iteration runs (its shuffle order). Right after
+    /// `load_state_dict`, the loaded epoch keeps its loaded position (so a training loop
+    /// that calls `set_epoch` each epoch resumes mid-epoch); another epoch starts fresh.
     fn set_epoch(&mut self, epoch: u64) {
+        if self.resuming && self.position().epoch == epoch {
+            return;
+        }
         self.resuming = false;
         self.set_position(Position { epoch, batches: 0 });
     }
@@ -239,24 +264,29 @@ impl PyDataLoader {
         })
     }
 
-    /// Where the loader stands, as plain JSON-serialisable data.
+    /// Where the loader stands, as plain JSON-serialisable data, with what it belongs
+    /// to: the dataset's fingerprint (shards with sizes/ETags, format, options, ops and
+    /// seeds), the rank and the batching.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let at = self.position();
+        let fingerprint = self.dataset.fingerprint();
         let state = PyDict::new(py);
         state.set_item("format", STATE_FORMAT)?;
+        state.set_item("dataset", fingerprint)?;
         state.set_item("epoch", at.epoch)?;
         state.set_item("batches_done", at.batches)?;
         state.set_item("batch_size", self.batch_size)?;
         state.set_item("shuffle", self.shuffle)?;
         state.set_item("seed", self.seed)?;
+        state.set_item("drop_last", self.drop_last)?;
         state.set_item("rank", self.rank)?;
         state.set_item("world_size", self.world_size)?;
         Ok(state)
     }
 
     /// Resumes from `state_dict()`: the next iteration yields exactly the batches that
-    /// were still to come.
-    fn load_state_dict(&mut self, state: &Bound<'_, PyDict>) -> PyResult<()> {
+    /// were still to come. A state of another dataset, rank or batching is refused.
+    fn load_state_dict(&mut self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
         let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
             state
                 .get_item(key)?
@@ -268,15 +298,9 @@ impl PyDataLoader {
                 "state_dict is {format:?}, this loader reads {STATE_FORMAT:?}"
             )));
         }
-        let batch_size: usize = get("batch_size")?.extract()?;
-        let shuffle: bool = get("shuffle")?.extract()?;
-        let world_size: usize = get("world_size")?.extract()?;
-        if batch_size != self.batch_size || shuffle != self.shuffle || world_size != self.world_size
-        {
+        if let Some(differences) = self.state_mismatch(py, state)? {
             return Err(PyValueError::new_err(format!(
-                "state_dict is for batch_size={batch_size}, shuffle={shuffle}, world_size={world_size}; \
-                 this loader has batch_size={}, shuffle={}, world_size={}",
-                self.batch_size, self.shuffle, self.world_size
+                "state_dict belongs to another loader: {differences}"
             )));
         }
         self.seed = get("seed")?.extract()?;

@@ -1,7 +1,10 @@
 //! User functions (`filter`, `map`, `flat_map`) run by the pipeline thread, which takes
 //! the GIL for each batch.
 
+use std::sync::OnceLock;
+
 use arrow_array::{BooleanArray, RecordBatch};
+use arrow_schema::{DataType, SchemaRef};
 use arrow_select::filter::filter_record_batch;
 use pyo3::prelude::*;
 
@@ -25,6 +28,145 @@ pub enum Kind {
 pub struct PyTransform {
     pub func: Py<PyAny>,
     pub kind: Kind,
+    /// e.g. `map(train.normalize)`: names the function in errors and fingerprints.
+    pub name: String,
+    /// The schema of every output batch: given (`schema=`), or that of the first batch
+    /// the function returns. Later batches are cast to it where no value can change.
+    pub schema: OnceLock<SchemaRef>,
+}
+
+impl PyTransform {
+    pub fn new(func: &Bound<'_, PyAny>, kind: Kind, schema: Option<SchemaRef>) -> Self {
+        let verb = match kind {
+            Kind::Filter => "filter",
+            Kind::Map => "map",
+            Kind::MapBatched { .. } => "map(batched)",
+            Kind::FlatMap => "flat_map",
+        };
+        let qualname = |attr: &str| {
+            func.getattr(attr)
+                .and_then(|v| v.extract::<String>())
+                .ok()
+        };
+        let function = match (qualname("__module__"), qualname("__qualname__")) {
+            (Some(module), Some(name)) => format!("{module}.{name}"),
+            (None, Some(name)) => name,
+            _ => func
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|_| "?".into()),
+        };
+        let fixed = OnceLock::new();
+        if let Some(schema) = schema {
+            let _ = fixed.set(schema);
+        }
+        Self {
+            func: func.clone().unbind(),
+            kind,
+            name: format!("{verb}({function})"),
+            schema: fixed,
+        }
+    }
+
+    /// `batch` with this transform's one schema: the first batch sets it; later batches
+    /// are cast to it where that loses nothing, else it is a schema error naming the
+    /// column and both types.
+    fn conform(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        if batch.num_rows() == 0 && self.schema.get().is_none() {
+            // Dropped downstream; an empty batch's inferred types say nothing.
+            return Ok(batch);
+        }
+        let schema = self.schema.get_or_init(|| batch.schema());
+        if batch.schema().fields() == schema.fields() {
+            return Ok(batch);
+        }
+        let mismatch = |message: String| Error::Schema {
+            url: self.name.clone(),
+            message,
+        };
+        let got = batch.schema();
+        let names = |s: &SchemaRef| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+        if names(&got) != names(schema) {
+            return Err(mismatch(format!(
+                "a batch has columns {:?}, but the dataset's are {:?}; every sample must return the same keys",
+                names(&got),
+                names(schema)
+            )));
+        }
+        let mut columns = Vec::with_capacity(batch.num_columns());
+        for (field, column) in schema.fields().iter().zip(batch.columns()) {
+            let from = column.data_type();
+            if from == field.data_type() {
+                columns.push(column.clone());
+                continue;
+            }
+            if !widens(from, field.data_type()) {
+                return Err(mismatch(format!(
+                    "column {:?} is {from} in a later batch but {} in the first; give schema= to choose the type",
+                    field.name(),
+                    field.data_type()
+                )));
+            }
+            let options = arrow_cast::CastOptions {
+                safe: false,
+                ..Default::default()
+            };
+            columns.push(
+                arrow_cast::cast_with_options(column, field.data_type(), &options)
+                    .map_err(|e| mismatch(format!("column {:?}: {e}", field.name())))?,
+            );
+        }
+        RecordBatch::try_new(schema.clone(), columns).map_err(|e| mismatch(e.to_string()))
+    }
+}
+
+/// Whether every value of type `from` has an equal value of type `to` (integers into
+/// wider integers or floats, narrower floats into wider, nulls into anything; lists and
+/// structs of such).
+fn widens(from: &DataType, to: &DataType) -> bool {
+    use DataType as T;
+    let int_width = |t: &T| match t {
+        T::Int8 => Some((8, true)),
+        T::Int16 => Some((16, true)),
+        T::Int32 => Some((32, true)),
+        T::Int64 => Some((64, true)),
+        T::UInt8 => Some((8, false)),
+        T::UInt16 => Some((16, false)),
+        T::UInt32 => Some((32, false)),
+        T::UInt64 => Some((64, false)),
+        _ => None,
+    };
+    let float_width = |t: &T| match t {
+        T::Float16 => Some(16),
+        T::Float32 => Some(32),
+        T::Float64 => Some(64),
+        _ => None,
+    };
+    if from == to || from == &T::Null {
+        return true;
+    }
+    match (from, to) {
+        (T::Utf8, T::LargeUtf8) | (T::Binary, T::LargeBinary) => true,
+        (T::List(a) | T::LargeList(a), T::List(b) | T::LargeList(b)) => {
+            widens(a.data_type(), b.data_type())
+        }
+        (T::FixedSizeList(a, n), T::FixedSizeList(b, m)) => {
+            n == m && widens(a.data_type(), b.data_type())
+        }
+        (T::Struct(a), T::Struct(b)) => {
+            a.len() == b.len()
+                && a.iter().zip(b.iter()).all(|(x, y)| {
+                    x.name() == y.name() && widens(x.data_type(), y.data_type())
+                })
+        }
+        _ => match (int_width(from), int_width(to), float_width(from), float_width(to)) {
+            (Some((w1, s1)), Some((w2, s2)), _, _) => (s1 == s2 && w2 >= w1) || (!s1 && s2 && w2 > w1),
+            (Some(_), None, _, Some(_)) => true,
+            (None, None, Some(w1), Some(w2)) => w2 >= w1,
+            _ => false,
+        },
+    }
 }
 
 fn with_gil<T>(f: impl FnOnce(Python<'_>) -> PyResult<T>) -> Result<T> {
@@ -68,7 +210,11 @@ impl BatchTransform for PyTransform {
                     rows_to_batch(py, &results)?
                 }
             };
-            Ok(vec![out])
+            Ok(out)
+        })
+        .and_then(|out| match self.kind {
+            Kind::Filter => Ok(vec![out]),
+            _ => Ok(vec![self.conform(out)?]),
         })
     }
 
@@ -81,5 +227,9 @@ impl BatchTransform for PyTransform {
             Kind::MapBatched { batch_rows } => Some(batch_rows),
             _ => None,
         }
+    }
+
+    fn describe(&self) -> String {
+        self.name.clone()
     }
 }

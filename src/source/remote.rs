@@ -129,7 +129,7 @@ impl Inner {
         loop {
             tries += 1;
             let outcome = {
-                let _permit = self.storage.limit.acquire().await;
+                let _permit = self.storage.limit().acquire_owned().await;
                 self.counters.requests.fetch_add(1, Relaxed);
                 tokio::time::timeout(self.storage.options.timeout, attempt()).await
             };
@@ -174,7 +174,7 @@ impl Inner {
             let from = range.start + buf.len() as u64;
             let before = buf.len();
             let cause = {
-                let _permit = self.storage.limit.acquire().await;
+                let _permit = self.storage.limit().acquire_owned().await;
                 self.counters.requests.fetch_add(1, Relaxed);
                 let request = Request::Range(from..range.end);
                 match tokio::time::timeout(timeout, self.backend.get(request, etag.clone())).await {

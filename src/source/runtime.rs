@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::runtime::{Builder, Runtime};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, panic_message};
 
 /// (pid that built it, runtime). Runtimes are leaked on purpose: dropping one in a
 /// forked child would wait for worker threads that do not exist in that process.
@@ -39,3 +39,23 @@ pub fn runtime() -> Result<&'static Runtime> {
     *slot = Some((pid, rt));
     Ok(rt)
 }
+
+/// Runs `future` to completion on `rt` and waits for it, from any thread: a thread that
+/// is already inside a runtime (where `block_on` would panic) hands the wait to a plain
+/// thread of its own.
+pub fn block_on_outside<F>(rt: &'static Runtime, future: F) -> Result<F::Output>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Ok(rt.block_on(future));
+    }
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| rt.block_on(future))
+            .join()
+            .map_err(|panic| Error::Internal(format!("I/O setup failed: {}", panic_message(&*panic))))
+    })
+}
+

@@ -28,12 +28,14 @@ pub fn split(url: &str) -> Result<(&str, &str)> {
     }
 }
 
-/// The dataset's S3 client (built on first use, and again in a forked child).
+/// The dataset's S3 client (built on first use, and again in a forked child). Callable
+/// from anywhere, runtime tasks included: the first use in a forked child is often a
+/// read inside a task.
 pub fn client(storage: &Storage) -> Result<aws_sdk_s3::Client> {
     storage.s3.get_or_try_init(|| {
         let options = &storage.options;
         let rt = super::runtime()?;
-        let config = rt.block_on(async {
+        let config = super::runtime::block_on_outside(rt, async {
             // Retries are ours (see `remote`), so they count attempts and resume bodies.
             let mut loader = aws_config::defaults(BehaviorVersion::latest())
                 .retry_config(RetryConfig::disabled());
@@ -60,7 +62,7 @@ pub fn client(storage: &Storage) -> Result<aws_sdk_s3::Client> {
                 ));
             }
             loader.load().await
-        });
+        })?;
         let custom_endpoint = config.endpoint_url().is_some();
         let mut builder = aws_sdk_s3::config::Builder::from(&config)
             .force_path_style(options.force_path_style.unwrap_or(custom_endpoint));

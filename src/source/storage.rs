@@ -140,30 +140,57 @@ impl<T: Clone> Default for PerProcess<T> {
 }
 
 impl<T: Clone> PerProcess<T> {
+    /// This process's value, made by `make` on first use here. The lock is not held
+    /// while `make` runs: a `fork()` while another thread is inside `make` (which may do
+    /// network I/O) must not leave the child with a lock nobody will release.
     pub fn get_or_try_init(&self, make: impl FnOnce() -> Result<T>) -> Result<T> {
         let pid = std::process::id();
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((owner, value)) = slot.as_ref()
-            && *owner == pid
-        {
-            return Ok(value.clone());
-        }
-        // A client inherited from the parent is left alone, not dropped: its pool refers
-        // to threads this process does not have.
-        if let Some(stale) = slot.take() {
-            std::mem::forget(stale);
+        if let Some(value) = self.current(pid) {
+            return Ok(value);
         }
         let value = make()?;
-        *slot = Some((pid, value.clone()));
-        Ok(value)
+        Ok(self.install(pid, value))
+    }
+
+    pub fn get_or_init(&self, make: impl FnOnce() -> T) -> T {
+        let pid = std::process::id();
+        self.current(pid)
+            .unwrap_or_else(|| self.install(pid, make()))
+    }
+
+    /// Keeps `value` as this process's, unless another thread of the process got there
+    /// first (then everyone shares that one).
+    fn install(&self, pid: u32, value: T) -> T {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((owner, existing)) = slot.as_ref()
+            && *owner == pid
+        {
+            return existing.clone();
+        }
+        // A value inherited from the parent is left alone, not dropped: its pool refers
+        // to threads this process does not have.
+        if let Some(stale) = slot.replace((pid, value.clone())) {
+            std::mem::forget(stale);
+        }
+        value
+    }
+
+    fn current(&self, pid: u32) -> Option<T> {
+        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.as_ref() {
+            Some((owner, value)) if *owner == pid => Some(value.clone()),
+            _ => None,
+        }
     }
 }
 
 /// What every remote read of one dataset shares.
 pub struct Storage {
     pub options: StorageOptions,
-    /// Requests in flight, across all loaders of the dataset.
-    pub limit: Arc<Semaphore>,
+    /// Requests in flight, across all loaders of the dataset in this process. Per
+    /// process: a forked child inherits the parent's permits as taken by tasks it does
+    /// not have, which would never give them back.
+    limit: PerProcess<Arc<Semaphore>>,
     pub cache: Option<DiskCache>,
     pub s3: PerProcess<aws_sdk_s3::Client>,
     pub http: PerProcess<reqwest::Client>,
@@ -176,7 +203,7 @@ impl Storage {
             None => None,
         };
         Ok(Arc::new(Self {
-            limit: Arc::new(Semaphore::new(options.max_concurrency)),
+            limit: PerProcess::default(),
             cache,
             options,
             s3: PerProcess::default(),
@@ -186,11 +213,17 @@ impl Storage {
 
     pub fn local_only() -> Arc<Self> {
         Arc::new(Self {
-            limit: Arc::new(Semaphore::new(64)),
+            limit: PerProcess::default(),
             cache: None,
             options: StorageOptions::default(),
             s3: PerProcess::default(),
             http: PerProcess::default(),
         })
+    }
+
+    /// The request limit shared by this process's readers of the dataset.
+    pub fn limit(&self) -> Arc<Semaphore> {
+        self.limit
+            .get_or_init(|| Arc::new(Semaphore::new(self.options.max_concurrency)))
     }
 }
