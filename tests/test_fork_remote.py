@@ -19,6 +19,9 @@ from shardflow.torch import IterableDataset
 
 DIRS = {"webdataset": "tar", "arrow_stream": "arrow"}
 
+# 4 workers on a 2-core machine is the point of some cases, not a mistake.
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
 
 def _crc32c_table() -> list[int]:
     table = []
