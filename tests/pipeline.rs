@@ -11,7 +11,7 @@ use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use shardflow::format::{OnError, ReadOptions};
-use shardflow::pipeline::{Op, RunOptions, Stats};
+use shardflow::pipeline::{BufferBounds, Op, RunOptions, Stats};
 use shardflow::source::Storage;
 use shardflow::{Dataset, Error};
 
@@ -73,7 +73,10 @@ fn shuffled_epochs_are_complete_deterministic_and_differ() {
 
     let shuffled = ds.with_op(Op::Shuffle {
         seed: 9,
-        buffer_rows: 200,
+        buffer: BufferBounds {
+            rows: 200,
+            bytes: u64::MAX,
+        },
     });
     let epoch0 = ids(&shuffled, run(0, 64, 1));
     assert_eq!(epoch0, ids(&shuffled, run(0, 100, 8)));

@@ -21,7 +21,7 @@ use crate::format::{self, Format, PreparedShards, ReadOptions};
 use crate::source::{self, Io, IoCounters, ShardMeta, Storage};
 pub use batch::Rebatch;
 use decode::UnitSlice;
-pub use ops::{BatchTransform, Op};
+pub use ops::{BatchTransform, BufferBounds, Op};
 pub use prefetch::{BatchReceiver, Received};
 pub use random_access::RandomAccess;
 use rng::Rng;
@@ -29,8 +29,16 @@ pub use stats::{Stats, StatsSnapshot};
 
 pub type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 
-/// Rows in the shuffle buffer when the user gives no `buffer_size`.
-pub const DEFAULT_SHUFFLE_BUFFER: usize = 10_000;
+/// Bytes of batches that may wait for the consumer, by default.
+pub const DEFAULT_PREFETCH_BYTES: u64 = 256 << 20;
+
+/// The shuffle buffer when the user gives no `buffer_size` / `buffer_bytes`: 10,000
+/// rows, or 256 MiB of them, whichever is fewer (so large rows such as images keep a
+/// plain `DataLoader(ds.shuffle())` well under 1 GiB).
+pub const DEFAULT_SHUFFLE_BUFFER: BufferBounds = BufferBounds {
+    rows: 10_000,
+    bytes: 256 << 20,
+};
 
 /// Shards plus how to read them; prepared (footers read, schema known) on first use and
 /// shared by every dataset derived from it.
@@ -332,7 +340,7 @@ impl Dataset {
             run.num_threads,
             self.on_error(),
             io,
-            stats,
+            stats.clone(),
         )?);
         let total: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
         for (stage, op) in self.ops.iter().enumerate() {
@@ -343,10 +351,11 @@ impl Dataset {
                 continue;
             }
             stream = match op {
-                Op::Shuffle { seed, buffer_rows } => Box::new(shuffle::ShuffleBuffer::new(
+                Op::Shuffle { seed, buffer } => Box::new(shuffle::ShuffleBuffer::new(
                     stream,
                     Rng::new(*seed, run.epoch, 1 + stage as u64),
-                    *buffer_rows,
+                    *buffer,
+                    stats.clone(),
                 )),
                 Op::Take(n) => Box::new(ops::Take::new(stream, *n)),
                 Op::Skip(n) => Box::new(ops::Skip::new(stream, *n)),
@@ -385,7 +394,9 @@ impl Dataset {
             return Err(Error::invalid_argument("num_threads must be at least 1"));
         }
         let ds = self.clone();
-        prefetch::spawn(run.prefetch, stats.clone(), move || ds.stream(&run, stats))
+        prefetch::spawn(run.prefetch, run.prefetch_bytes, stats.clone(), move || {
+            ds.stream(&run, stats)
+        })
     }
 }
 
@@ -448,6 +459,21 @@ fn dealt_rows(total: u64, part: usize, parts: usize, even: bool) -> u64 {
     }
 }
 
+/// Bytes of `batch`'s values: the slices it covers, not the whole buffers it may share
+/// with other batches.
+pub fn batch_bytes(batch: &RecordBatch) -> u64 {
+    use arrow_array::Array;
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let data = c.to_data();
+            data.get_slice_memory_size()
+                .unwrap_or_else(|_| data.get_buffer_memory_size()) as u64
+        })
+        .sum()
+}
+
 /// How one epoch is run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -461,8 +487,10 @@ pub struct RunOptions {
     /// number of rows.
     pub drop_last: bool,
     pub num_threads: usize,
-    /// Batches buffered between the pipeline thread and the consumer.
+    /// Batches buffered between the pipeline thread and the consumer, and the bytes of
+    /// them at most (whichever bound is reached first).
     pub prefetch: usize,
+    pub prefetch_bytes: u64,
     /// Rows of this part's stream to pass over first (resuming mid-epoch).
     pub skip_rows: u64,
 }
@@ -477,6 +505,7 @@ impl Default for RunOptions {
             drop_last: false,
             num_threads: default_num_threads(),
             prefetch: 4,
+            prefetch_bytes: DEFAULT_PREFETCH_BYTES,
             skip_rows: 0,
         }
     }

@@ -6,6 +6,7 @@ use arrow_array::RecordBatch;
 
 use super::BatchIter;
 use super::batch::Rebatch;
+pub use super::shuffle::BufferBounds;
 use crate::error::Result;
 
 /// A user function over batches (filter, map, flat_map). The Python layer implements it;
@@ -27,10 +28,10 @@ pub trait BatchTransform: Send + Sync {
 #[derive(Clone)]
 pub enum Op {
     /// Seeded shuffle: shard/unit order (when nothing before it selects rows by position)
-    /// plus a row buffer of `buffer_rows`.
+    /// plus a row buffer bounded in rows and bytes.
     Shuffle {
         seed: u64,
-        buffer_rows: usize,
+        buffer: BufferBounds,
     },
     Take(u64),
     Skip(u64),
@@ -48,9 +49,11 @@ impl Op {
 impl std::fmt::Debug for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Op::Shuffle { seed, buffer_rows } => {
-                write!(f, "shuffle(seed={seed}, buffer_size={buffer_rows})")
-            }
+            Op::Shuffle { seed, buffer } => write!(
+                f,
+                "shuffle(seed={seed}, buffer_size={}, buffer_bytes={})",
+                buffer.rows, buffer.bytes
+            ),
             Op::Take(n) => write!(f, "take({n})"),
             Op::Skip(n) => write!(f, "skip({n})"),
             Op::Transform(t) => f.write_str(&t.describe()),

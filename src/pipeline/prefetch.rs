@@ -1,16 +1,17 @@
 //! The bounded channel between the pipeline thread and the consumer. Memory stays
-//! bounded by `prefetch` batches; dropping the receiver stops the pipeline.
+//! bounded by `prefetch` batches and by a budget of bytes, whichever is reached first;
+//! dropping the receiver stops the pipeline.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 
-use super::BatchIter;
 use super::stats::Stats;
+use super::{BatchIter, batch_bytes};
 use crate::error::{Error, Result};
 
 pub enum Received {
@@ -20,32 +21,71 @@ pub enum Received {
     End,
 }
 
+/// Bytes of batches sent and not yet received. The producer waits for room, except
+/// when nothing is queued (so a batch larger than the whole budget still goes through).
+struct ByteBudget {
+    queued: Mutex<u64>,
+    freed: Condvar,
+    limit: u64,
+}
+
+impl ByteBudget {
+    /// Waits until `bytes` fit (or the pipeline is cancelled), then takes them.
+    fn take(&self, bytes: u64, cancel: &AtomicBool) {
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        while *queued > 0 && *queued + bytes > self.limit && !cancel.load(Ordering::Relaxed) {
+            queued = self
+                .freed
+                .wait_timeout(queued, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *queued += bytes;
+    }
+
+    fn give_back(&self, bytes: u64) {
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        *queued = queued.saturating_sub(bytes);
+        self.freed.notify_all();
+    }
+}
+
 pub struct BatchReceiver {
     /// In a mutex only so the receiver can be shared (`Sync`) by Python objects; it is
     /// reached through `&mut self`, so the lock is never contended.
     rx: Mutex<Receiver<Result<RecordBatch>>>,
     cancel: Arc<AtomicBool>,
     stats: Arc<Stats>,
+    budget: Arc<ByteBudget>,
     thread: Option<JoinHandle<()>>,
     ended: bool,
 }
 
+/// Starts the pipeline thread: at most `prefetch` batches and `prefetch_bytes` bytes of
+/// them wait for the consumer.
 pub(super) fn spawn(
     prefetch: usize,
+    prefetch_bytes: u64,
     stats: Arc<Stats>,
     build: impl FnOnce() -> Result<BatchIter> + Send + 'static,
 ) -> Result<BatchReceiver> {
     let (tx, rx) = sync_channel(prefetch.max(1));
     let cancel = Arc::new(AtomicBool::new(false));
-    let thread_cancel = cancel.clone();
+    let budget = Arc::new(ByteBudget {
+        queued: Mutex::new(0),
+        freed: Condvar::new(),
+        limit: prefetch_bytes.max(1),
+    });
+    let (thread_cancel, thread_budget) = (cancel.clone(), budget.clone());
     let thread = std::thread::Builder::new()
         .name("shardflow-pipeline".into())
-        .spawn(move || run(build, tx, thread_cancel))
+        .spawn(move || run(build, tx, thread_cancel, thread_budget))
         .map_err(|e| Error::Internal(format!("cannot start the pipeline thread: {e}")))?;
     Ok(BatchReceiver {
         rx: Mutex::new(rx),
         cancel,
         stats,
+        budget,
         thread: Some(thread),
         ended: false,
     })
@@ -55,6 +95,7 @@ fn run(
     build: impl FnOnce() -> Result<BatchIter>,
     tx: SyncSender<Result<RecordBatch>>,
     cancel: Arc<AtomicBool>,
+    budget: Arc<ByteBudget>,
 ) {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let stream = match build() {
@@ -65,6 +106,9 @@ fn run(
             }
         };
         for item in stream {
+            if let Ok(batch) = &item {
+                budget.take(batch_bytes(batch), &cancel);
+            }
             let failed = item.is_err();
             if cancel.load(Ordering::Relaxed) || tx.send(item).is_err() || failed {
                 return;
@@ -91,6 +135,7 @@ impl BatchReceiver {
         Stats::add_time(&self.stats.wait_ns, start.elapsed());
         match got {
             Ok(Ok(batch)) => {
+                self.budget.give_back(batch_bytes(&batch));
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .rows
@@ -107,6 +152,11 @@ impl BatchReceiver {
                 Ok(Received::End)
             }
         }
+    }
+
+    /// The counters of the loader this pipeline belongs to.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     /// Blocks until the next batch (no interruption; for Rust callers and benches).

@@ -1,13 +1,36 @@
-//! The row shuffle buffer: holds up to `capacity` rows, hands out a random sample of
-//! them, refills from upstream. Rows are referenced, not copied, until they are emitted
-//! (one vectorised gather per output batch).
+//! The row shuffle buffer: holds up to a number of rows and of bytes (whichever bound
+//! is reached first), hands out a random sample of them, refills from upstream. Rows
+//! are referenced, not copied, until they are emitted (one vectorised gather per output
+//! batch).
+
+use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_select::interleave::interleave_record_batch;
 
-use super::BatchIter;
 use super::rng::Rng;
+use super::{BatchIter, batch_bytes};
+use super::stats::Stats;
 use crate::error::{Error, Result};
+
+/// How much the buffer holds at most: rows, and bytes of those rows' values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferBounds {
+    pub rows: usize,
+    pub bytes: u64,
+}
+
+/// Bytes per row of `batch`'s values.
+fn row_bytes(batch: &RecordBatch) -> u64 {
+    (batch_bytes(batch) / batch.num_rows().max(1) as u64).max(1)
+}
+
+/// A batch with rows in the buffer: how many, and the bytes each stands for.
+struct Slot {
+    batch: RecordBatch,
+    left: usize,
+    row_bytes: u64,
+}
 
 /// Rows emitted per output batch, as a fraction of the buffer: small enough that the
 /// buffer stays nearly full, large enough to amortise the gather.
@@ -21,9 +44,13 @@ pub struct ShuffleBuffer {
     pending: Option<RecordBatch>,
     rng: Rng,
     capacity: usize,
+    capacity_bytes: u64,
+    /// Bytes of the buffered rows (by each batch's bytes per row).
+    buffered_bytes: u64,
     chunk: usize,
-    /// Batches with rows still buffered, and how many of their rows are.
-    slots: Vec<Option<(RecordBatch, usize)>>,
+    stats: Arc<Stats>,
+    /// Batches with rows still buffered.
+    slots: Vec<Option<Slot>>,
     free_slots: Vec<usize>,
     /// Buffered rows as (slot, row in that batch).
     rows: Vec<(usize, usize)>,
@@ -33,15 +60,18 @@ pub struct ShuffleBuffer {
 }
 
 impl ShuffleBuffer {
-    pub fn new(upstream: BatchIter, rng: Rng, capacity: usize) -> Self {
-        let capacity = capacity.max(1);
+    pub fn new(upstream: BatchIter, rng: Rng, bounds: BufferBounds, stats: Arc<Stats>) -> Self {
+        let capacity = bounds.rows.max(1);
         Self {
             upstream,
             upstream_done: false,
             pending: None,
             rng,
             capacity,
+            capacity_bytes: bounds.bytes.max(1),
+            buffered_bytes: 0,
             chunk: (capacity / CHUNK_DIVISOR).clamp(1, MAX_CHUNK),
+            stats,
             slots: Vec::new(),
             free_slots: Vec::new(),
             rows: Vec::with_capacity(capacity),
@@ -49,7 +79,7 @@ impl ShuffleBuffer {
         }
     }
 
-    fn admit(&mut self, batch: RecordBatch) {
+    fn admit(&mut self, batch: RecordBatch, row_bytes: u64) {
         let n = batch.num_rows();
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
@@ -58,13 +88,19 @@ impl ShuffleBuffer {
                 self.slots.len() - 1
             }
         };
-        self.slots[slot] = Some((batch, n));
+        self.slots[slot] = Some(Slot {
+            batch,
+            left: n,
+            row_bytes,
+        });
         self.rows.extend((0..n).map(|row| (slot, row)));
         self.held_rows += n;
+        self.buffered_bytes += row_bytes * n as u64;
     }
 
     fn fill(&mut self) -> Result<()> {
-        while self.rows.len() < self.capacity {
+        let mut bytes_bound = false;
+        while self.rows.len() < self.capacity && self.buffered_bytes < self.capacity_bytes {
             let batch = match self.pending.take() {
                 Some(batch) => batch,
                 None if self.upstream_done => break,
@@ -77,13 +113,29 @@ impl ShuffleBuffer {
                     }
                 },
             };
-            let room = self.capacity - self.rows.len();
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let row_bytes = row_bytes(&batch);
+            let room_rows = self.capacity - self.rows.len();
+            // At least one row, so that rows larger than the whole bound still flow.
+            let room_bytes = ((self.capacity_bytes - self.buffered_bytes) / row_bytes)
+                .max(u64::from(self.rows.is_empty()));
+            let room = room_rows.min(usize::try_from(room_bytes).unwrap_or(usize::MAX));
+            bytes_bound |= room < room_rows && room < batch.num_rows();
+            if room == 0 {
+                self.pending = Some(batch);
+                break;
+            }
             if batch.num_rows() > room {
                 self.pending = Some(batch.slice(room, batch.num_rows() - room));
-                self.admit(batch.slice(0, room));
-            } else if batch.num_rows() > 0 {
-                self.admit(batch);
+                self.admit(batch.slice(0, room), row_bytes);
+            } else {
+                self.admit(batch, row_bytes);
             }
+        }
+        if bytes_bound {
+            self.stats.shuffle_bounded_by_bytes(self.rows.len() as u64);
         }
         Ok(())
     }
@@ -104,7 +156,7 @@ impl ShuffleBuffer {
         }
         let batches: Vec<&RecordBatch> = used
             .iter()
-            .filter_map(|&slot| self.slots[slot].as_ref().map(|(batch, _)| batch))
+            .filter_map(|&slot| self.slots[slot].as_ref().map(|s| &s.batch))
             .collect();
         if batches.len() != used.len() {
             return Err(Error::Internal("shuffle buffer lost a batch".into()));
@@ -115,9 +167,10 @@ impl ShuffleBuffer {
             let Some(entry) = self.slots[slot].as_mut() else {
                 return Err(Error::Internal("shuffle buffer lost a batch".into()));
             };
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                self.held_rows -= entry.0.num_rows();
+            entry.left -= 1;
+            self.buffered_bytes = self.buffered_bytes.saturating_sub(entry.row_bytes);
+            if entry.left == 0 {
+                self.held_rows -= entry.batch.num_rows();
                 self.slots[slot] = None;
                 self.free_slots.push(slot);
             }
@@ -135,7 +188,9 @@ impl ShuffleBuffer {
         self.slots.clear();
         self.free_slots.clear();
         self.held_rows = 0;
-        self.admit(compact);
+        self.buffered_bytes = 0;
+        let bytes = row_bytes(&compact);
+        self.admit(compact, bytes);
         Ok(())
     }
 
@@ -167,8 +222,7 @@ impl Iterator for ShuffleBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::{Array, Int64Array};
-    use std::sync::Arc;
+    use arrow_array::Int64Array;
 
     fn source(n: i64, batch: i64) -> BatchIter {
         let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
@@ -184,6 +238,13 @@ mod tests {
             })
             .collect();
         Box::new(batches.into_iter())
+    }
+
+    fn rows(n: usize) -> BufferBounds {
+        BufferBounds {
+            rows: n,
+            bytes: u64::MAX,
+        }
     }
 
     fn values(it: impl Iterator<Item = Result<RecordBatch>>) -> Vec<i64> {
@@ -205,28 +266,22 @@ mod tests {
     #[test]
     fn every_row_once_in_a_seeded_order() {
         for (capacity, batch) in [(1, 7), (10, 3), (100, 1000), (5000, 64)] {
-            let a = values(ShuffleBuffer::new(
-                source(2000, batch),
-                Rng::new(1, 0, 0),
-                capacity,
-            ));
-            let b = values(ShuffleBuffer::new(
-                source(2000, batch),
-                Rng::new(1, 0, 0),
-                capacity,
-            ));
+            let shuffled = |seed| {
+                values(ShuffleBuffer::new(
+                    source(2000, batch),
+                    Rng::new(seed, 0, 0),
+                    rows(capacity),
+                    Arc::default(),
+                ))
+            };
+            let (a, b) = (shuffled(1), shuffled(1));
             assert_eq!(a, b);
             let mut sorted = a.clone();
             sorted.sort();
             assert_eq!(sorted, (0..2000).collect::<Vec<_>>());
             if capacity > 1 {
                 assert_ne!(a, (0..2000).collect::<Vec<_>>());
-                let c = values(ShuffleBuffer::new(
-                    source(2000, batch),
-                    Rng::new(2, 0, 0),
-                    capacity,
-                ));
-                assert_ne!(a, c);
+                assert_ne!(a, shuffled(2));
             }
         }
     }
@@ -234,9 +289,43 @@ mod tests {
     #[test]
     fn buffer_bounds_how_far_rows_move_forward() {
         // A row can come out no earlier than `capacity` positions before its input position.
-        let out = values(ShuffleBuffer::new(source(5000, 100), Rng::new(3, 0, 0), 50));
+        let out = values(ShuffleBuffer::new(
+            source(5000, 100),
+            Rng::new(3, 0, 0),
+            rows(50),
+            Arc::default(),
+        ));
         for (pos, &v) in out.iter().enumerate() {
             assert!(v < pos as i64 + 50, "row {v} came out at {pos}");
         }
+    }
+
+    #[test]
+    fn the_byte_bound_applies_first_and_is_reported() {
+        // 8-byte rows: 400 bytes hold 50 rows, well below the 1000-row bound.
+        let stats = Arc::new(Stats::default());
+        let bounds = BufferBounds {
+            rows: 1000,
+            bytes: 400,
+        };
+        let out = values(ShuffleBuffer::new(
+            source(5000, 100),
+            Rng::new(3, 0, 0),
+            bounds,
+            stats.clone(),
+        ));
+        let mut sorted = out.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..5000).collect::<Vec<_>>());
+        for (pos, &v) in out.iter().enumerate() {
+            assert!(v < pos as i64 + 50, "row {v} came out at {pos}");
+        }
+        assert_eq!(stats.snapshot().shuffle_buffer_rows, 50);
+        // Rows bigger than the whole bound still come out, one at a time.
+        let tiny = BufferBounds { rows: 10, bytes: 1 };
+        assert_eq!(
+            values(ShuffleBuffer::new(source(30, 7), Rng::new(1, 0, 0), tiny, Arc::default())),
+            (0..30).collect::<Vec<_>>()
+        );
     }
 }

@@ -22,6 +22,11 @@ pub struct Stats {
     pub skipped_records: AtomicU64,
     /// Whole units or files skipped under `on_error="skip"`.
     pub skipped_units: AtomicU64,
+    /// Rows the shuffle buffer held when its byte bound stopped it filling (the fewest
+    /// seen; 0 while the row bound governs): the buffer size the shuffle really had.
+    pub shuffle_buffer_rows: AtomicU64,
+    /// Whether the user has been told that the byte bound shrank the buffer.
+    pub shuffle_bound_reported: std::sync::atomic::AtomicBool,
 }
 
 /// A consistent-enough copy of the counters for reporting.
@@ -41,11 +46,32 @@ pub struct StatsSnapshot {
     pub bytes_fetched: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    pub shuffle_buffer_rows: u64,
 }
 
 impl Stats {
     pub fn add_time(counter: &AtomicU64, elapsed: Duration) {
         counter.fetch_add(elapsed.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    /// The shuffle buffer's byte bound stopped it at `rows` rows.
+    pub fn shuffle_bounded_by_bytes(&self, rows: u64) {
+        let rows = rows.max(1);
+        let _ = self
+            .shuffle_buffer_rows
+            .fetch_update(Relaxed, Relaxed, |seen| {
+                (seen == 0 || rows < seen).then_some(rows)
+            });
+    }
+
+    /// The buffer's size in rows the first time it is asked for after the byte bound
+    /// shrank it; None before that and ever after.
+    pub fn take_shuffle_bound_report(&self) -> Option<u64> {
+        let rows = self.shuffle_buffer_rows.load(Relaxed);
+        if rows == 0 || self.shuffle_bound_reported.swap(true, Relaxed) {
+            return None;
+        }
+        Some(rows)
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
@@ -64,6 +90,7 @@ impl Stats {
             bytes_fetched: self.io.bytes_fetched.load(Relaxed),
             cache_hits: self.io.cache_hits.load(Relaxed),
             cache_misses: self.io.cache_misses.load(Relaxed),
+            shuffle_buffer_rows: self.shuffle_buffer_rows.load(Relaxed),
         }
     }
 }

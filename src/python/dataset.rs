@@ -286,22 +286,29 @@ impl PyDataset {
 
 #[pymethods]
 impl PyDataset {
-    /// Shuffles shard order (seeded, new each epoch) and rows through a buffer of
-    /// `buffer_size` rows.
-    #[pyo3(signature = (seed=None, buffer_size=None))]
+    /// Shuffles shard order (seeded, new each epoch) and rows through a buffer of at most
+    /// `buffer_size` rows and `buffer_bytes` bytes, whichever is reached first.
+    #[pyo3(signature = (seed=None, buffer_size=None, buffer_bytes=None))]
     fn shuffle(
         &self,
         py: Python<'_>,
         seed: Option<u64>,
         buffer_size: Option<usize>,
+        buffer_bytes: Option<u64>,
     ) -> PyResult<PyDataset> {
-        let buffer_rows = buffer_size.unwrap_or(pipeline::DEFAULT_SHUFFLE_BUFFER);
-        if buffer_rows == 0 {
-            return Err(PyValueError::new_err("buffer_size must be at least 1"));
+        let default = pipeline::DEFAULT_SHUFFLE_BUFFER;
+        let buffer = pipeline::BufferBounds {
+            rows: buffer_size.unwrap_or(default.rows),
+            bytes: buffer_bytes.unwrap_or(default.bytes),
+        };
+        if buffer.rows == 0 || buffer.bytes == 0 {
+            return Err(PyValueError::new_err(
+                "buffer_size and buffer_bytes must be at least 1",
+            ));
         }
         let seed = seed.unwrap_or(DEFAULT_SEED);
-        let args = PyTuple::new(py, [seed as usize, buffer_rows])?;
-        Ok(self.with(Op::Shuffle { seed, buffer_rows }, "shuffle", args))
+        let args = (seed, buffer.rows, buffer.bytes).into_pyobject(py)?;
+        Ok(self.with(Op::Shuffle { seed, buffer }, "shuffle", args))
     }
 
     fn take(&self, py: Python<'_>, n: i64) -> PyResult<PyDataset> {

@@ -49,6 +49,7 @@ pub struct PyDataLoader {
     world_size: usize,
     num_threads: usize,
     prefetch: usize,
+    prefetch_bytes: u64,
     output: Output,
     /// Shared with the running iterator, which advances it batch by batch.
     position: Arc<Mutex<Position>>,
@@ -83,7 +84,7 @@ impl PyDataLoader {
         if self.shuffle {
             dataset = dataset.with_op(Op::Shuffle {
                 seed: self.seed,
-                buffer_rows: pipeline::DEFAULT_SHUFFLE_BUFFER,
+                buffer: pipeline::DEFAULT_SHUFFLE_BUFFER,
             });
         }
         let run = RunOptions {
@@ -94,6 +95,7 @@ impl PyDataLoader {
             drop_last: self.drop_last,
             num_threads: self.num_threads,
             prefetch: self.prefetch,
+            prefetch_bytes: self.prefetch_bytes,
             // This part's row stream for (seed, epoch) is deterministic and batching is
             // exact, so passing over whole batches' rows resumes where the state was taken.
             skip_rows: at.batches * self.batch_size as u64,
@@ -129,7 +131,7 @@ impl PyDataLoader {
 #[pymethods]
 impl PyDataLoader {
     #[new]
-    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, num_threads=None, prefetch=None, rank=None, world_size=None, output="numpy", pin_memory=false))]
+    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, num_threads=None, prefetch=None, prefetch_bytes=None, rank=None, world_size=None, output="numpy", pin_memory=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -140,6 +142,7 @@ impl PyDataLoader {
         drop_last: bool,
         num_threads: Option<usize>,
         prefetch: Option<usize>,
+        prefetch_bytes: Option<u64>,
         rank: Option<usize>,
         world_size: Option<usize>,
         output: &str,
@@ -181,6 +184,10 @@ impl PyDataLoader {
         if prefetch == 0 {
             return Err(PyValueError::new_err("prefetch must be at least 1"));
         }
+        let prefetch_bytes = prefetch_bytes.unwrap_or(pipeline::DEFAULT_PREFETCH_BYTES);
+        if prefetch_bytes == 0 {
+            return Err(PyValueError::new_err("prefetch_bytes must be at least 1"));
+        }
         let output = match output {
             "numpy" => Output::Numpy,
             "arrow" => Output::Arrow,
@@ -208,6 +215,7 @@ impl PyDataLoader {
             world_size,
             num_threads,
             prefetch,
+            prefetch_bytes,
             output,
             position: Arc::default(),
             resuming: false,
@@ -331,6 +339,7 @@ impl PyDataLoader {
         d.set_item("bytes_fetched", s.bytes_fetched)?;
         d.set_item("cache_hits", s.cache_hits)?;
         d.set_item("cache_misses", s.cache_misses)?;
+        d.set_item("shuffle_buffer_rows", s.shuffle_buffer_rows)?;
         Ok(d)
     }
 

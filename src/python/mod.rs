@@ -24,7 +24,16 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 fn next_batch(py: Python<'_>, receiver: &mut BatchReceiver) -> PyResult<Option<RecordBatch>> {
     loop {
         match py.detach(|| receiver.recv_timeout(SIGNAL_CHECK))? {
-            Received::Batch(batch) => return Ok(Some(batch)),
+            Received::Batch(batch) => {
+                if let Some(rows) = receiver.stats().take_shuffle_bound_report() {
+                    let message = format!(
+                        "the shuffle buffer holds only {rows} rows: its byte bound (buffer_bytes) is reached first, which weakens the shuffle; raise buffer_bytes if memory allows"
+                    );
+                    py.import("warnings")?
+                        .call_method1("warn", (message, py.get_type::<pyo3::exceptions::PyUserWarning>()))?;
+                }
+                return Ok(Some(batch));
+            }
             Received::End => return Ok(None),
             Received::Timeout => py.check_signals()?,
         }

@@ -43,12 +43,23 @@ fn view_buffer<'py>(
     buffer: Buffer,
 ) -> PyResult<Bound<'py, PyAny>> {
     let descr = PyArrayDescr::new(py, dtype)?;
+    let itemsize = descr.itemsize();
+    let needed = shape
+        .iter()
+        .try_fold(itemsize, |bytes, &d| bytes.checked_mul(d));
+    if needed.is_none_or(|needed| needed > buffer.len()) {
+        return Err(PyValueError::new_err(format!(
+            "internal error: a {dtype} view of shape {shape:?} does not fit its {}-byte buffer",
+            buffer.len()
+        )));
+    }
     let data = buffer.as_ptr() as *mut std::ffi::c_void;
     let owner = Bound::new(py, ArrowBufferOwner { buffer })?;
     let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
-    // SAFETY: `data` points at `prod(shape) * itemsize` readable bytes owned by `owner`,
-    // which becomes the array's base (the reference is stolen) and so outlives it.
-    // Arrow buffers are never written through again once built.
+    // SAFETY: `data` points at `prod(shape) * itemsize` readable bytes (checked above)
+    // owned by `owner`, which becomes the array's base (the reference is stolen) and so
+    // outlives it. Arrow buffers are never written through again once built, and every
+    // buffer viewed here belongs to this batch alone, so the view may be writeable.
     unsafe {
         let array = PY_ARRAY_API.PyArray_NewFromDescr(
             py,
