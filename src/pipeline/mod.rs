@@ -33,11 +33,12 @@ pub type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 pub const DEFAULT_PREFETCH_BYTES: u64 = 256 << 20;
 
 /// The shuffle buffer when the user gives no `buffer_size` / `buffer_bytes`: 10,000
-/// rows, or 256 MiB of them, whichever is fewer (so large rows such as images keep a
-/// plain `DataLoader(ds.shuffle())` well under 1 GiB).
+/// rows, or 128 MiB of them, whichever is fewer. The rows it holds keep their decoded
+/// batches alive (up to about twice their bytes before the buffer compacts), so this
+/// keeps a plain `DataLoader(ds.shuffle())` over large rows such as images under 1 GiB.
 pub const DEFAULT_SHUFFLE_BUFFER: BufferBounds = BufferBounds {
     rows: 10_000,
-    bytes: 256 << 20,
+    bytes: 128 << 20,
 };
 
 /// Shards plus how to read them; prepared (footers read, schema known) on first use and
