@@ -19,6 +19,10 @@ class Batch(dict):  # type: ignore[type-arg]
     def num_rows(self) -> int:
         return int(self._record_batch.num_rows)
 
+    def row(self, i: int) -> dict[str, Any]:
+        """Sample ``i``: each column's value (a struct column's as a dict)."""
+        return _row(self, i)
+
     def to_pyarrow(self) -> Any:
         """A ``pyarrow.RecordBatch`` over the same memory."""
         return self._record_batch.to_pyarrow()
@@ -28,3 +32,7 @@ class Batch(dict):  # type: ignore[type-arg]
 
     def __arrow_c_array__(self, requested_schema: Any = None) -> Any:
         return self._record_batch.__arrow_c_array__(requested_schema)
+
+
+def _row(columns: dict[str, Any], i: int) -> dict[str, Any]:
+    return {name: _row(values, i) if isinstance(values, dict) else values[i] for name, values in columns.items()}

@@ -59,16 +59,24 @@ def to_tf_dataset(source: sf.DataLoader | sf.Dataset) -> tf.data.Dataset:
     Dataset. Each pass over it is one epoch of ``source``; its cardinality is set when
     shardflow knows the length."""
     if isinstance(source, sf.DataLoader):
-        batched = True
+        loader, batched = source, True
     elif isinstance(source, sf.Dataset):
-        batched = False
+        # A loader of its own, so that each pass (each Keras epoch) is the dataset's next
+        # epoch: a new order when it is shuffled.
+        loader, batched = sf.DataLoader(source, batch_size=256), False
     else:
         raise TypeError("to_tf_dataset takes a shardflow.DataLoader or shardflow.Dataset")
     signature = {column["name"]: _spec(column, batched) for column in source._column_types()}
 
+    def convert(item: Any) -> dict[str, Any]:
+        return {name: _convert(item[name], spec) for name, spec in signature.items()}
+
     def generate() -> Iterator[dict[str, Any]]:
-        for item in source:
-            yield {name: _convert(item[name], spec) for name, spec in signature.items()}
+        for batch in loader:
+            if batched:
+                yield convert(batch)
+            else:
+                yield from (convert(batch.row(i)) for i in range(batch.num_rows))
 
     dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
     try:

@@ -216,7 +216,7 @@ class IterableDataset(_TorchIterableDataset):
             for i in range(skip, batch.num_rows):
                 # Recorded before the sample leaves: a state taken after it counts it.
                 self._position = {"loader": before, "samples_out": i + 1}
-                yield _sample(batch, i)
+                yield batch.row(i)
             skip = 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -232,11 +232,6 @@ class IterableDataset(_TorchIterableDataset):
 
 
 _STATE_FORMAT = "shardflow.torch.IterableDataset/1"
-
-
-def _sample(columns: Any, i: int) -> dict[str, Any]:
-    """Sample ``i`` of a batch of numpy columns (struct columns are dicts of columns)."""
-    return {name: _sample(values, i) if isinstance(values, dict) else values[i] for name, values in columns.items()}
 
 
 class MapDataset(_TorchDataset):

@@ -105,3 +105,13 @@ def test_keras_fit_lowers_the_loss(tmp_path: Path, fmt: str) -> None:
     assert len(losses) == 157
     # Keras reports the running mean: it falls as the model learns.
     assert losses[-1] < 0.75 * losses[10]
+
+
+def test_each_pass_over_a_dataset_is_its_next_epoch(tmp_path: Path) -> None:
+    write_mixed(tmp_path / "m.parquet")
+    samples = to_tf_dataset(sf.dataset(str(tmp_path / "m.parquet"), columns=["id"]).shuffle(seed=0, buffer_size=20))
+    passes = [[int(s["id"].numpy()) for s in samples] for _ in range(3)]
+    for order in passes:
+        assert sorted(order) == list(range(100))
+    # Keras iterates the dataset once per epoch: each epoch is shuffled anew.
+    assert len({tuple(order) for order in passes}) == 3
