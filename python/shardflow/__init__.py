@@ -21,6 +21,9 @@ from shardflow._native import (
     RecordBatch,
     SampleIterator,
     dataset,
+    from_arrow,
+    from_dict,
+    from_list,
 )
 from shardflow.features import FixedLen, VarLen
 from shardflow.errors import (
@@ -55,4 +58,7 @@ __all__ = [
     "VarLen",
     "__version__",
     "dataset",
+    "from_arrow",
+    "from_dict",
+    "from_list",
 ]

@@ -6,12 +6,14 @@ from typing import Any
 
 
 def rebuild(steps: list[tuple[str, Any]]) -> Any:
-    """Replays ``dataset(**kwargs)`` and then each op call."""
+    """Replays ``dataset(**kwargs)`` (or ``from_arrow`` / ``from_dict`` / ``from_list``)
+    and then each op call."""
     import shardflow
 
     (first, kwargs), *ops = steps
-    assert first == "dataset"
-    ds = shardflow.dataset(**kwargs)
+    if first not in ("dataset", "from_arrow", "from_dict", "from_list"):
+        raise ValueError(f"not a shardflow dataset recipe: {first!r}")
+    ds = getattr(shardflow, first)(**kwargs)
     for method, args in ops:
         ds = getattr(ds, method)(*args)
     return ds

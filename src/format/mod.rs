@@ -10,6 +10,7 @@ pub mod csv;
 pub mod example;
 mod json_infer;
 pub mod jsonl;
+pub mod memory;
 pub mod npy;
 pub mod npz;
 pub mod parquet;
@@ -231,6 +232,8 @@ pub enum UnitJob {
     /// Sequential: read the shard front to back on a blocking thread, cutting it into
     /// decode tasks as it goes (so a large file is decoded in parallel, in bounded memory).
     Stream(StreamJob),
+    /// Nothing to fetch (records already in memory): just this task.
+    Ready(DecodeTask),
 }
 
 /// Makes each work unit's job for one prepared dataset: the format-specific part.

@@ -223,9 +223,19 @@ impl UnitDecoder {
     fn start_fetch(&mut self, unit_idx: usize, tx: mpsc::Sender<Feed>) -> Result<u64> {
         let unit = &self.prepared.units[unit_idx];
         let shard = &self.prepared.shards[unit.shard];
+        let job = match self.prepared.job(unit) {
+            UnitJob::Ready(task) => {
+                // The channel holds two: the task and the end of the unit.
+                let _ = tx.try_send(Feed::Task(task));
+                let _ = tx.try_send(Feed::Done);
+                return Ok(0);
+            }
+            job => job,
+        };
         let source = self.sources.get(unit.shard, shard)?;
         let known_size = shard.size;
-        Ok(match self.prepared.job(unit) {
+        Ok(match job {
+            UnitJob::Ready(_) => 0,
             UnitJob::Ranges { ranges, decode } => {
                 let bytes = ranges.iter().map(|r| r.end - r.start).sum();
                 self.runtime.spawn(async move {

@@ -87,6 +87,25 @@ impl Dataset {
         })
     }
 
+    /// Records already in memory, one work unit per batch.
+    pub fn from_batches(schema: SchemaRef, batches: Vec<RecordBatch>, columns: Option<Vec<String>>) -> Self {
+        let (format, shards) = format::memory::InMemory::new(schema, batches);
+        Self {
+            source: Arc::new(DataSource {
+                shards,
+                format: Arc::new(format),
+                options: ReadOptions {
+                    columns,
+                    ..ReadOptions::default()
+                },
+                prepared: Mutex::new(None),
+                storage: Storage::local_only(),
+                counters: Arc::default(),
+            }),
+            ops: Vec::new(),
+        }
+    }
+
     pub fn format_name(&self) -> &'static str {
         self.source.format.name()
     }

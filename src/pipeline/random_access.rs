@@ -189,9 +189,14 @@ impl RandomAccess {
     fn decode(&self, unit: usize) -> Result<Vec<RecordBatch>> {
         let work = &self.prepared.units[unit];
         let shard = &self.prepared.shards[work.shard];
+        let job = match self.prepared.job(work) {
+            UnitJob::Ready(task) => return Ok(task()?.batches),
+            job => job,
+        };
         let source = self.io.open(shard)?;
         let mut tasks = Vec::new();
-        match self.prepared.job(work) {
+        match job {
+            UnitJob::Ready(task) => tasks.push(task),
             UnitJob::Ranges { ranges, decode } => {
                 let rt = source::runtime()?;
                 let fetched = rt.block_on(async {

@@ -98,6 +98,54 @@ pub fn stream_capsule<'py>(
     PyCapsule::new_with_value(py, FFI_ArrowArrayStream::new(Box::new(reader)), STREAM)
 }
 
+/// The record batches of an object exporting `__arrow_c_stream__` (a pyarrow Table or
+/// RecordBatchReader, a polars DataFrame, ...) or `__arrow_c_array__` (a RecordBatch or a
+/// struct array), without copying them.
+pub fn batches_from_py(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBatch>)> {
+    if obj.hasattr("__arrow_c_stream__")? {
+        let capsule = obj.call_method0("__arrow_c_stream__")?;
+        let capsule = capsule.cast::<PyCapsule>()?;
+        let ptr = capsule.pointer_checked(Some(STREAM))?;
+        // SAFETY: a capsule named "arrow_array_stream" holds a valid FFI_ArrowArrayStream;
+        // `from_raw` moves it out and leaves a released one, which the capsule's
+        // destructor then leaves alone.
+        let reader = unsafe {
+            arrow_array::ffi_stream::RecordBatchStreamReader::from_raw(
+                ptr.as_ptr() as *mut FFI_ArrowArrayStream
+            )
+        }
+        .map_err(arrow_error)?;
+        let schema = reader.schema();
+        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(arrow_error)?;
+        return Ok((schema, batches));
+    }
+    if obj.hasattr("__arrow_c_array__")? {
+        let pair = obj.call_method0("__arrow_c_array__")?;
+        let (schema_capsule, array_capsule) =
+            pair.extract::<(Bound<'_, PyCapsule>, Bound<'_, PyCapsule>)>()?;
+        let schema_ptr = schema_capsule.pointer_checked(Some(SCHEMA))?;
+        let array_ptr = array_capsule.pointer_checked(Some(ARRAY))?;
+        // SAFETY: the capsules hold a valid FFI_ArrowSchema (borrowed, it stays owned by
+        // its capsule) and FFI_ArrowArray (moved out, leaving a released one behind).
+        let data = unsafe {
+            let schema = &*(schema_ptr.as_ptr() as *const FFI_ArrowSchema);
+            let array = FFI_ArrowArray::from_raw(array_ptr.as_ptr() as *mut FFI_ArrowArray);
+            arrow_array::ffi::from_ffi(array, schema)
+        }
+        .map_err(arrow_error)?;
+        let DataType::Struct(_) = data.data_type() else {
+            return Err(PyTypeError::new_err(
+                "from_arrow needs a table, record batch or struct array, not a single column",
+            ));
+        };
+        let batch = RecordBatch::from(StructArray::from(data));
+        return Ok((batch.schema(), vec![batch]));
+    }
+    Err(PyTypeError::new_err(
+        "from_arrow needs an object with __arrow_c_stream__ or __arrow_c_array__ (a pyarrow Table or RecordBatch, a polars DataFrame, ...)",
+    ))
+}
+
 /// A schema from an object exporting `__arrow_c_schema__` (e.g. `pyarrow.Schema`), or
 /// from a dict `{name: type}` with types as strings like `"int64"`, `"string"`,
 /// `"list<float32>"`.

@@ -8,7 +8,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyCapsule, PyDict, PyList, PyString, PyTuple};
 
-use super::arrow_ffi::{schema_from_py, stream_capsule};
+use super::arrow_ffi::{batches_from_py, schema_from_py, stream_capsule};
+use super::from_python::{columns_to_batch, rows_to_batch};
 use super::next_batch;
 use super::to_python::batch_to_rows;
 use super::transform::{Kind, PyTransform};
@@ -118,6 +119,51 @@ pub fn dataset(
         recipe: vec![("dataset", kwargs.into_any().unbind())],
         access: Default::default(),
     })
+}
+
+/// A dataset of records in memory; `recipe_step` is how a pickled copy rebuilds it.
+fn in_memory(
+    py: Python<'_>,
+    schema: arrow_schema::SchemaRef,
+    batches: Vec<RecordBatch>,
+    recipe_step: (&'static str, Bound<'_, PyDict>),
+) -> PyDataset {
+    let inner = py.detach(|| Dataset::from_batches(schema, batches, None));
+    PyDataset {
+        inner,
+        recipe: vec![(recipe_step.0, recipe_step.1.into_any().unbind())],
+        access: Default::default(),
+    }
+}
+
+/// A dataset over Arrow data already in memory: anything exporting the Arrow PyCapsule
+/// interface (a pyarrow Table, RecordBatch or RecordBatchReader, a polars DataFrame).
+/// Each batch read is a copy, so writing into it never changes `data`.
+#[pyfunction]
+pub fn from_arrow(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
+    let (schema, batches) = batches_from_py(data)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("data", data)?;
+    Ok(in_memory(py, schema, batches, ("from_arrow", kwargs)))
+}
+
+/// A dataset over columns: `{name: list or numpy array}`, all of one length.
+#[pyfunction]
+pub fn from_dict(py: Python<'_>, columns: &Bound<'_, PyDict>) -> PyResult<PyDataset> {
+    let batch = columns_to_batch(py, columns.as_any())?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("columns", columns)?;
+    Ok(in_memory(py, batch.schema(), vec![batch], ("from_dict", kwargs)))
+}
+
+/// A dataset over rows: a list of dicts with the same keys.
+#[pyfunction]
+pub fn from_list(py: Python<'_>, rows: &Bound<'_, PyList>) -> PyResult<PyDataset> {
+    let items: Vec<Bound<'_, PyAny>> = rows.iter().collect();
+    let batch = rows_to_batch(py, &items)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("rows", rows)?;
+    Ok(in_memory(py, batch.schema(), vec![batch], ("from_list", kwargs)))
 }
 
 fn parse_options(options: &Bound<'_, PyDict>) -> PyResult<Options> {

@@ -45,7 +45,7 @@ mod _native {
     #[pymodule_export]
     use super::batch::PyRecordBatch;
     #[pymodule_export]
-    use super::dataset::{PyDataset, SampleIterator, dataset};
+    use super::dataset::{PyDataset, SampleIterator, dataset, from_arrow, from_dict, from_list};
     #[pymodule_export]
     use super::loader::{BatchIterator, PyDataLoader};
     #[pymodule_export]
