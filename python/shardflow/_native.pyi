@@ -14,6 +14,9 @@ __all__ = [
     "SampleIterator",
     "_ArrowBuffer",
     "dataset",
+    "from_arrow",
+    "from_dict",
+    "from_list",
 ]
 
 _Source = str | PathLike[str] | list[str | PathLike[str]] | tuple[str | PathLike[str], ...]
