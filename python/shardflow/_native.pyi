@@ -18,6 +18,8 @@ __all__ = [
 
 _Source = str | PathLike[str] | list[str | PathLike[str]] | tuple[str | PathLike[str], ...]
 
+def _redact(text: str) -> str: ...
+
 def dataset(
     source: _Source,
     format: str | None = None,

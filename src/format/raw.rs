@@ -11,7 +11,8 @@ use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::{
-    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, whole_file_job,
+    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, column_indices,
+    field_names, whole_file_job,
 };
 use crate::error::{Error, Result};
 use crate::source::{Io, ShardMeta};
@@ -100,14 +101,8 @@ impl Format for Raw {
         }
         let mut schema = Schema::new(fields);
         if let Some(columns) = &options.columns {
-            let indices = columns
-                .iter()
-                .map(|c| {
-                    schema.index_of(c).map_err(|_| {
-                        Error::invalid_argument(format!("raw files have no column {c:?}"))
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let url = paths.first().copied().unwrap_or_default();
+            let indices = column_indices(&field_names(&schema), columns, url)?;
             schema = schema
                 .project(&indices)
                 .map_err(|e| Error::Internal(e.to_string()))?;

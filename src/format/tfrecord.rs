@@ -14,6 +14,7 @@ use arrow_array::{ArrayRef, BinaryArray, RecordBatch};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+use super::blocks::read_full;
 use super::compression::{self, Compression, looks_like_zlib};
 use super::example::{ExampleDecoder, FeatureSpec, SpecInference};
 use super::{
@@ -143,22 +144,10 @@ fn project(
     columns: &[String],
     shards: &[ShardMeta],
 ) -> Result<Vec<FeatureSpec>> {
-    columns
-        .iter()
-        .map(|name| {
-            specs
-                .iter()
-                .find(|s| &s.name == name)
-                .cloned()
-                .ok_or_else(|| Error::Schema {
-                    url: shards.first().map(|s| s.url.clone()).unwrap_or_default(),
-                    message: format!(
-                        "no feature {name:?}; the records have {:?}",
-                        specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>()
-                    ),
-                })
-        })
-        .collect()
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    let url = shards.first().map_or("", |s| s.url.as_str());
+    let indices = super::column_indices(&names, columns, url)?;
+    Ok(indices.into_iter().map(|i| specs[i].clone()).collect())
 }
 
 fn infer(shards: &[ShardMeta], config: &Config, io: &Io) -> Result<Vec<FeatureSpec>> {
@@ -298,20 +287,6 @@ impl RecordReader {
     fn io_error(&self, e: std::io::Error) -> Error {
         compression::stream_error(&self.url, Position::Byte(self.offset), e)
     }
-}
-
-/// Reads until `buf` is full or the stream ends; returns the bytes read.
-fn read_full(reader: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match reader.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
 }
 
 /// Plain TFRecord starts with a header whose checksum holds; otherwise look for gzip or

@@ -499,12 +499,13 @@ impl PyDataset {
             .iter()
             .map(|op| format!("{op:?}"))
             .collect();
-        format!(
+        let repr = format!(
             "shardflow.Dataset(format={}, shards={}, ops=[{}])",
             self.inner.format_name(),
             self.inner.shards().len(),
             ops.join(", ")
-        )
+        );
+        crate::source::redact(&repr).into_owned()
     }
 }
 
