@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
-use arrow_ipc::reader::{FileDecoder, StreamDecoder, read_footer_length};
-use arrow_ipc::{Block, CONTINUATION_MARKER, CompressionType, MessageHeader, MetadataVersion};
+use arrow_ipc::reader::{FileDecoder, read_footer_length};
+use arrow_ipc::{Block, CompressionType, MessageHeader, MetadataVersion};
 use arrow_schema::{Schema, SchemaRef};
 
 use super::blocks::read_full;
@@ -25,6 +25,8 @@ use crate::source::{Io, ShardMeta, Source};
 const FORMAT: &str = "Arrow IPC";
 /// The first (and last) bytes of the file format; streams start with a message.
 const ARROW_MAGIC: &[u8; 6] = b"ARROW1";
+/// Starts each message since Arrow 0.15, before its metadata length.
+const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
 /// How far each codec can expand its input: LZ4 at most 255-fold (a length byte adds
 /// 255 bytes of match), zstd at most 32768-fold (a 4-byte RLE block makes 128 KiB).
 const LZ4_MAX_RATIO: u64 = 256;
@@ -367,14 +369,24 @@ impl UnitJobs for PreparedFile {
 
 // ---- stream format ---------------------------------------------------------------
 
+/// A message as read from a stream: its bytes (marker, length, metadata, body), where
+/// the body starts, and what it holds.
+struct Message {
+    bytes: Buffer,
+    block: Block,
+    header: MessageHeader,
+}
+
 /// An IPC stream read message by message, each checked before arrow-ipc decodes it.
+/// The stream's messages are decoded as a file's blocks are, so projection and the
+/// compressed-length check work the same for both.
 struct Messages<'a> {
     reader: Box<dyn Read + Send>,
     url: &'a str,
     limit: u64,
     /// Where the next message starts.
     offset: u64,
-    decoder: StreamDecoder,
+    decoder: Option<FileDecoder>,
 }
 
 impl<'a> Messages<'a> {
@@ -384,7 +396,7 @@ impl<'a> Messages<'a> {
             url,
             limit,
             offset: 0,
-            decoder: StreamDecoder::new(),
+            decoder: None,
         }
     }
 
@@ -392,8 +404,8 @@ impl<'a> Messages<'a> {
         Error::decode(self.url, FORMAT, Position::Byte(self.offset), message)
     }
 
-    /// Reads exactly `len` bytes, growing the buffer as they arrive so a lying length
-    /// costs no more memory than the stream really holds.
+    /// Appends exactly `len` bytes to `out`, growing it as they arrive so that a lying
+    /// length costs no more memory than the stream really holds.
     fn read_exact(&mut self, out: &mut Vec<u8>, len: u64) -> Result<()> {
         let before = out.len();
         (&mut self.reader)
@@ -406,75 +418,108 @@ impl<'a> Messages<'a> {
         Ok(())
     }
 
-    /// The whole next message (marker, length, metadata, body); `None` at the end.
-    fn next_message(&mut self) -> Result<Option<Buffer>> {
-        let mut word = [0u8; 4];
-        let got = read_full(&mut self.reader, &mut word)
+    /// Fills `word`; false at a clean end of the stream.
+    fn read_word(&mut self, word: &mut [u8; 4]) -> Result<bool> {
+        let got = read_full(&mut self.reader, word)
             .map_err(|e| stream_error(self.url, Position::Byte(self.offset), e))?;
-        if got == 0 {
+        match got {
+            0 => Ok(false),
+            4 => Ok(true),
+            _ => Err(self.corrupt("the stream ends inside a message length")),
+        }
+    }
+
+    /// The next message, checked; `None` at the end of the stream.
+    fn next_message(&mut self) -> Result<Option<Message>> {
+        let mut word = [0u8; 4];
+        if !self.read_word(&mut word)? {
             return Ok(None);
         }
-        let mut message = Vec::with_capacity(8);
-        message.extend_from_slice(&CONTINUATION_MARKER);
-        if word == CONTINUATION_MARKER {
-            if read_full(&mut self.reader, &mut word)
-                .map_err(|e| stream_error(self.url, Position::Byte(self.offset), e))?
-                < 4
-            {
-                return Err(self.corrupt("the stream ends inside a message length"));
-            }
-        } else if got < 4 {
+        // Before Arrow 0.15 a message started with its length alone.
+        if word == CONTINUATION_MARKER && !self.read_word(&mut word)? {
             return Err(self.corrupt("the stream ends inside a message length"));
         }
         let meta_len = match i32::from_le_bytes(word) {
             0 => return Ok(None),
-            n => u64::try_from(n).map_err(|_| self.corrupt(format!("message length {n}")))?,
+            n if n < 0 => return Err(self.corrupt(format!("message length {n}"))),
+            n => n,
         };
-        message.extend_from_slice(&word);
-        self.read_exact(&mut message, meta_len)?;
-        let body_len = {
-            let flatbuffer = message_flatbuffer(&message).map_err(|m| self.corrupt(m))?;
-            let parsed = arrow_ipc::root_as_message(flatbuffer)
+        let mut bytes = Vec::with_capacity(8);
+        bytes.extend_from_slice(&CONTINUATION_MARKER);
+        bytes.extend_from_slice(&word);
+        self.read_exact(&mut bytes, meta_len as u64)?;
+        let (header, body_len) = {
+            let parsed = arrow_ipc::root_as_message(&bytes[8..])
                 .map_err(|e| self.corrupt(format!("bad message: {e}")))?;
-            u64::try_from(parsed.bodyLength())
-                .map_err(|_| self.corrupt("negative body length"))?
+            let body_len = u64::try_from(parsed.bodyLength())
+                .map_err(|_| self.corrupt("negative body length"))?;
+            (parsed.header_type(), body_len)
         };
-        let meta_end = message.len();
-        self.read_exact(&mut message, body_len)?;
-        let (meta, body) = message.split_at(meta_end);
+        let meta_end = bytes.len();
+        self.read_exact(&mut bytes, body_len)?;
+        let (meta, body) = bytes.split_at(meta_end);
         check_message(&meta[8..], body, self.limit).map_err(|m| self.corrupt(m))?;
-        self.offset += message.len() as u64;
-        Ok(Some(Buffer::from_vec(message)))
+        self.offset += bytes.len() as u64;
+        let block = Block::new(0, meta_end as i32, body_len as i64);
+        Ok(Some(Message {
+            bytes: Buffer::from_vec(bytes),
+            block,
+            header,
+        }))
     }
 
-    /// The next record batch; `None` at the end of the stream.
+    /// The stream's schema, from its first message; sets up decoding with `projection`.
+    fn schema(&mut self, projection: Option<&[usize]>) -> Result<SchemaRef> {
+        let start = self.offset;
+        let url = self.url;
+        let at_start = |e: String| Error::decode(url, FORMAT, Position::Byte(start), e);
+        let message = self
+            .next_message()?
+            .filter(|m| m.header == MessageHeader::Schema)
+            .ok_or_else(|| at_start("the stream does not start with a schema".into()))?;
+        let parsed = arrow_ipc::root_as_message(&message.bytes[8..])
+            .map_err(|e| at_start(format!("bad message: {e}")))?;
+        let fb_schema = parsed
+            .header_as_schema()
+            .ok_or_else(|| at_start("bad schema message".into()))?;
+        let schema = Arc::new(
+            arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(|e| at_start(e.to_string()))?,
+        );
+        let mut decoder = FileDecoder::new(schema.clone(), parsed.version());
+        if let Some(p) = projection {
+            decoder = decoder.with_projection(p.to_vec());
+        }
+        self.decoder = Some(decoder);
+        Ok(schema)
+    }
+
+    /// The next record batch (projected); `None` at the end of the stream.
     fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
-        while let Some(mut message) = self.next_message()? {
-            let start = self.offset - message.len() as u64;
-            let decoded = self.decoder.decode(&mut message).map_err(|e| {
-                Error::decode(self.url, FORMAT, Position::Byte(start), e)
-            })?;
-            if decoded.is_some() {
-                return Ok(decoded);
+        loop {
+            let start = self.offset;
+            let Some(message) = self.next_message()? else {
+                return Ok(None);
+            };
+            let url = self.url;
+            let at = |e: arrow_schema::ArrowError| Error::decode(url, FORMAT, Position::Byte(start), e);
+            let Some(decoder) = self.decoder.as_mut() else {
+                return Err(Error::Internal("stream read before its schema".into()));
+            };
+            match message.header {
+                MessageHeader::DictionaryBatch => decoder
+                    .read_dictionary(&message.block, &message.bytes)
+                    .map_err(at)?,
+                MessageHeader::NONE => {}
+                _ => {
+                    if let Some(batch) = decoder
+                        .read_record_batch(&message.block, &message.bytes)
+                        .map_err(at)?
+                    {
+                        return Ok(Some(batch));
+                    }
+                }
             }
         }
-        Ok(None)
-    }
-
-    /// The stream's schema, from its first message.
-    fn schema(&mut self) -> Result<SchemaRef> {
-        if let Some(schema) = self.decoder.schema() {
-            return Ok(schema);
-        }
-        let Some(mut message) = self.next_message()? else {
-            return Err(self.corrupt("an empty stream has no schema"));
-        };
-        self.decoder
-            .decode(&mut message)
-            .map_err(|e| Error::decode(self.url, FORMAT, Position::Byte(0), e))?;
-        self.decoder
-            .schema()
-            .ok_or_else(|| Error::decode(self.url, FORMAT, Position::Byte(0), "the stream does not start with a schema"))
     }
 }
 
@@ -495,7 +540,7 @@ fn prepare_streams(
         None => (Arc::new(Schema::empty()), None),
         Some(first) => {
             let stream = io.open(first)?.open_stream()?;
-            let full = Messages::new(stream, &first.url, limit).schema()?;
+            let full = Messages::new(stream, &first.url, limit).schema(None)?;
             let projection = projection(&full, options.columns.as_deref(), &first.url)?;
             let schema = match &projection {
                 Some(p) => Arc::new(
@@ -528,14 +573,14 @@ impl UnitJobs for PreparedStream {
             (self.schema.clone(), self.projection.clone(), self.limit);
         UnitJob::Stream(Box::new(move |stream, emit: &mut EmitTask| {
             let mut messages = Messages::new(stream, &url, limit);
-            let full = messages.schema()?;
+            let full = messages.schema(projection.as_deref())?;
             let corrupt =
                 |e: arrow_schema::ArrowError| Error::decode(&url, FORMAT, Position::Unknown, e);
-            let full = match &projection {
+            let projected = match &projection {
                 Some(p) => Arc::new(full.project(p).map_err(corrupt)?),
                 None => full,
             };
-            if full.fields() != schema.fields() {
+            if projected.fields() != schema.fields() {
                 return Err(Error::Schema {
                     url: url.clone(),
                     message: "columns differ from the first file's".into(),
@@ -544,10 +589,6 @@ impl UnitJobs for PreparedStream {
             // Decoding a stream message is little more than slicing buffers, so it runs
             // here and the tasks just hand the batches on, in order.
             while let Some(batch) = messages.next_batch()? {
-                let batch = match &projection {
-                    Some(p) => batch.project(p).map_err(corrupt)?,
-                    None => batch,
-                };
                 let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec())
                     .map_err(corrupt)?;
                 if !emit(Box::new(move || {
@@ -561,5 +602,73 @@ impl UnitJobs for PreparedStream {
             }
             Ok(())
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::Int64Array;
+    use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
+
+    use super::*;
+
+    const ROWS: i64 = 12_345;
+
+    fn compressed_stream(codec: CompressionType) -> Vec<u8> {
+        let batch = RecordBatch::try_from_iter([(
+            "x",
+            Arc::new(Int64Array::from_iter_values(0..ROWS)) as _,
+        )])
+        .unwrap();
+        let options = IpcWriteOptions::default()
+            .try_with_compression(Some(codec))
+            .unwrap();
+        let mut writer =
+            StreamWriter::try_new_with_options(Vec::new(), &batch.schema(), options).unwrap();
+        writer.write(&batch).unwrap();
+        writer.into_inner().unwrap()
+    }
+
+    fn read(bytes: Vec<u8>, limit: u64) -> Result<Vec<RecordBatch>> {
+        let mut messages = Messages::new(Box::new(std::io::Cursor::new(bytes)), "t.arrows", limit);
+        messages.schema(None)?;
+        let mut out = Vec::new();
+        while let Some(batch) = messages.next_batch()? {
+            out.push(batch);
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn lying_uncompressed_lengths_are_refused_before_decompression() {
+        for codec in [CompressionType::LZ4_FRAME, CompressionType::ZSTD] {
+            let honest = compressed_stream(codec);
+            let batches = read(honest.clone(), u64::MAX).unwrap();
+            let values = batches[0].column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            assert_eq!(values.values().to_vec(), (0..ROWS).collect::<Vec<_>>());
+            let prefix = (ROWS as u64 * 8).to_le_bytes();
+            let at = honest.windows(8).position(|w| w == prefix).unwrap();
+            let mut lying = honest.clone();
+            lying[at..at + 8].copy_from_slice(&(1u64 << 46).to_le_bytes());
+            let err = read(lying, u64::MAX).unwrap_err().to_string();
+            assert!(err.contains("claims 70368744177664 bytes"), "{err}");
+            let err = read(honest, 1000).unwrap_err().to_string();
+            assert!(err.contains("max_decompressed_bytes"), "{err}");
+        }
+    }
+
+    #[test]
+    fn truncated_and_lying_framing_is_an_error() {
+        let honest = compressed_stream(CompressionType::LZ4_FRAME);
+        for cut in [3, 7, 20, honest.len() / 2, honest.len() - 9] {
+            assert!(read(honest[..cut].to_vec(), u64::MAX).is_err(), "cut at {cut}");
+        }
+        // A metadata length of 2 GiB in a few bytes of stream.
+        let mut huge = vec![0xff; 4];
+        huge.extend_from_slice(&i32::MAX.to_le_bytes());
+        huge.extend_from_slice(&[0; 16]);
+        let err = read(huge, u64::MAX).unwrap_err().to_string();
+        assert!(err.contains("ends inside a message"), "{err}");
+        assert!(message_flatbuffer(&[0xff; 8]).is_err());
     }
 }

@@ -751,6 +751,32 @@ mod tests {
     }
 
     #[test]
+    fn hostile_headers_are_errors_not_panics() {
+        for descr in [
+            "<é8", "é", "<", "", "<f", "<f4x", "<i3", "<f+4", ">c4", "<U0", "<S-1",
+            "<U99999999999999999999999", "<U4611686018427387904",
+        ] {
+            let err = parse_header(&npy(descr, false, "(2,)", &[])).unwrap_err();
+            assert!(err.contains("dtype"), "{descr}: {err}");
+        }
+        for shape in ["(99999999999999999999999,)", "(1, -2)", "(1 2)"] {
+            assert!(parse_header(&npy("<f8", false, shape, &[])).is_err(), "{shape}");
+        }
+        let huge = parse_header(&npy("<f8", false, "(2147483648, 2147483648)", &[])).unwrap();
+        assert!(huge.check(false).is_err() && huge.check(true).is_err());
+        assert_eq!(huge.data_len(), None);
+        let wide = parse_header(&npy("<c16", false, "(3, 1073741824)", &[])).unwrap();
+        assert!(wide.check(true).is_err(), "complex values take two lanes");
+        let empty = parse_header(&npy("<f8", false, "(0, 4611686018427387904, 4)", &[])).unwrap();
+        assert_eq!(empty.data_len(), Some(0));
+        assert_eq!(empty.row_bytes(), usize::MAX);
+        assert!(empty.check(true).is_err());
+        let fine = parse_header(&npy("<f4", false, "(5, 3, 4)", &[])).unwrap();
+        assert!(fine.check(true).is_ok() && fine.check(false).is_ok());
+        assert_eq!((fine.row_bytes(), fine.row_values()), (48, 12));
+    }
+
+    #[test]
     fn fortran_and_big_endian_become_c_native() {
         // 2x3 int16 array [[1,2,3],[4,5,6]] in Fortran order, big endian.
         let f: Vec<u8> = [1i16, 4, 2, 5, 3, 6]

@@ -330,7 +330,7 @@ impl Format for Npz {
         } else {
             &shards[..shards.len().min(1)]
         };
-        let layouts: Vec<Layout> = per_shard(wanted, io, FORMAT, |source, size| {
+        let layouts: Vec<Layout> = per_shard(wanted, io, FORMAT, move |source, size| {
             Box::pin(async move { read_layout(source.as_ref(), size, rows_mode).await })
         })?
         .into_iter()
@@ -553,5 +553,72 @@ impl UnitJobs for PreparedNpz {
             })
         };
         whole_file_job(shard, decode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn entry(method: u16, uncompressed: u64, data: &[u8]) -> Entry {
+        Entry {
+            name: "a".into(),
+            method,
+            crc: crc32fast::hash(data),
+            compressed: 0,
+            uncompressed,
+            local_offset: 0,
+        }
+    }
+
+    #[test]
+    fn a_member_cannot_claim_more_than_it_holds() {
+        let data = vec![7u8; 1000];
+        let mut deflated = flate2::write::DeflateEncoder::new(Vec::new(), Default::default());
+        deflated.write_all(&data).unwrap();
+        let raw = Bytes::from(deflated.finish().unwrap());
+        // Nearly 4 GiB declared, within the limit: refused once the data runs out.
+        let lie = entry(DEFLATED, 0xFFFF_FFF0, &data);
+        let err = member_bytes(&lie, raw.clone(), 64 << 30).unwrap_err();
+        assert!(err.contains("holds 1000 bytes"), "{err}");
+        let err = member_bytes(&lie, raw.clone(), 1 << 20).unwrap_err();
+        assert!(err.contains("max_decompressed_bytes"), "{err}");
+        let honest = entry(DEFLATED, 1000, &data);
+        assert_eq!(member_bytes(&honest, raw, 64 << 30).unwrap(), data);
+    }
+
+    #[test]
+    fn a_header_must_describe_the_member_it_heads() {
+        let header = |shape: Vec<usize>| Header {
+            elem: npy::Elem::Float(8),
+            big_endian: false,
+            fortran: false,
+            shape,
+            data_offset: 128,
+        };
+        let member = entry(STORED, 128 + 800, &[]);
+        assert!(check_member_size(&member, &header(vec![100])).is_ok());
+        for lie in [vec![101], vec![99], vec![1 << 31, 1 << 31], vec![usize::MAX, 2]] {
+            assert!(check_member_size(&member, &header(lie.clone())).is_err(), "{lie:?}");
+        }
+    }
+
+    #[test]
+    fn hostile_directories_are_errors() {
+        // A zip64 locator pointing anywhere, and end records cut short.
+        let mut tail = vec![0u8; 20];
+        tail[..4].copy_from_slice(&ZIP64_LOCATOR_SIG.to_le_bytes());
+        tail[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        let mut eocd = EOCD_SIG.to_le_bytes().to_vec();
+        eocd.extend_from_slice(&[0xff; 18]);
+        tail.extend_from_slice(&eocd);
+        assert!(directory_location(&tail, 0).is_err());
+        assert!(directory_location(&tail, u64::MAX - 5).is_err());
+        assert!(directory_location(&eocd[..10], 0).is_err());
+        let mut cd = CENTRAL_SIG.to_le_bytes().to_vec();
+        cd.extend_from_slice(&[0xff; 60]);
+        assert!(parse_directory(&cd).is_err());
     }
 }

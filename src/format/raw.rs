@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::{BinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow_array::{Int64Array, LargeBinaryArray, RecordBatch, StringArray};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
@@ -78,7 +78,8 @@ impl Format for Raw {
             .collect();
         let mut fields = vec![
             Field::new("__key__", DataType::Utf8, false),
-            Field::new("bytes", DataType::Binary, false),
+            // 64-bit offsets: a file, or a batch of them, may pass 2 GiB.
+            Field::new("bytes", DataType::LargeBinary, false),
         ];
         let labels = with_labels.then(|| {
             let mut names: Vec<&str> = paths.iter().map(|p| parent_name(p)).collect();
@@ -142,8 +143,8 @@ impl UnitJobs for PreparedRaw {
                     match f.name().as_str() {
                         "__key__" => Arc::new(StringArray::from(vec![key.as_str()])),
                         // The file's bytes themselves, not a copy.
-                        "bytes" => Arc::new(BinaryArray::new(
-                            OffsetBuffer::new(ScalarBuffer::from(vec![0, bytes.len() as i32])),
+                        "bytes" => Arc::new(LargeBinaryArray::new(
+                            OffsetBuffer::new(ScalarBuffer::from(vec![0, bytes.len() as i64])),
                             Buffer::from(bytes.clone()),
                             None,
                         )),

@@ -10,7 +10,7 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, BinaryArray, RecordBatch};
+use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
@@ -55,10 +55,11 @@ struct PreparedTfRecord {
     config: Arc<Config>,
 }
 
+/// 64-bit offsets: one record, or a block of them, may pass 2 GiB.
 fn raw_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![Field::new(
         "record",
-        DataType::Binary,
+        DataType::LargeBinary,
         false,
     )]))
 }
@@ -394,20 +395,20 @@ fn decode_block(config: &Config, url: &str, block: Block) -> Result<Decoded> {
 
 /// The records' bytes as a binary column; without skips, the block buffer itself.
 fn raw_batch(schema: &SchemaRef, block: Block, good: &[usize]) -> Result<RecordBatch> {
-    let mut offsets = vec![0i32];
+    let mut offsets = vec![0i64];
     let values = if good.len() == block.records.len() {
-        offsets.extend(block.records.iter().map(|m| m.end as i32));
+        offsets.extend(block.records.iter().map(|m| m.end as i64));
         Buffer::from_vec(block.data)
     } else {
         let mut data = Vec::new();
         for &i in good {
             let meta = &block.records[i];
             data.extend_from_slice(&block.data[meta.start..meta.end]);
-            offsets.push(data.len() as i32);
+            offsets.push(data.len() as i64);
         }
         Buffer::from_vec(data)
     };
-    let column: ArrayRef = Arc::new(BinaryArray::new(
+    let column: ArrayRef = Arc::new(LargeBinaryArray::new(
         OffsetBuffer::new(ScalarBuffer::from(offsets)),
         values,
         None,
