@@ -97,15 +97,15 @@ def test_slow_consumer_bounds_the_work_done_ahead(large: str) -> None:
 
     ds = sf.dataset(large).map(count, batched=True, batch_size=1000)
     it = iter(sf.DataLoader(ds, batch_size=1000, prefetch=2))
-    # One batch consumed, two buffered, one waiting to be sent, one in the user function:
-    # wait until the pipeline has run that far ahead, then see it go no further. (A slow
-    # machine can only make the second wait pass sooner, never fail it.)
+    # At rest: one batch consumed, two buffered, one waiting to be sent. Wait until the
+    # pipeline has run that far ahead, then watch it go no further than one more in the
+    # user function. (A slow machine can only make the second wait pass, never fail.)
     next(it)
-    assert wait_for(lambda: sum(processed) >= FILLED * 1000, timeout=DEADLINE), sum(processed)
+    assert wait_for(lambda: sum(processed) >= 4 * 1000, timeout=DEADLINE), sum(processed)
+    assert not wait_for(lambda: sum(processed) > 5 * 1000, timeout=1.0), sum(processed)
+    next(it)
+    assert wait_for(lambda: sum(processed) >= 5 * 1000, timeout=DEADLINE), sum(processed)
     assert not wait_for(lambda: sum(processed) > 6 * 1000, timeout=1.0), sum(processed)
-    next(it)
-    assert wait_for(lambda: sum(processed) >= (FILLED + 1) * 1000, timeout=DEADLINE), sum(processed)
-    assert not wait_for(lambda: sum(processed) > 7 * 1000, timeout=1.0), sum(processed)
     del it
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "RecordBatch",
     "SampleIterator",
     "_ArrowBuffer",
+    "_redact",
     "dataset",
 ]
 
