@@ -183,14 +183,21 @@ mod tests {
         let errors = [
             Error::NotFound { url: url.into() },
             Error::decode(url, "Parquet", Position::Byte(4), format!("unlike {url}")),
-            Error::io(url, Position::Unknown, std::io::Error::other(format!("for url ({url})"))),
+            Error::io(
+                url,
+                Position::Unknown,
+                std::io::Error::other(format!("for url ({url})")),
+            ),
             Error::invalid_argument(format!("{url}: cannot infer the format")),
             Error::Internal(url.into()),
         ];
         for e in errors {
             let text = e.to_string();
             assert!(!text.contains("SECRET") && !text.contains("pw"), "{text}");
-            assert!(text.contains("https://***@h/x.parquet?X-Amz-Signature=***"), "{text}");
+            assert!(
+                text.contains("https://***@h/x.parquet?X-Amz-Signature=***"),
+                "{text}"
+            );
         }
         assert_eq!(Error::NotFound { url: url.into() }.url(), Some(url));
     }

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import struct
 import subprocess
 import sys
+import tarfile
 import textwrap
+import threading
+import warnings
 import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+
+import shardflow as sf
 
 # What a child may allocate beyond its size after `import shardflow`: far below the
 # lies these files tell (4 GiB and more), well above what reading them honestly takes.
@@ -129,9 +136,10 @@ def test_npy_good_file_still_matches_numpy(tmp_path: Path) -> None:
 # ---- NPZ ------------------------------------------------------------------------------
 
 
-def npz_with(members: dict[str, bytes], compression: int = zipfile.ZIP_STORED) -> bytes:
+def npz_with(members: dict[str, bytes]) -> bytes:
+    """An archive of stored members, written as given."""
     out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", compression) as archive:
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
         for name, data in members.items():
             archive.writestr(name + ".npy", data)
     return out.getvalue()
@@ -143,29 +151,31 @@ def patch_declared_size(archive: bytes, size: int) -> bytes:
     return archive[: at + 24] + struct.pack("<I", size) + archive[at + 28 :]
 
 
-@pytest.mark.parametrize("mode", ["sample", "rows"])
-def test_npz_member_header_larger_than_the_member(tmp_path: Path, mode: str) -> None:
-    # A stored member whose header claims (2**31, 2**31) over 800 bytes of data, with a
-    # neighbour after it that rows mode would otherwise read into.
-    path = tmp_path / "lying.npz"
-    path.write_bytes(npz_with({"a": npy_bytes("<f8", "(2147483648, 2147483648)", b"\1" * 800), "b": _npy(np.ones((1, 4)))}))
-    report = run_child("outcome(lambda: read_all(args[0], format_options={'mode': args[1]}))", path, mode)
-    expect_error(report, path, "DecodeError", '"a"')
-
-
-@pytest.mark.parametrize("mode", ["sample", "rows"])
-def test_npz_member_header_smaller_than_the_member_in_rows_mode(tmp_path: Path, mode: str) -> None:
-    # The header promises 3 rows; the member holds 100.
-    path = tmp_path / "short.npz"
-    path.write_bytes(npz_with({"a": npy_bytes("<f8", "(3, 4)", b"\0" * 3200)}))
-    report = run_child("outcome(lambda: read_all(args[0], format_options={'mode': args[1]}))", path, mode)
-    expect_error(report, path, "DecodeError", '"a"')
-
-
-def _npy(array: np.ndarray) -> bytes:
+def npy_of(array: np.ndarray) -> bytes:
     out = io.BytesIO()
     np.save(out, array)
     return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        # 200 rows promised over 100 rows of data, then a neighbour rows mode would read.
+        {"a": npy_bytes("<f8", "(200, 4)", b"\1" * 3200), "b": npy_of(np.zeros((200, 4)))},
+        # 3 rows promised, 100 held.
+        {"a": npy_bytes("<f8", "(3, 4)", b"\1" * 3200)},
+        # (2**31, 2**31) over 800 bytes: a unit per 16 GiB row, 2**31 of them.
+        {"a": npy_bytes("<f8", "(2147483648, 2147483648)", b"\1" * 800)},
+        {"a": npy_bytes("<u1", "(2147483648, 4)", b"\1" * 800), "b": npy_bytes("<u1", "(2147483648,)", b"\1" * 8)},
+    ],
+    ids=["longer", "shorter", "huge", "huge-pair"],
+)
+@pytest.mark.parametrize("mode", ["sample", "rows"])
+def test_npz_members_whose_headers_lie_about_their_size(tmp_path: Path, members: dict[str, bytes], mode: str) -> None:
+    path = tmp_path / "lying.npz"
+    path.write_bytes(npz_with(members))
+    report = run_child("outcome(lambda: read_all(args[0], format_options={'mode': args[1]}))", path, mode)
+    expect_error(report, path, "DecodeError", '"a"')
 
 
 @pytest.mark.parametrize("which", ["first", "second"])
@@ -283,9 +293,6 @@ class Refusing:
     """An HTTP server that answers every request 503, on a free local port."""
 
     def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: object) -> None:
                 pass
@@ -307,11 +314,6 @@ class Refusing:
 
 
 def test_secrets_in_urls_stay_out_of_errors_reprs_stats_and_warnings() -> None:
-    import logging
-    import warnings
-
-    import shardflow as sf
-
     server = Refusing()
     query = "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=CREDSECRET&X-Amz-Signature=SIGSECRET&X-Amz-Security-Token=TOKSECRET&api_key=KEYSECRET"
     fast = {"max_attempts": 2, "retry_base_seconds": 0.01, "retry_max_seconds": 0.02, "timeout_seconds": 5}
@@ -374,6 +376,26 @@ def tfrecord_frame(data: bytes) -> bytes:
     return struct.pack("<Q", len(data)) + b"\0" * 4 + data + b"\0" * 4
 
 
+# Reads the file as one batch of up to 10 rows, without copying the bytes into Python.
+ONE_BIG_BATCH = """
+import pyarrow as pa
+import pyarrow.compute as pc
+def check():
+    ds = sf.dataset(args[0], format_options=json.loads(args[2]))
+    (batch,) = list(sf.DataLoader(ds, batch_size=10, output="arrow"))
+    column = pa.record_batch(batch).column(args[1])
+    last = [memoryview(column[i].as_buffer())[-1] for i in range(len(column))]
+    return [str(column.type), pc.binary_length(column).to_pylist(), last]
+outcome(check)
+"""
+
+
+def read_one_big_batch(path: Path, column: str, options: dict[str, object]) -> list[Any]:
+    report = run_child(ONE_BIG_BATCH, path, column, json.dumps(options), headroom=None, timeout=1500)
+    assert report["error"] is None, report
+    return report["result"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("layout", ["one 2.5 GiB record", "ten 256 MiB records"])
@@ -383,31 +405,14 @@ def test_tfrecord_column_past_2_gib(tmp_path: Path, layout: str) -> None:
     with open(path, "wb") as f:
         for i, size in enumerate(sizes):
             f.write(tfrecord_frame(bytes([i + 1]) * size))
-    code = """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    def check():
-        options = {"raw": True, "verify_crc": False, "compression": "none"}
-        loader = sf.DataLoader(sf.dataset(args[0], format_options=options), batch_size=10, output="arrow")
-        (batch,) = list(loader)
-        column = pa.record_batch(batch).column("record")
-        last = [memoryview(column[i].as_buffer())[-1] for i in range(len(column))]
-        return [str(column.type), pc.binary_length(column).to_pylist(), last]
-    outcome(check)
-    """
-    report = run_child(code, path, headroom=None, timeout=1500)
-    assert report["error"] is None, report
-    kind, lengths, last_bytes = report["result"]
-    assert kind == "large_binary"
-    assert lengths == sizes
-    assert last_bytes == list(range(1, len(sizes) + 1))
+    options = {"raw": True, "verify_crc": False, "compression": "none"}
+    result = read_one_big_batch(path, "record", options)
+    assert result == ["large_binary", sizes, list(range(1, len(sizes) + 1))]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_webdataset_column_past_2_gib(tmp_path: Path) -> None:
-    import tarfile
-
     path = tmp_path / "big.tar"
     with tarfile.open(path, "w") as tar:
         for i in range(10):
@@ -415,17 +420,4 @@ def test_webdataset_column_past_2_gib(tmp_path: Path) -> None:
             info = tarfile.TarInfo(f"s{i:02d}.bin")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    code = """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    def check():
-        loader = sf.DataLoader(sf.dataset(args[0]), batch_size=10, output="arrow")
-        (batch,) = list(loader)
-        column = pa.record_batch(batch).column("bin")
-        last = [memoryview(column[i].as_buffer())[-1] for i in range(len(column))]
-        return [str(column.type), pc.binary_length(column).to_pylist(), last]
-    outcome(check)
-    """
-    report = run_child(code, path, headroom=None, timeout=1500)
-    assert report["error"] is None, report
-    assert report["result"] == ["large_binary", [1 << 28] * 10, list(range(1, 11))]
+    assert read_one_big_batch(path, "bin", {}) == ["large_binary", [1 << 28] * 10, list(range(1, 11))]

@@ -501,7 +501,8 @@ impl<'a> Messages<'a> {
                 return Ok(None);
             };
             let url = self.url;
-            let at = |e: arrow_schema::ArrowError| Error::decode(url, FORMAT, Position::Byte(start), e);
+            let at =
+                |e: arrow_schema::ArrowError| Error::decode(url, FORMAT, Position::Byte(start), e);
             let Some(decoder) = self.decoder.as_mut() else {
                 return Err(Error::Internal("stream read before its schema".into()));
             };
@@ -644,7 +645,11 @@ mod tests {
         for codec in [CompressionType::LZ4_FRAME, CompressionType::ZSTD] {
             let honest = compressed_stream(codec);
             let batches = read(honest.clone(), u64::MAX).unwrap();
-            let values = batches[0].column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let values = batches[0]
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
             assert_eq!(values.values().to_vec(), (0..ROWS).collect::<Vec<_>>());
             let prefix = (ROWS as u64 * 8).to_le_bytes();
             let at = honest.windows(8).position(|w| w == prefix).unwrap();
@@ -661,7 +666,10 @@ mod tests {
     fn truncated_and_lying_framing_is_an_error() {
         let honest = compressed_stream(CompressionType::LZ4_FRAME);
         for cut in [3, 7, 20, honest.len() / 2, honest.len() - 9] {
-            assert!(read(honest[..cut].to_vec(), u64::MAX).is_err(), "cut at {cut}");
+            assert!(
+                read(honest[..cut].to_vec(), u64::MAX).is_err(),
+                "cut at {cut}"
+            );
         }
         // A metadata length of 2 GiB in a few bytes of stream.
         let mut huge = vec![0xff; 4];

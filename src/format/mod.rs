@@ -457,10 +457,16 @@ mod tests {
     fn columns_resolve_in_the_order_asked() {
         let names = ["a", "b", "c"];
         let cols = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(column_indices(&names, &cols(&["c", "a"]), "u").unwrap(), vec![2, 0]);
+        assert_eq!(
+            column_indices(&names, &cols(&["c", "a"]), "u").unwrap(),
+            vec![2, 0]
+        );
         let missing = column_indices(&names, &cols(&["z"]), "f.csv").unwrap_err();
         assert!(matches!(missing, Error::Schema { .. }));
-        assert!(missing.to_string().contains(r#"no column "z""#), "{missing}");
+        assert!(
+            missing.to_string().contains(r#"no column "z""#),
+            "{missing}"
+        );
         assert!(matches!(
             column_indices(&names, &cols(&["a", "a"]), "u"),
             Err(Error::InvalidArgument(_))

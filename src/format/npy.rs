@@ -153,8 +153,14 @@ impl Header {
         } else {
             &self.shape[..]
         };
-        let lanes = if let Elem::Complex(_) = self.elem { 2 } else { 1 };
-        let width = dims.iter().try_fold(lanes, |acc: usize, &d| acc.checked_mul(d));
+        let lanes = if let Elem::Complex(_) = self.elem {
+            2
+        } else {
+            1
+        };
+        let width = dims
+            .iter()
+            .try_fold(lanes, |acc: usize, &d| acc.checked_mul(d));
         match width {
             Some(w) if i32::try_from(w).is_ok() && w.checked_mul(self.elem.size()).is_some() => {
                 Ok(())
@@ -753,14 +759,28 @@ mod tests {
     #[test]
     fn hostile_headers_are_errors_not_panics() {
         for descr in [
-            "<é8", "é", "<", "", "<f", "<f4x", "<i3", "<f+4", ">c4", "<U0", "<S-1",
-            "<U99999999999999999999999", "<U4611686018427387904",
+            "<é8",
+            "é",
+            "<",
+            "",
+            "<f",
+            "<f4x",
+            "<i3",
+            "<f+4",
+            ">c4",
+            "<U0",
+            "<S-1",
+            "<U99999999999999999999999",
+            "<U4611686018427387904",
         ] {
             let err = parse_header(&npy(descr, false, "(2,)", &[])).unwrap_err();
             assert!(err.contains("dtype"), "{descr}: {err}");
         }
         for shape in ["(99999999999999999999999,)", "(1, -2)", "(1 2)"] {
-            assert!(parse_header(&npy("<f8", false, shape, &[])).is_err(), "{shape}");
+            assert!(
+                parse_header(&npy("<f8", false, shape, &[])).is_err(),
+                "{shape}"
+            );
         }
         let huge = parse_header(&npy("<f8", false, "(2147483648, 2147483648)", &[])).unwrap();
         assert!(huge.check(false).is_err() && huge.check(true).is_err());

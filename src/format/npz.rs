@@ -35,15 +35,21 @@ const STORED: u16 = 0;
 const DEFLATED: u16 = 8;
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at.checked_add(2)?)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        b.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// A member as the central directory describes it.
@@ -175,7 +181,9 @@ fn member_bytes(entry: &Entry, raw: Bytes, limit: u64) -> Result<Bytes, String> 
             }
             // Deflate expands at most 1032-fold: a size the member cannot reach is
             // never reserved.
-            let reserve = entry.uncompressed.min((raw.len() as u64).saturating_mul(1032));
+            let reserve = entry
+                .uncompressed
+                .min((raw.len() as u64).saturating_mul(1032));
             let mut out = Vec::with_capacity(reserve as usize);
             // One byte more than declared reveals a member that expands past its size.
             DeflateDecoder::new(&raw[..])
@@ -600,8 +608,16 @@ mod tests {
         };
         let member = entry(STORED, 128 + 800, &[]);
         assert!(check_member_size(&member, &header(vec![100])).is_ok());
-        for lie in [vec![101], vec![99], vec![1 << 31, 1 << 31], vec![usize::MAX, 2]] {
-            assert!(check_member_size(&member, &header(lie.clone())).is_err(), "{lie:?}");
+        for lie in [
+            vec![101],
+            vec![99],
+            vec![1 << 31, 1 << 31],
+            vec![usize::MAX, 2],
+        ] {
+            assert!(
+                check_member_size(&member, &header(lie.clone())).is_err(),
+                "{lie:?}"
+            );
         }
     }
 

@@ -308,7 +308,7 @@ impl UnitJobs for PreparedParquet {
             .leaves
             .iter()
             .map(|&l| rg.column(l).uncompressed_size())
-            .sum();
+            .fold(0, i64::saturating_add);
         let row_bytes = (projected_bytes.max(1) as u64 / (rg.num_rows().max(1) as u64)).max(1);
         let batch_rows = (TARGET_BATCH_BYTES / row_bytes).clamp(1, MAX_BATCH_ROWS) as usize;
         UnitJob::Ranges {

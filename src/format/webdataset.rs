@@ -57,14 +57,10 @@ fn decode_for(field: &str) -> Decode {
 fn arrow_field(name: &str) -> Field {
     let marker = |key: &str| [(key.to_string(), "1".to_string())];
     match decode_for(name) {
-        Decode::Json => {
-            Field::new(name, DataType::LargeUtf8, true).with_metadata(marker(JSON_KEY))
-        }
+        Decode::Json => Field::new(name, DataType::LargeUtf8, true).with_metadata(marker(JSON_KEY)),
         Decode::Text => Field::new(name, DataType::LargeUtf8, true),
         Decode::Int => Field::new(name, DataType::Int64, true),
-        Decode::Npy => {
-            Field::new(name, DataType::LargeBinary, true).with_metadata(marker(NPY_KEY))
-        }
+        Decode::Npy => Field::new(name, DataType::LargeBinary, true).with_metadata(marker(NPY_KEY)),
         Decode::Bytes => Field::new(name, DataType::LargeBinary, true),
     }
 }
