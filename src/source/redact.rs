@@ -122,4 +122,28 @@ mod tests {
         }
         assert_eq!(redact("é://ü@x?token=ü"), "é://***@x?token=***");
     }
+
+    #[test]
+    fn odd_text_is_safe() {
+        for text in [
+            "://",
+            "a://",
+            "://@",
+            "://?",
+            "://?&=&",
+            "x://@@/?sig=&token",
+            "://#?sig=1",
+            "s3://b/k?sig=(x)",
+            "https://h/?a=1&&sig=2#f?token=3",
+            "://\u{0}é?key=é",
+        ] {
+            let out = redact(text);
+            assert!(
+                out.matches("://").count() == text.matches("://").count(),
+                "{text}"
+            );
+        }
+        assert_eq!(redact("x://@@/?sig=&token"), "x://***@/?sig=&token");
+        assert_eq!(redact("s3://b/k?sig=(x)"), "s3://b/k?sig=***)");
+    }
 }
