@@ -284,6 +284,14 @@ def test_out_of_range_seconds_are_invalid_arguments(tmp_path: Path, key: str, va
     assert "format_options" not in report["message"]
 
 
+def test_feature_shapes_beyond_a_tensor_are_invalid_arguments(tmp_path: Path) -> None:
+    path = tmp_path / "x.tfrecord"
+    path.write_bytes(tfrecord_frame(b""))
+    for shape in [(2**20, 2**20), (2**31,), (2**40, 2**40, 2**40)]:
+        with pytest.raises(sf.InvalidArgumentError, match=r'features\["x"\] shape'):
+            sf.dataset(str(path), features={"x": sf.FixedLen(shape, "float32")})
+
+
 # ---- secrets in URLs --------------------------------------------------------------------
 
 SECRETS = ("hunter2", "SIGSECRET", "CREDSECRET", "TOKSECRET", "KEYSECRET", "AKIAIDSECRET", "S3SECRETKEY", "S3TOKSECRET")
