@@ -12,7 +12,8 @@
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, BinaryArray, BooleanArray, FixedSizeListArray, RecordBatch, StringArray, make_array,
+    ArrayRef, BooleanArray, FixedSizeListArray, LargeBinaryArray, LargeStringArray, RecordBatch,
+    make_array,
 };
 use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
@@ -71,8 +72,9 @@ impl Elem {
             Elem::Float(2) => DataType::Float16,
             Elem::Float(4) | Elem::Complex(8) => DataType::Float32,
             Elem::Float(_) | Elem::Complex(_) => DataType::Float64,
-            Elem::Bytes(_) => DataType::Binary,
-            Elem::Unicode(_) => DataType::Utf8,
+            // 64-bit offsets: an array's strings may pass 2 GiB.
+            Elem::Bytes(_) => DataType::LargeBinary,
+            Elem::Unicode(_) => DataType::LargeUtf8,
         }
     }
 
@@ -421,7 +423,7 @@ pub fn leaf_array(header: &Header, data: Bytes, count: usize) -> Result<ArrayRef
         Elem::Bool => Arc::new(BooleanArray::from(
             data.iter().map(|&b| b != 0).collect::<Vec<_>>(),
         )),
-        Elem::Bytes(n) => Arc::new(BinaryArray::from_iter_values(
+        Elem::Bytes(n) => Arc::new(LargeBinaryArray::from_iter_values(
             data.chunks_exact(n).map(trim_nuls),
         )),
         Elem::Unicode(n) => {
@@ -439,7 +441,7 @@ pub fn leaf_array(header: &Header, data: Bytes, count: usize) -> Result<ArrayRef
                     chars
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Arc::new(StringArray::from(strings))
+            Arc::new(LargeStringArray::from(strings))
         }
         _ => {
             let lanes = if let Elem::Complex(_) = elem {
