@@ -1,7 +1,11 @@
 //! The crate's one error type. Every variant that concerns data names the file/URL
 //! and, where it is known, the position inside it, so a user can find the bad bytes.
+//! Messages show URLs with their secrets masked (see [`redact`]); the `url` fields keep
+//! them whole.
 
 use std::fmt;
+
+use crate::source::redact;
 
 /// Where inside a file an error happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,16 +33,17 @@ impl fmt::Display for Position {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{url}: no such file")]
+    #[error("{}: no such file", redact(.url))]
     NotFound { url: String },
 
-    #[error("no files match {pattern:?}")]
+    #[error("no files match {:?}", redact(.pattern))]
     NoMatch { pattern: String },
 
-    #[error("{url}: permission denied")]
+    #[error("{}: permission denied", redact(.url))]
     PermissionDenied { url: String },
 
-    #[error("{url}{position}: I/O error: {source}")]
+    // The cause's own text may quote the URL (HTTP client errors do).
+    #[error("{}{position}: I/O error: {}", redact(.url), redact(&.source.to_string()))]
     Io {
         url: String,
         position: Position,
@@ -47,7 +52,7 @@ pub enum Error {
     },
 
     /// The bytes are not valid data of the expected format.
-    #[error("{url}{position}: invalid {format} data: {message}")]
+    #[error("{}{position}: invalid {format} data: {}", redact(.url), redact(.message))]
     Decode {
         url: String,
         format: &'static str,
@@ -56,11 +61,11 @@ pub enum Error {
     },
 
     /// Valid data whose columns do not fit the dataset's schema.
-    #[error("{url}: schema mismatch: {message}")]
+    #[error("{}: schema mismatch: {}", redact(.url), redact(.message))]
     Schema { url: String, message: String },
 
     /// A bad argument from the caller.
-    #[error("{0}")]
+    #[error("{}", redact(.0))]
     InvalidArgument(String),
 
     /// An error raised by a user function (map/filter/...); carried through unchanged.
@@ -68,7 +73,7 @@ pub enum Error {
     Callback(Box<dyn std::error::Error + Send + Sync>),
 
     /// A bug in shardflow, including a panic caught inside a decoder.
-    #[error("internal error: {0}")]
+    #[error("internal error: {}", redact(.0))]
     Internal(String),
 }
 
@@ -170,5 +175,30 @@ mod tests {
             e.to_string(),
             "z at byte 3: I/O error: unexpected end of file"
         );
+    }
+
+    #[test]
+    fn messages_mask_secrets_in_urls() {
+        let url = "https://u:pw@h/x.parquet?X-Amz-Signature=SECRET";
+        let errors = [
+            Error::NotFound { url: url.into() },
+            Error::decode(url, "Parquet", Position::Byte(4), format!("unlike {url}")),
+            Error::io(
+                url,
+                Position::Unknown,
+                std::io::Error::other(format!("for url ({url})")),
+            ),
+            Error::invalid_argument(format!("{url}: cannot infer the format")),
+            Error::Internal(url.into()),
+        ];
+        for e in errors {
+            let text = e.to_string();
+            assert!(!text.contains("SECRET") && !text.contains("pw"), "{text}");
+            assert!(
+                text.contains("https://***@h/x.parquet?X-Amz-Signature=***"),
+                "{text}"
+            );
+        }
+        assert_eq!(Error::NotFound { url: url.into() }.url(), Some(url));
     }
 }

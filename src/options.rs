@@ -3,6 +3,7 @@
 //! silently ignored.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -17,12 +18,26 @@ pub enum OptionValue {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Options(pub BTreeMap<String, OptionValue>);
 
+/// The longest wait an option may set: a week, far beyond any useful timeout, and far
+/// enough inside `Duration`'s range that arithmetic on it cannot overflow.
+const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+
 impl Options {
-    /// Starts reading the options for `what` (a format's name, "storage").
+    /// Starts reading `format_options` for a format (its name, for messages).
     pub fn reader<'a>(&'a self, format: &'static str) -> OptionReader<'a> {
         OptionReader {
             options: self,
-            format,
+            format: Some(format),
+            used: BTreeSet::new(),
+            known: Vec::new(),
+        }
+    }
+
+    /// Starts reading `storage_options`.
+    pub fn storage_reader(&self) -> OptionReader<'_> {
+        OptionReader {
+            options: self,
+            format: None,
             used: BTreeSet::new(),
             known: Vec::new(),
         }
@@ -31,7 +46,8 @@ impl Options {
 
 pub struct OptionReader<'a> {
     options: &'a Options,
-    format: &'static str,
+    /// The format whose `format_options` these are; `None` for `storage_options`.
+    format: Option<&'static str>,
     used: BTreeSet<&'a str>,
     /// Every key asked for, for the error message.
     known: Vec<&'static str>,
@@ -46,10 +62,11 @@ impl<'a> OptionReader<'a> {
     }
 
     fn wrong(&self, key: &str, expected: &str) -> Error {
-        Error::invalid_argument(format!(
-            "format_options[{key:?}] for {} must be {expected}",
-            self.format
-        ))
+        let option = match self.format {
+            Some(format) => format!("format_options[{key:?}] for {format}"),
+            None => format!("storage_options[{key:?}]"),
+        };
+        Error::invalid_argument(format!("{option} must be {expected}"))
     }
 
     pub fn bool(&mut self, key: &'static str, default: bool) -> Result<bool> {
@@ -77,14 +94,23 @@ impl<'a> OptionReader<'a> {
         }
     }
 
-    /// A number of seconds (int or float given as a string or int).
-    pub fn seconds(&mut self, key: &'static str, default: f64) -> Result<f64> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(OptionValue::Int(i)) if *i >= 0 => Ok(*i as f64),
-            Some(OptionValue::Float(f)) if *f >= 0.0 => Ok(*f),
-            Some(_) => Err(self.wrong(key, "a non-negative number of seconds")),
+    /// A number of seconds (int or float), from 0 to a week.
+    pub fn seconds(&mut self, key: &'static str, default: Duration) -> Result<Duration> {
+        let seconds = match self.get(key) {
+            None => return Ok(default),
+            Some(OptionValue::Int(i)) => *i as f64,
+            Some(OptionValue::Float(f)) => *f,
+            Some(_) => return Err(self.wrong(key, "a number of seconds")),
+        };
+        // NaN fails the range test too.
+        if !(0.0..=MAX_SECONDS).contains(&seconds) {
+            return Err(self.wrong(
+                key,
+                &format!("a number of seconds from 0 to {MAX_SECONDS}, not {seconds}"),
+            ));
         }
+        Duration::try_from_secs_f64(seconds)
+            .map_err(|e| self.wrong(key, &format!("a number of seconds ({e})")))
     }
 
     /// A string option restricted to `choices`.
@@ -111,13 +137,16 @@ impl<'a> OptionReader<'a> {
             .filter(|k| !self.used.contains(k))
             .collect();
         if unknown.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::invalid_argument(format!(
-                "{} has no format option {unknown:?}; it understands {:?}",
-                self.format, self.known
-            )))
+            return Ok(());
         }
+        let owner = match self.format {
+            Some(format) => format!("{format} has no format option"),
+            None => "storage_options has no option".to_string(),
+        };
+        Err(Error::invalid_argument(format!(
+            "{owner} {unknown:?}; it understands {:?}",
+            self.known
+        )))
     }
 }
 
@@ -137,5 +166,39 @@ mod tests {
         assert!(reader.finish().unwrap_err().to_string().contains("typo"));
         let mut reader = options.reader("tfrecord");
         assert!(reader.u64("verify_crc", 1).is_err());
+    }
+
+    #[test]
+    fn seconds_out_of_range_are_errors_naming_the_dictionary() {
+        for bad in [f64::INFINITY, 1e300, f64::NAN, -1.0, 1e18] {
+            let options = Options(BTreeMap::from([(
+                "timeout_seconds".to_string(),
+                OptionValue::Float(bad),
+            )]));
+            let err = options
+                .storage_reader()
+                .seconds("timeout_seconds", Duration::ZERO)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("storage_options[\"timeout_seconds\"] must be"),
+                "{err}"
+            );
+        }
+        let options = Options(BTreeMap::from([(
+            "t".to_string(),
+            OptionValue::Float(0.25),
+        )]));
+        let mut reader = options.storage_reader();
+        assert_eq!(
+            reader.seconds("t", Duration::ZERO).unwrap(),
+            Duration::from_millis(250)
+        );
+        let err = Options(BTreeMap::from([("x".to_string(), OptionValue::Int(1))]))
+            .storage_reader()
+            .finish()
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("storage_options has no option"), "{err}");
     }
 }

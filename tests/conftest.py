@@ -20,6 +20,16 @@ from servers import S3_KEY, S3_SECRET, Seaweed  # noqa: F401 (re-exported for te
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` run only with SHARDFLOW_SLOW_TESTS=1."""
+    if os.environ.get("SHARDFLOW_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow; run with SHARDFLOW_SLOW_TESTS=1 (scripts/slow-tests.sh)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def read_idx(path: Path) -> np.ndarray:
     """The IDX format: big-endian magic (dtype, rank), then the dimensions."""
     with gzip.open(path, "rb") as f:

@@ -43,6 +43,9 @@ class FaultProxy:
         self.upstream = (upstream_host, upstream_port)
         self.faults = Faults()
         self.counts: Counter[str] = Counter()
+        # Requests being answered now, and the most at any one time since reset_counts().
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.lock = threading.Lock()
         proxy = self
 
@@ -84,6 +87,7 @@ class FaultProxy:
     def reset_counts(self) -> None:
         with self.lock:
             self.counts.clear()
+            self.max_in_flight = self.in_flight
 
     def gets(self, path_contains: str = "") -> int:
         with self.lock:
@@ -107,6 +111,15 @@ class FaultProxy:
     def _forward(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         with self.lock:
             self.counts[f"{method} {handler.path}"] += 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            self._answer(handler, method)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _answer(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         fault = self._draw() if method == "GET" else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
-from conftest import S3_SECRET, Seaweed
+from conftest import S3_SECRET, Seaweed, wait_for
 from faultproxy import FaultProxy
 
 import shardflow as sf
@@ -209,14 +208,13 @@ def test_faults_lose_and_repeat_nothing(many_objects: int, seaweed: Seaweed, pro
     options = seaweed.storage_options(proxy.url, retry_base_seconds=0.01, retry_max_seconds=0.2)
     ds = sf.dataset("s3://many/obj/", format="raw", storage_options=options)
     loader = sf.DataLoader(ds, batch_size=100, shuffle=True, seed=0)
-    start = time.monotonic()
+    proxy.reset_counts()
     ids = sample_ids(loader)
-    elapsed = time.monotonic() - start
     assert sorted(ids) == list(range(many_objects))
     stats = loader.stats()
     assert stats["retries"] > 0 and stats["requests"] >= many_objects + stats["retries"]
-    # 2,000 requests of 20 ms each would take 40 s one at a time.
-    assert elapsed < 20, elapsed
+    # Requests overlap rather than queue one behind another (each waits 20 ms here).
+    assert proxy.max_in_flight >= 4, proxy.max_in_flight
 
 
 def test_interrupted_bodies_resume_where_they_stopped(seaweed: Seaweed, proxy: FaultProxy, tmp_path: Path) -> None:
@@ -236,10 +234,11 @@ def test_total_failure_is_a_clear_error_in_bounded_time(many_objects: int, seawe
     options = seaweed.storage_options(proxy.url, retry_base_seconds=0.01, retry_max_seconds=0.05, max_attempts=4)
     ds = sf.dataset("s3://many/obj/0000*.bin", format="raw", storage_options=options)
     proxy.set_faults(slow_down=1.0)
-    start = time.monotonic()
+    proxy.reset_counts()
     with pytest.raises(sf.ReadError) as info:
         list(sf.DataLoader(ds, batch_size=10))
-    assert time.monotonic() - start < 30
+    # Bounded: at most 4 tries for each of the 10 objects, then it gives up.
+    assert proxy.gets("/many/obj/0000") <= 4 * 10
     message = str(info.value)
     assert "s3://many/obj/0000" in message and "503" in message and "after 4 attempts" in message
     proxy.set_faults(truncate=1.0)
@@ -257,7 +256,8 @@ def test_cache_serves_a_second_epoch_and_refetches_changed_objects(
     proxy.reset_counts()
     first = sample_ids(loader)
     assert proxy.gets("/many/obj/") == 100
-    time.sleep(0.5)  # cache writes finish in the background
+    # Cache writes finish in the background: wait for all 100 entries to be in place.
+    assert wait_for(lambda: len([p for p in cache.iterdir() if not p.name.startswith("tmp-")]) >= 100, timeout=60)
     proxy.reset_counts()
     assert sample_ids(loader) == first
     assert proxy.gets("/many/obj/") == 0

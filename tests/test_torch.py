@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -115,11 +116,22 @@ def test_torch_output_shares_the_arrow_buffers(tmp_path: Path) -> None:
     assert tensor.data_ptr() == numpy_batch["x"].base.address
 
 
-def test_pin_memory_without_cuda_is_a_noted_no_op(ids: str) -> None:
-    assert not torch.cuda.is_available()
-    with pytest.warns(UserWarning, match="no CUDA device"):
-        loader = sf.DataLoader(sf.dataset(ids), batch_size=10, output="torch", pin_memory=True)
-    assert not next(iter(loader))["id"].is_pinned()
+def test_pin_memory_pins_with_cuda_and_is_a_noted_no_op_without(ids: str) -> None:
+    # Runs on machines with and without a GPU, checking what each should do.
+    if torch.cuda.is_available():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = sf.DataLoader(sf.dataset(ids), batch_size=10, output="torch", pin_memory=True)
+        assert not [w for w in caught if "pin_memory" in str(w.message)]
+        batch = next(iter(loader))
+        assert batch["id"].is_pinned()
+        assert batch["id"].tolist() == list(range(10))
+    else:
+        with pytest.warns(UserWarning, match="no CUDA device"):
+            loader = sf.DataLoader(sf.dataset(ids), batch_size=10, output="torch", pin_memory=True)
+        assert not next(iter(loader))["id"].is_pinned()
+    unpinned = sf.DataLoader(sf.dataset(ids), batch_size=10, output="torch")
+    assert not next(iter(unpinned))["id"].is_pinned()
     with pytest.raises(ValueError, match="output=\"torch\""):
         sf.DataLoader(sf.dataset(ids), pin_memory=True)
 

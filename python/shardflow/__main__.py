@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 import shardflow as sf
+from shardflow import _native
 
 
 def _write_demo_data(directory: str, rows: int, shards: int) -> tuple[str, str]:
@@ -92,7 +93,8 @@ def demo(args: argparse.Namespace) -> None:
 def inspect(args: argparse.Namespace) -> None:
     ds = sf.dataset(args.source, args.format)
     print(f"format:  {ds.format}")
-    print(f"shards:  {len(ds.shards)} ({ds.shards[0]} ... {ds.shards[-1]})")
+    first, last = (_native._redact(url) for url in (ds.shards[0], ds.shards[-1]))
+    print(f"shards:  {len(ds.shards)} ({first} ... {last})")
     print(f"columns: {ds.column_names}")
     try:
         print(f"rows:    {len(ds):,}")

@@ -13,6 +13,7 @@ __all__ = [
     "RecordBatch",
     "SampleIterator",
     "_ArrowBuffer",
+    "_redact",
     "dataset",
     "from_arrow",
     "from_dict",
@@ -20,6 +21,8 @@ __all__ = [
 ]
 
 _Source = str | PathLike[str] | list[str | PathLike[str]] | tuple[str | PathLike[str], ...]
+
+def _redact(text: str) -> str: ...
 
 def dataset(
     source: _Source,

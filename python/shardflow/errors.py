@@ -3,7 +3,9 @@
 Every one derives from :class:`ShardflowError`; where callers expect a built-in
 exception, it derives from that too (``except FileNotFoundError`` catches a missing
 shard). Errors about data carry ``url`` (the file or URL) and ``position`` (e.g.
-``"line 7"``, ``"row group 3"``, ``"byte 1024"``) when known.
+``"line 7"``, ``"row group 3"``, ``"byte 1024"``) when known. Messages and ``url``
+show URLs with their user info and secret query values (signatures, tokens, keys,
+credentials) masked as ``***``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,20 @@ use crate::error::{Error, Position, Result};
 /// A "record" longer than this is treated as corrupt input rather than buffered forever.
 const MAX_RECORD_BYTES: usize = 512 * 1024 * 1024;
 
+/// Reads until `buf` is full or the stream ends; returns the bytes read.
+pub fn read_full(reader: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
 /// Reads `reader` in blocks of about `block_bytes`, each ending just after the position
 /// `last_end` finds (the last record end in the data, e.g. a newline), and calls
 /// `f(block, number of its first line)`; stops early when `f` returns false. A record

@@ -17,7 +17,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use super::blocks::split_blocks;
 use super::{
     Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
-    compression, whole_files,
+    column_indices, compression, field_names, whole_files,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::{Io, ShardMeta};
@@ -75,7 +75,7 @@ impl FileLayout {
                     return Err(schema_error(format!(
                         "the header has no column {:?} (it has {:?}); pass format_options={{\"missing_columns\": \"null\"}} to read it as nulls",
                         field.name(),
-                        header_names(&text_schema)
+                        field_names(&text_schema)
                     )));
                 }
             }
@@ -87,9 +87,7 @@ impl FileLayout {
     }
 }
 
-fn header_names(schema: &Schema) -> Vec<&String> {
-    schema.fields().iter().map(|f| f.name()).collect()
-}
+
 
 struct PreparedCsv {
     config: Arc<Config>,
@@ -169,18 +167,7 @@ impl Format for Csv {
         };
         let projection: Vec<usize> = match &options.columns {
             None => (0..types.len()).collect(),
-            Some(columns) => columns
-                .iter()
-                .map(|c| {
-                    text_schema.index_of(c).map_err(|_| Error::Schema {
-                        url: url.to_string(),
-                        message: format!(
-                            "no column {c:?}; the header has {:?}",
-                            header_names(&text_schema)
-                        ),
-                    })
-                })
-                .collect::<Result<_>>()?,
+            Some(columns) => column_indices(&field_names(&text_schema), columns, url)?,
         };
         let schema = Arc::new(Schema::new(
             projection
@@ -322,10 +309,11 @@ fn is_date(s: &str) -> bool {
 
 /// `YYYY-MM-DD[T ]hh:mm[:ss[.fff]]`: `Some(0)` without fractions, `Some(1)` with.
 fn is_timestamp(s: &str) -> Option<u8> {
-    if s.len() < 16 || !is_date(&s[..10]) || !matches!(s.as_bytes()[10], b' ' | b'T') {
+    // `get` rather than slicing: byte 10 or 11 may fall inside a multibyte character.
+    let (date, time) = (s.get(..10)?, s.get(11..)?);
+    if s.len() < 16 || !is_date(date) || !matches!(s.as_bytes()[10], b' ' | b'T') {
         return None;
     }
-    let time = &s[11..];
     let (time, zone_ok) = match time.strip_suffix('Z') {
         Some(t) => (t, true),
         None => (time, true),
@@ -506,5 +494,19 @@ mod tests {
         );
         assert_eq!(infer_type(&col(&[Some("x"), Some("1")])), DataType::Utf8);
         assert_eq!(infer_type(&col(&[None, None])), DataType::Null);
+    }
+
+    #[test]
+    fn multibyte_text_near_dates_is_text() {
+        for s in [
+            "2024-01-0éT12:00:00",
+            "2024-01-01éT12:00:00",
+            "2024-01-01Té2:00:00",
+            "é024-01-01T12:00:00",
+            "2024-01-01T12:00:0é",
+        ] {
+            assert_eq!(is_timestamp(s), None, "{s}");
+            assert_eq!(infer_type(&StringArray::from(vec![s])), DataType::Utf8);
+        }
     }
 }

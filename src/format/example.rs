@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, BinaryArray, FixedSizeListArray, Float32Array, Int64Array, ListArray, RecordBatch,
-    RecordBatchOptions,
+    ArrayRef, FixedSizeListArray, Float32Array, Int64Array, LargeBinaryArray, LargeListArray,
+    RecordBatch, RecordBatchOptions,
 };
 use arrow_buffer::{Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -31,9 +31,10 @@ impl Kind {
         }
     }
 
+    /// Bytes and list offsets are 64-bit: a block's values may pass 2 GiB.
     fn data_type(self) -> DataType {
         match self {
-            Kind::Bytes => DataType::Binary,
+            Kind::Bytes => DataType::LargeBinary,
             Kind::Float => DataType::Float32,
             Kind::Int64 => DataType::Int64,
         }
@@ -94,7 +95,7 @@ impl FeatureSpec {
             Shape::Fixed(dims) => tensor_field(&self.name, leaf, dims, nullable),
             Shape::Var => Field::new(
                 &self.name,
-                DataType::List(Arc::new(Field::new_list_field(leaf, false))),
+                DataType::LargeList(Arc::new(Field::new_list_field(leaf, false))),
                 nullable,
             ),
         }
@@ -284,13 +285,13 @@ struct ValueSink {
     ints: Vec<i64>,
     bytes: Vec<u8>,
     /// End offset of each bytes value in `bytes`.
-    byte_ends: Vec<i32>,
+    byte_ends: Vec<i64>,
 }
 
 impl ValueSink {
     fn push_bytes(&mut self, value: &[u8]) {
         self.bytes.extend_from_slice(value);
-        self.byte_ends.push(self.bytes.len() as i32);
+        self.byte_ends.push(self.bytes.len() as i64);
     }
 
     fn len(&self, kind: Kind) -> usize {
@@ -327,7 +328,7 @@ struct Column {
     spec: FeatureSpec,
     values: ValueSink,
     /// End (in values) of each row, for list columns.
-    row_ends: Vec<i32>,
+    row_ends: Vec<i64>,
     valid: Vec<bool>,
     seen: bool,
 }
@@ -413,7 +414,7 @@ impl Column {
     }
 
     fn end_row(&mut self, valid: bool) {
-        self.row_ends.push(self.values.len(self.spec.kind) as i32);
+        self.row_ends.push(self.values.len(self.spec.kind) as i64);
         self.valid.push(valid);
     }
 
@@ -433,7 +434,7 @@ impl Column {
                 offsets.push(0);
                 offsets.extend_from_slice(&self.values.byte_ends);
                 Arc::new(
-                    BinaryArray::try_new(
+                    LargeBinaryArray::try_new(
                         OffsetBuffer::new(ScalarBuffer::from(offsets)),
                         Buffer::from_vec(self.values.bytes),
                         None,
@@ -467,7 +468,7 @@ impl Column {
                 offsets.push(0);
                 offsets.extend_from_slice(&self.row_ends);
                 Arc::new(
-                    ListArray::try_new(
+                    LargeListArray::try_new(
                         item,
                         OffsetBuffer::new(ScalarBuffer::from(offsets)),
                         leaf,
@@ -705,7 +706,7 @@ pub(crate) mod tests {
             .as_primitive::<arrow_array::types::Int64Type>();
         assert_eq!(label.values().to_vec(), vec![3, -1]);
         assert!(batch.column(0).is_null(1));
-        assert_eq!(batch.column(2).as_list::<i32>().value(0).len(), 2);
+        assert_eq!(batch.column(2).as_list::<i64>().value(0).len(), 2);
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! Arrow schema inference for JSON records that keeps fields in the order they first
-//! appear (arrow-json's own inference returns them in hash order).
+//! Arrow schema inference for JSON records, fields in the order they first appear.
+//! arrow-json infers schemas too, but it quietly turns a field that is a scalar in one
+//! record and a list in another into a list, and its conflict errors do not say which
+//! field; this one refuses such records naming the field, and marks fields of mixed
+//! scalar kinds so that the reader reads them as text.
 
 use std::sync::Arc;
 

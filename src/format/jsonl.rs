@@ -101,23 +101,14 @@ impl Format for JsonLines {
 }
 
 fn project(full: &Schema, columns: &[String], shards: &[ShardMeta]) -> Result<SchemaRef> {
-    if columns.is_empty() {
-        return Err(Error::invalid_argument(
-            "columns= must name at least one column",
-        ));
-    }
-    let mut fields = Vec::with_capacity(columns.len());
-    for name in columns {
-        let field = full.field_with_name(name).map_err(|_| {
-            let names: Vec<_> = full.fields().iter().map(|f| f.name().as_str()).collect();
-            Error::Schema {
-                url: shards.first().map(|s| s.url.clone()).unwrap_or_default(),
-                message: format!("no column {name:?}; the records have {names:?}"),
-            }
-        })?;
-        fields.push(field.clone());
-    }
-    Ok(Arc::new(Schema::new(fields)))
+    let url = shards.first().map_or("", |s| s.url.as_str());
+    let indices = super::column_indices(&super::field_names(full), columns, url)?;
+    Ok(Arc::new(Schema::new(
+        indices
+            .into_iter()
+            .map(|i| full.field(i).clone())
+            .collect::<Vec<_>>(),
+    )))
 }
 
 /// Reads the first `INFER_RECORDS` records, across files in order.

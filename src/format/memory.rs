@@ -12,7 +12,10 @@ use arrow_array::{RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
 use sha2::{Digest, Sha256};
 
-use super::{Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit};
+use super::{
+    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, column_indices,
+    field_names,
+};
 use crate::error::{Error, Result};
 use crate::source::{Io, ShardMeta};
 
@@ -79,15 +82,7 @@ impl Format for InMemory {
     ) -> Result<PreparedShards> {
         let columns = match &options.columns {
             None => (0..self.schema.fields().len()).collect(),
-            Some(names) => names
-                .iter()
-                .map(|name| {
-                    self.schema.index_of(name).map_err(|_| Error::Schema {
-                        url: FORMAT.into(),
-                        message: format!("no column {name:?}"),
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?,
+            Some(names) => column_indices(&field_names(&self.schema), names, FORMAT)?,
         };
         let schema = Arc::new(
             self.schema

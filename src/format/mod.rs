@@ -65,6 +65,38 @@ pub struct ReadOptions {
     pub on_error: OnError,
 }
 
+/// Resolves `columns=` against the names a shard offers: their indices, in the order
+/// asked. Every format's projection goes through here, so all of them refuse an empty
+/// list, a name given twice and a name the data lacks, in the same words.
+pub fn column_indices(available: &[&str], columns: &[String], url: &str) -> Result<Vec<usize>> {
+    if columns.is_empty() {
+        return Err(Error::invalid_argument(
+            "columns= must name at least one column",
+        ));
+    }
+    let mut indices = Vec::with_capacity(columns.len());
+    for name in columns {
+        let Some(index) = available.iter().position(|a| a == name) else {
+            return Err(Error::Schema {
+                url: url.to_string(),
+                message: format!("no column {name:?}; the columns are {available:?}"),
+            });
+        };
+        if indices.contains(&index) {
+            return Err(Error::invalid_argument(format!(
+                "column {name:?} is listed twice in columns="
+            )));
+        }
+        indices.push(index);
+    }
+    Ok(indices)
+}
+
+/// The names of a schema's fields, for [`column_indices`].
+pub fn field_names(schema: &arrow_schema::Schema) -> Vec<&str> {
+    schema.fields().iter().map(|f| f.name().as_str()).collect()
+}
+
 /// One work unit per file, for formats read front to back.
 pub fn whole_files(shards: &[ShardMeta]) -> Vec<WorkUnit> {
     (0..shards.len())
@@ -422,5 +454,26 @@ mod tests {
         assert!(infer(&[shard("a.bin")]).is_err());
         assert!(by_name("nope").is_err());
         assert_eq!(by_name("jsonl").unwrap().name(), "jsonl");
+    }
+
+    #[test]
+    fn columns_resolve_in_the_order_asked() {
+        let names = ["a", "b", "c"];
+        let cols = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            column_indices(&names, &cols(&["c", "a"]), "u").unwrap(),
+            vec![2, 0]
+        );
+        let missing = column_indices(&names, &cols(&["z"]), "f.csv").unwrap_err();
+        assert!(matches!(missing, Error::Schema { .. }));
+        assert!(
+            missing.to_string().contains(r#"no column "z""#),
+            "{missing}"
+        );
+        assert!(matches!(
+            column_indices(&names, &cols(&["a", "a"]), "u"),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(column_indices(&names, &[], "u").is_err());
     }
 }

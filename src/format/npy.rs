@@ -12,7 +12,8 @@
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, BinaryArray, BooleanArray, FixedSizeListArray, RecordBatch, StringArray, make_array,
+    ArrayRef, BooleanArray, FixedSizeListArray, LargeBinaryArray, LargeStringArray, RecordBatch,
+    make_array,
 };
 use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
@@ -71,8 +72,9 @@ impl Elem {
             Elem::Float(2) => DataType::Float16,
             Elem::Float(4) | Elem::Complex(8) => DataType::Float32,
             Elem::Float(_) | Elem::Complex(_) => DataType::Float64,
-            Elem::Bytes(_) => DataType::Binary,
-            Elem::Unicode(_) => DataType::Utf8,
+            // 64-bit offsets: an array's strings may pass 2 GiB.
+            Elem::Bytes(_) => DataType::LargeBinary,
+            Elem::Unicode(_) => DataType::LargeUtf8,
         }
     }
 
@@ -127,9 +129,49 @@ impl Header {
         (self.count()? as u64).checked_mul(self.elem.size() as u64)
     }
 
-    /// Bytes of one row along the first axis.
-    fn row_bytes(&self) -> usize {
-        self.shape.iter().skip(1).product::<usize>() * self.elem.size()
+    /// Bytes of one row along the first axis (saturating; [`Header::check`] bounds it).
+    pub fn row_bytes(&self) -> usize {
+        self.shape
+            .iter()
+            .skip(1)
+            .try_fold(self.elem.size(), |acc, &d| acc.checked_mul(d))
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Values in one row along the first axis (saturating, like `row_bytes`).
+    pub fn row_values(&self) -> usize {
+        self.shape
+            .iter()
+            .skip(1)
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Refuses shapes whose sample (the whole array, or one row in rows mode) is more
+    /// than one Arrow tensor can hold, before any size is computed from them.
+    pub fn check(&self, rows: bool) -> Result<(), String> {
+        let dims = if rows {
+            &self.shape[1.min(self.shape.len())..]
+        } else {
+            &self.shape[..]
+        };
+        let lanes = if let Elem::Complex(_) = self.elem {
+            2
+        } else {
+            1
+        };
+        let width = dims
+            .iter()
+            .try_fold(lanes, |acc: usize, &d| acc.checked_mul(d));
+        match width {
+            Some(w) if i32::try_from(w).is_ok() && w.checked_mul(self.elem.size()).is_some() => {
+                Ok(())
+            }
+            _ => Err(format!(
+                "shape {:?} has more than 2^31 values per sample, more than one tensor holds",
+                self.shape
+            )),
+        }
     }
 
     /// A field for one sample of this array: a tensor of its whole shape, or (rows mode)
@@ -209,31 +251,43 @@ pub fn parse_header(buf: &[u8]) -> Result<Header, String> {
 }
 
 fn parse_descr(descr: &str) -> Result<(Elem, bool), String> {
-    let (order, rest) = match descr.as_bytes().first() {
-        Some(b'<' | b'|' | b'=') => (false, &descr[1..]),
-        Some(b'>') => (true, &descr[1..]),
-        _ => (false, descr),
+    // By char, not byte: the header is untrusted text and may hold any character.
+    let mut chars = descr.chars();
+    let big_endian = match chars.clone().next() {
+        Some('<' | '|' | '=') => {
+            chars.next();
+            false
+        }
+        Some('>') => {
+            chars.next();
+            true
+        }
+        _ => false,
     };
-    let (kind, size) = rest.split_at(rest.len().min(1));
-    if kind == "O" {
+    let kind = chars.next();
+    if kind == Some('O') {
         return Err(
             "object arrays hold pickled Python objects, which shardflow never loads".into(),
         );
     }
-    let size: usize = size
-        .parse()
-        .map_err(|_| format!("unsupported dtype {descr:?}"))?;
+    let unsupported = || format!("unsupported dtype {descr:?}");
+    let digits = chars.as_str();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(unsupported());
+    }
+    let size: usize = digits.parse().map_err(|_| unsupported())?;
     let elem = match (kind, size) {
-        ("b", 1) => Elem::Bool,
-        ("i", 1 | 2 | 4 | 8) => Elem::Int(size),
-        ("u", 1 | 2 | 4 | 8) => Elem::UInt(size),
-        ("f", 2 | 4 | 8) => Elem::Float(size),
-        ("c", 8 | 16) => Elem::Complex(size),
-        ("S", n) if n > 0 => Elem::Bytes(n),
-        ("U", n) if n > 0 => Elem::Unicode(n),
-        _ => return Err(format!("unsupported dtype {descr:?}")),
+        (Some('b'), 1) => Elem::Bool,
+        (Some('i'), 1 | 2 | 4 | 8) => Elem::Int(size),
+        (Some('u'), 1 | 2 | 4 | 8) => Elem::UInt(size),
+        (Some('f'), 2 | 4 | 8) => Elem::Float(size),
+        (Some('c'), 8 | 16) => Elem::Complex(size),
+        (Some('S'), n) if n > 0 => Elem::Bytes(n),
+        // Four bytes per code point must fit in memory arithmetic.
+        (Some('U'), n) if n > 0 && n <= usize::MAX / 4 => Elem::Unicode(n),
+        _ => return Err(unsupported()),
     };
-    Ok((elem, order))
+    Ok((elem, big_endian))
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -369,7 +423,7 @@ pub fn leaf_array(header: &Header, data: Bytes, count: usize) -> Result<ArrayRef
         Elem::Bool => Arc::new(BooleanArray::from(
             data.iter().map(|&b| b != 0).collect::<Vec<_>>(),
         )),
-        Elem::Bytes(n) => Arc::new(BinaryArray::from_iter_values(
+        Elem::Bytes(n) => Arc::new(LargeBinaryArray::from_iter_values(
             data.chunks_exact(n).map(trim_nuls),
         )),
         Elem::Unicode(n) => {
@@ -387,7 +441,7 @@ pub fn leaf_array(header: &Header, data: Bytes, count: usize) -> Result<ArrayRef
                     chars
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Arc::new(StringArray::from(strings))
+            Arc::new(LargeStringArray::from(strings))
         }
         _ => {
             let lanes = if let Elem::Complex(_) = elem {
@@ -532,6 +586,7 @@ impl Format for Npy {
             let (size, prefix) = prefix?;
             let corrupt = |m: String| Error::decode(&shard.url, FORMAT, Position::Byte(0), m);
             let header = parse_header(&prefix).map_err(corrupt)?;
+            header.check(mode == Mode::Rows).map_err(corrupt)?;
             let expected = header
                 .data_len()
                 .ok_or_else(|| corrupt("the shape overflows".into()))?;
@@ -701,6 +756,46 @@ mod tests {
         assert!(err.contains("pickle"), "{err}");
         assert!(parse_header(b"\x93NUMPY\x01\x00\xff\xff{").is_err());
         assert!(parse_header(b"garbage!!!!!").is_err());
+    }
+
+    #[test]
+    fn hostile_headers_are_errors_not_panics() {
+        for descr in [
+            "<é8",
+            "é",
+            "<",
+            "",
+            "<f",
+            "<f4x",
+            "<i3",
+            "<f+4",
+            ">c4",
+            "<U0",
+            "<S-1",
+            "<U99999999999999999999999",
+            "<U4611686018427387904",
+        ] {
+            let err = parse_header(&npy(descr, false, "(2,)", &[])).unwrap_err();
+            assert!(err.contains("dtype"), "{descr}: {err}");
+        }
+        for shape in ["(99999999999999999999999,)", "(1, -2)", "(1 2)"] {
+            assert!(
+                parse_header(&npy("<f8", false, shape, &[])).is_err(),
+                "{shape}"
+            );
+        }
+        let huge = parse_header(&npy("<f8", false, "(2147483648, 2147483648)", &[])).unwrap();
+        assert!(huge.check(false).is_err() && huge.check(true).is_err());
+        assert_eq!(huge.data_len(), None);
+        let wide = parse_header(&npy("<c16", false, "(3, 1073741824)", &[])).unwrap();
+        assert!(wide.check(true).is_err(), "complex values take two lanes");
+        let empty = parse_header(&npy("<f8", false, "(0, 4611686018427387904, 4)", &[])).unwrap();
+        assert_eq!(empty.data_len(), Some(0));
+        assert_eq!(empty.row_bytes(), usize::MAX);
+        assert!(empty.check(true).is_err());
+        let fine = parse_header(&npy("<f4", false, "(5, 3, 4)", &[])).unwrap();
+        assert!(fine.check(true).is_ok() && fine.check(false).is_ok());
+        assert_eq!((fine.row_bytes(), fine.row_values()), (48, 12));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! NumPy `.npz` archives: zip files of `.npy` members, stored (`np.savez`) or deflated
 //! (`np.savez_compressed`). Sizes come from the central directory: numpy writes zip64
-//! local headers whose sizes are 0xFFFFFFFF. Member CRCs are checked; a deflated
+//! local headers whose sizes are 0xFFFFFFFF. A member read whole (sample mode, and
+//! deflated members in rows mode) has its CRC checked; rows of stored members are read
+//! by range and are not, as that would mean reading the whole member. A deflated
 //! member may not expand past its declared size or `max_decompressed_bytes`.
 
 use std::io::Read;
@@ -14,8 +16,8 @@ use flate2::read::DeflateDecoder;
 
 use super::npy::{self, Header, Mode};
 use super::{
-    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, per_shard,
-    whole_file_job,
+    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, column_indices,
+    field_names, per_shard, whole_file_job,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
@@ -33,15 +35,21 @@ const STORED: u16 = 0;
 const DEFLATED: u16 = 8;
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        b.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// A member as the central directory describes it.
@@ -147,6 +155,19 @@ fn data_offset(entry: &Entry, local: &[u8]) -> Result<u64, String> {
     Ok(entry.local_offset + 30 + n + e)
 }
 
+/// The data a member's header promises must be the data the member holds: rows are
+/// fetched by offsets computed from the shape.
+fn check_member_size(entry: &Entry, header: &Header) -> Result<(), String> {
+    let promised = header.data_len().ok_or("the shape overflows")?;
+    let held = entry.uncompressed.saturating_sub(header.data_offset as u64);
+    if promised != held {
+        return Err(format!(
+            "the header promises {promised} bytes of data, the member holds {held}"
+        ));
+    }
+    Ok(())
+}
+
 /// A member's bytes, decompressed and checked.
 fn member_bytes(entry: &Entry, raw: Bytes, limit: u64) -> Result<Bytes, String> {
     let data = match entry.method {
@@ -158,7 +179,12 @@ fn member_bytes(entry: &Entry, raw: Bytes, limit: u64) -> Result<Bytes, String> 
                     entry.name, entry.uncompressed
                 ));
             }
-            let mut out = Vec::with_capacity(entry.uncompressed as usize);
+            // Deflate expands at most 1032-fold: a size the member cannot reach is
+            // never reserved.
+            let reserve = entry
+                .uncompressed
+                .min((raw.len() as u64).saturating_mul(1032));
+            let mut out = Vec::with_capacity(reserve as usize);
             // One byte more than declared reveals a member that expands past its size.
             DeflateDecoder::new(&raw[..])
                 .take(entry.uncompressed + 1)
@@ -188,7 +214,12 @@ fn member_bytes(entry: &Entry, raw: Bytes, limit: u64) -> Result<Bytes, String> 
 }
 
 /// One archive, parsed from its bytes in memory.
-fn arrays(url: &str, whole: &Bytes, limit: u64) -> Result<Vec<(String, Header, Bytes)>> {
+fn arrays(
+    url: &str,
+    whole: &Bytes,
+    limit: u64,
+    rows: bool,
+) -> Result<Vec<(String, Header, Bytes)>> {
     let corrupt = |m: String| Error::decode(url, FORMAT, Position::Unknown, m);
     let size = whole.len() as u64;
     let tail_start = size.saturating_sub(TAIL);
@@ -211,6 +242,7 @@ fn arrays(url: &str, whole: &Bytes, limit: u64) -> Result<Vec<(String, Header, B
         let data = member_bytes(&entry, whole.slice(start as usize..end as usize), limit)
             .map_err(corrupt)?;
         let header = npy::parse_header(&data)
+            .and_then(|header| header.check(rows).map(|()| header))
             .map_err(|m| corrupt(format!("member {:?}: {m}", entry.name)))?;
         let body = data.slice(header.data_offset.min(data.len())..);
         out.push((entry.name, header, body));
@@ -223,7 +255,7 @@ struct Layout {
     members: Vec<(Entry, u64, Header)>,
 }
 
-async fn read_layout(src: &dyn Source, size: u64) -> Result<Layout> {
+async fn read_layout(src: &dyn Source, size: u64, rows: bool) -> Result<Layout> {
     let url = src.url();
     let corrupt = |m: String| Error::decode(url, FORMAT, Position::Unknown, m);
     let tail_start = size.saturating_sub(TAIL);
@@ -264,6 +296,11 @@ async fn read_layout(src: &dyn Source, size: u64) -> Result<Layout> {
                 .read_to_end(&mut prefix);
             npy::parse_header(&prefix)
         }
+        .and_then(|header| {
+            header.check(rows)?;
+            check_member_size(&entry, &header)?;
+            Ok(header)
+        })
         .map_err(|m| corrupt(format!("member {:?}: {m}", entry.name)))?;
         members.push((entry, start, header));
     }
@@ -301,8 +338,8 @@ impl Format for Npz {
         } else {
             &shards[..shards.len().min(1)]
         };
-        let layouts: Vec<Layout> = per_shard(wanted, io, FORMAT, |source, size| {
-            Box::pin(async move { read_layout(source.as_ref(), size).await })
+        let layouts: Vec<Layout> = per_shard(wanted, io, FORMAT, move |source, size| {
+            Box::pin(async move { read_layout(source.as_ref(), size, rows_mode).await })
         })?
         .into_iter()
         .collect::<Result<_>>()?;
@@ -316,30 +353,16 @@ impl Format for Npz {
             )),
             None => Arc::new(Schema::empty()),
         };
-        let schema = match &options.columns {
-            None => schema,
-            Some(columns) => Arc::new(
-                schema
-                    .project(
-                        &columns
-                            .iter()
-                            .map(|c| {
-                                schema.index_of(c).map_err(|_| Error::Schema {
-                                    url: shards[0].url.clone(),
-                                    message: format!(
-                                        "no array {c:?}; the archive holds {:?}",
-                                        schema
-                                            .fields()
-                                            .iter()
-                                            .map(|f| f.name())
-                                            .collect::<Vec<_>>()
-                                    ),
-                                })
-                            })
-                            .collect::<Result<Vec<_>>>()?,
-                    )
-                    .map_err(|e| Error::Internal(e.to_string()))?,
-            ),
+        let schema = match (&options.columns, shards.first()) {
+            (Some(columns), Some(first)) => {
+                let indices = column_indices(&field_names(&schema), columns, &first.url)?;
+                Arc::new(
+                    schema
+                        .project(&indices)
+                        .map_err(|e| Error::Internal(e.to_string()))?,
+                )
+            }
+            _ => schema,
         };
         let mut units = Vec::new();
         let mut unit_rows = 1;
@@ -357,10 +380,8 @@ impl Format for Npz {
                 let row_bytes: u64 = layouts[0]
                     .members
                     .iter()
-                    .map(|(_, _, h)| {
-                        h.shape.iter().skip(1).product::<usize>() as u64 * h.elem.size() as u64
-                    })
-                    .sum();
+                    .map(|(_, _, h)| h.row_bytes() as u64)
+                    .fold(0, u64::saturating_add);
                 unit_rows = (8 * 1024 * 1024 / row_bytes.max(1)).max(1) as usize;
                 for (shard, layout) in layouts.iter().enumerate() {
                     let rows = check_rows(&shards[shard].url, layout, &schema)?;
@@ -461,8 +482,7 @@ impl UnitJobs for PreparedNpz {
                 else {
                     continue;
                 };
-                let row_bytes =
-                    (header.shape.iter().skip(1).product::<usize>() * header.elem.size()) as u64;
+                let row_bytes = header.row_bytes() as u64;
                 let from = start + header.data_offset as u64 + first_row as u64 * row_bytes;
                 wanted.push((header.clone(), from..from + rows as u64 * row_bytes));
             }
@@ -483,9 +503,8 @@ impl UnitJobs for PreparedNpz {
                         let data = fetched
                             .get(range.start, range.end - range.start)
                             .ok_or_else(|| corrupt("range not fetched".into()))?;
-                        let per_row = header.shape.iter().skip(1).product::<usize>();
-                        let leaf =
-                            npy::leaf_array(header, data, rows * per_row).map_err(corrupt)?;
+                        let leaf = npy::leaf_array(header, data, rows * header.row_values())
+                            .map_err(corrupt)?;
                         columns.push(npy::column(field, leaf, rows).map_err(corrupt)?);
                     }
                     let batch = RecordBatch::try_new(schema, columns)
@@ -499,7 +518,7 @@ impl UnitJobs for PreparedNpz {
         }
         let mode = self.mode;
         let decode = move |whole: Bytes| {
-            let members = arrays(&url, &whole, limit)?;
+            let members = arrays(&url, &whole, limit, mode == Mode::Rows)?;
             let mut columns = Vec::new();
             for field in schema.fields() {
                 let corrupt = |m: String| {
@@ -542,5 +561,80 @@ impl UnitJobs for PreparedNpz {
             })
         };
         whole_file_job(shard, decode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn entry(method: u16, uncompressed: u64, data: &[u8]) -> Entry {
+        Entry {
+            name: "a".into(),
+            method,
+            crc: crc32fast::hash(data),
+            compressed: 0,
+            uncompressed,
+            local_offset: 0,
+        }
+    }
+
+    #[test]
+    fn a_member_cannot_claim_more_than_it_holds() {
+        let data = vec![7u8; 1000];
+        let mut deflated = flate2::write::DeflateEncoder::new(Vec::new(), Default::default());
+        deflated.write_all(&data).unwrap();
+        let raw = Bytes::from(deflated.finish().unwrap());
+        // Nearly 4 GiB declared, within the limit: refused once the data runs out.
+        let lie = entry(DEFLATED, 0xFFFF_FFF0, &data);
+        let err = member_bytes(&lie, raw.clone(), 64 << 30).unwrap_err();
+        assert!(err.contains("holds 1000 bytes"), "{err}");
+        let err = member_bytes(&lie, raw.clone(), 1 << 20).unwrap_err();
+        assert!(err.contains("max_decompressed_bytes"), "{err}");
+        let honest = entry(DEFLATED, 1000, &data);
+        assert_eq!(member_bytes(&honest, raw, 64 << 30).unwrap(), data);
+    }
+
+    #[test]
+    fn a_header_must_describe_the_member_it_heads() {
+        let header = |shape: Vec<usize>| Header {
+            elem: npy::Elem::Float(8),
+            big_endian: false,
+            fortran: false,
+            shape,
+            data_offset: 128,
+        };
+        let member = entry(STORED, 128 + 800, &[]);
+        assert!(check_member_size(&member, &header(vec![100])).is_ok());
+        for lie in [
+            vec![101],
+            vec![99],
+            vec![1 << 31, 1 << 31],
+            vec![usize::MAX, 2],
+        ] {
+            assert!(
+                check_member_size(&member, &header(lie.clone())).is_err(),
+                "{lie:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn hostile_directories_are_errors() {
+        // A zip64 locator pointing anywhere, and end records cut short.
+        let mut tail = vec![0u8; 20];
+        tail[..4].copy_from_slice(&ZIP64_LOCATOR_SIG.to_le_bytes());
+        tail[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        let mut eocd = EOCD_SIG.to_le_bytes().to_vec();
+        eocd.extend_from_slice(&[0xff; 18]);
+        tail.extend_from_slice(&eocd);
+        assert!(directory_location(&tail, 0).is_err());
+        assert!(directory_location(&tail, u64::MAX - 5).is_err());
+        assert!(directory_location(&eocd[..10], 0).is_err());
+        let mut cd = CENTRAL_SIG.to_le_bytes().to_vec();
+        cd.extend_from_slice(&[0xff; 60]);
+        assert!(parse_directory(&cd).is_err());
     }
 }

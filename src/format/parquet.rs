@@ -212,27 +212,8 @@ fn project(
     let (mask, roots, reorder) = match columns {
         None => (ProjectionMask::all(), (0..roots.len()).collect(), None),
         Some(columns) => {
-            if columns.is_empty() {
-                return Err(Error::invalid_argument(
-                    "columns= must name at least one column",
-                ));
-            }
-            let mut wanted = Vec::with_capacity(columns.len());
-            for name in columns {
-                let Some(idx) = roots.iter().position(|f| f.name() == name) else {
-                    let names: Vec<_> = roots.iter().map(|f| f.name()).collect();
-                    return Err(Error::Schema {
-                        url: url.to_string(),
-                        message: format!("no column {name:?}; the file has {names:?}"),
-                    });
-                };
-                if wanted.contains(&idx) {
-                    return Err(Error::invalid_argument(format!(
-                        "column {name:?} is listed twice"
-                    )));
-                }
-                wanted.push(idx);
-            }
+            let names: Vec<&str> = roots.iter().map(|f| f.name()).collect();
+            let wanted = super::column_indices(&names, columns, url)?;
             let mut sorted = wanted.clone();
             sorted.sort_unstable();
             let reorder: Vec<usize> = wanted
@@ -327,7 +308,7 @@ impl UnitJobs for PreparedParquet {
             .leaves
             .iter()
             .map(|&l| rg.column(l).uncompressed_size())
-            .sum();
+            .fold(0, i64::saturating_add);
         let row_bytes = (projected_bytes.max(1) as u64 / (rg.num_rows().max(1) as u64)).max(1);
         let batch_rows = (TARGET_BATCH_BYTES / row_bytes).clamp(1, MAX_BATCH_ROWS) as usize;
         UnitJob::Ranges {

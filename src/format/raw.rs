@@ -6,12 +6,13 @@
 
 use std::sync::Arc;
 
-use arrow_array::{BinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow_array::{Int64Array, LargeBinaryArray, RecordBatch, StringArray};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::{
-    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, whole_file_job,
+    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, column_indices,
+    field_names, whole_file_job,
 };
 use crate::error::{Error, Result};
 use crate::source::{Io, ShardMeta};
@@ -77,7 +78,8 @@ impl Format for Raw {
             .collect();
         let mut fields = vec![
             Field::new("__key__", DataType::Utf8, false),
-            Field::new("bytes", DataType::Binary, false),
+            // 64-bit offsets: a file, or a batch of them, may pass 2 GiB.
+            Field::new("bytes", DataType::LargeBinary, false),
         ];
         let labels = with_labels.then(|| {
             let mut names: Vec<&str> = paths.iter().map(|p| parent_name(p)).collect();
@@ -100,14 +102,8 @@ impl Format for Raw {
         }
         let mut schema = Schema::new(fields);
         if let Some(columns) = &options.columns {
-            let indices = columns
-                .iter()
-                .map(|c| {
-                    schema.index_of(c).map_err(|_| {
-                        Error::invalid_argument(format!("raw files have no column {c:?}"))
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let url = paths.first().copied().unwrap_or_default();
+            let indices = column_indices(&field_names(&schema), columns, url)?;
             schema = schema
                 .project(&indices)
                 .map_err(|e| Error::Internal(e.to_string()))?;
@@ -147,8 +143,8 @@ impl UnitJobs for PreparedRaw {
                     match f.name().as_str() {
                         "__key__" => Arc::new(StringArray::from(vec![key.as_str()])),
                         // The file's bytes themselves, not a copy.
-                        "bytes" => Arc::new(BinaryArray::new(
-                            OffsetBuffer::new(ScalarBuffer::from(vec![0, bytes.len() as i32])),
+                        "bytes" => Arc::new(LargeBinaryArray::new(
+                            OffsetBuffer::new(ScalarBuffer::from(vec![0, bytes.len() as i64])),
                             Buffer::from(bytes.clone()),
                             None,
                         )),

@@ -10,10 +10,11 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, BinaryArray, RecordBatch};
+use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+use super::blocks::read_full;
 use super::compression::{self, Compression, looks_like_zlib};
 use super::example::{ExampleDecoder, FeatureSpec, SpecInference};
 use super::{
@@ -54,10 +55,11 @@ struct PreparedTfRecord {
     config: Arc<Config>,
 }
 
+/// 64-bit offsets: one record, or a block of them, may pass 2 GiB.
 fn raw_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![Field::new(
         "record",
-        DataType::Binary,
+        DataType::LargeBinary,
         false,
     )]))
 }
@@ -143,22 +145,10 @@ fn project(
     columns: &[String],
     shards: &[ShardMeta],
 ) -> Result<Vec<FeatureSpec>> {
-    columns
-        .iter()
-        .map(|name| {
-            specs
-                .iter()
-                .find(|s| &s.name == name)
-                .cloned()
-                .ok_or_else(|| Error::Schema {
-                    url: shards.first().map(|s| s.url.clone()).unwrap_or_default(),
-                    message: format!(
-                        "no feature {name:?}; the records have {:?}",
-                        specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>()
-                    ),
-                })
-        })
-        .collect()
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    let url = shards.first().map_or("", |s| s.url.as_str());
+    let indices = super::column_indices(&names, columns, url)?;
+    Ok(indices.into_iter().map(|i| specs[i].clone()).collect())
 }
 
 fn infer(shards: &[ShardMeta], config: &Config, io: &Io) -> Result<Vec<FeatureSpec>> {
@@ -300,20 +290,6 @@ impl RecordReader {
     }
 }
 
-/// Reads until `buf` is full or the stream ends; returns the bytes read.
-fn read_full(reader: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match reader.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
-
 /// Plain TFRecord starts with a header whose checksum holds; otherwise look for gzip or
 /// zlib, as written by `tf.io.TFRecordOptions(compression_type=...)`.
 fn detect(head: &[u8], url: &str, verify: bool) -> Result<Compression> {
@@ -419,20 +395,20 @@ fn decode_block(config: &Config, url: &str, block: Block) -> Result<Decoded> {
 
 /// The records' bytes as a binary column; without skips, the block buffer itself.
 fn raw_batch(schema: &SchemaRef, block: Block, good: &[usize]) -> Result<RecordBatch> {
-    let mut offsets = vec![0i32];
+    let mut offsets = vec![0i64];
     let values = if good.len() == block.records.len() {
-        offsets.extend(block.records.iter().map(|m| m.end as i32));
+        offsets.extend(block.records.iter().map(|m| m.end as i64));
         Buffer::from_vec(block.data)
     } else {
         let mut data = Vec::new();
         for &i in good {
             let meta = &block.records[i];
             data.extend_from_slice(&block.data[meta.start..meta.end]);
-            offsets.push(data.len() as i32);
+            offsets.push(data.len() as i64);
         }
         Buffer::from_vec(data)
     };
-    let column: ArrayRef = Arc::new(BinaryArray::new(
+    let column: ArrayRef = Arc::new(LargeBinaryArray::new(
         OffsetBuffer::new(ScalarBuffer::from(offsets)),
         values,
         None,

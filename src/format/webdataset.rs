@@ -13,7 +13,8 @@ use std::io::Read;
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, BinaryArray, Int64Array, RecordBatch, RecordBatchOptions, StringArray,
+    ArrayRef, Int64Array, LargeBinaryArray, LargeStringArray, RecordBatch, RecordBatchOptions,
+    StringArray,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
@@ -52,14 +53,15 @@ fn decode_for(field: &str) -> Decode {
     }
 }
 
+/// Payloads get 64-bit offsets: a block's samples may hold more than 2 GiB.
 fn arrow_field(name: &str) -> Field {
     let marker = |key: &str| [(key.to_string(), "1".to_string())];
     match decode_for(name) {
-        Decode::Json => Field::new(name, DataType::Utf8, true).with_metadata(marker(JSON_KEY)),
-        Decode::Text => Field::new(name, DataType::Utf8, true),
+        Decode::Json => Field::new(name, DataType::LargeUtf8, true).with_metadata(marker(JSON_KEY)),
+        Decode::Text => Field::new(name, DataType::LargeUtf8, true),
         Decode::Int => Field::new(name, DataType::Int64, true),
-        Decode::Npy => Field::new(name, DataType::Binary, true).with_metadata(marker(NPY_KEY)),
-        Decode::Bytes => Field::new(name, DataType::Binary, true),
+        Decode::Npy => Field::new(name, DataType::LargeBinary, true).with_metadata(marker(NPY_KEY)),
+        Decode::Bytes => Field::new(name, DataType::LargeBinary, true),
     }
 }
 
@@ -345,14 +347,14 @@ fn build_batch(config: &Config, url: &str, samples: Vec<Sample>) -> Result<Decod
                 Decode::Json | Decode::Text => Arc::new(
                     values()
                         .map(|v| v.and_then(|b| std::str::from_utf8(b).ok()))
-                        .collect::<StringArray>(),
+                        .collect::<LargeStringArray>(),
                 ),
                 Decode::Int => Arc::new(
                     values()
                         .map(|v| v.and_then(parse_int))
                         .collect::<Int64Array>(),
                 ),
-                Decode::Npy | Decode::Bytes => Arc::new(values().collect::<BinaryArray>()),
+                Decode::Npy | Decode::Bytes => Arc::new(values().collect::<LargeBinaryArray>()),
             },
         };
         columns.push(column);

@@ -246,6 +246,14 @@ fn feature_specs(features: &Bound<'_, PyDict>) -> PyResult<Vec<FeatureSpec>> {
                     .try_iter()?
                     .map(|d| d?.extract::<usize>())
                     .collect::<PyResult<_>>()?;
+                // An Arrow tensor holds at most 2^31 - 1 values.
+                let width = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+                if width.is_none_or(|w| i32::try_from(w).is_err()) {
+                    return Err(crate::error::Error::invalid_argument(format!(
+                        "features[{name:?}] shape {dims:?} has more than 2^31 values"
+                    ))
+                    .into());
+                }
                 let default = if spec.hasattr("default_value")? {
                     spec.getattr("default_value")?
                 } else {
@@ -563,12 +571,13 @@ impl PyDataset {
             .iter()
             .map(|op| format!("{op:?}"))
             .collect();
-        format!(
+        let repr = format!(
             "shardflow.Dataset(format={}, shards={}, ops=[{}])",
             self.inner.format_name(),
             self.inner.shards().len(),
             ops.join(", ")
-        )
+        );
+        crate::source::redact(&repr).into_owned()
     }
 }
 

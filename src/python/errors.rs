@@ -58,7 +58,7 @@ fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
         _ => None,
     };
     // Attribute failures would only lose detail the message already carries.
-    let _ = exc.setattr("url", error.url());
+    let _ = exc.setattr("url", error.url().map(crate::source::redact));
     let _ = exc.setattr("position", position);
     PyErr::from_value(exc)
 }

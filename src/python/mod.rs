@@ -40,8 +40,16 @@ fn next_batch(py: Python<'_>, receiver: &mut BatchReceiver) -> PyResult<Option<R
     }
 }
 
+/// `text` with the secrets of any URL in it masked, for printing.
+#[pyfunction]
+fn _redact(text: &str) -> String {
+    crate::source::redact(text).into_owned()
+}
+
 #[pymodule]
 mod _native {
+    #[pymodule_export]
+    use super::_redact;
     #[pymodule_export]
     use super::batch::PyRecordBatch;
     #[pymodule_export]

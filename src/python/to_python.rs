@@ -211,10 +211,10 @@ pub fn column_to_numpy<'py>(
                 _ => object_array(py, column_to_py(py, array.as_ref())?),
             },
         },
-        DataType::Utf8 if field.metadata().get(JSON_KEY).is_some() => {
+        DataType::Utf8 | DataType::LargeUtf8 if field.metadata().get(JSON_KEY).is_some() => {
             object_array(py, field_values(py, array, field)?)
         }
-        DataType::Binary if field.metadata().get(NPY_KEY).is_some() => {
+        DataType::Binary | DataType::LargeBinary if field.metadata().get(NPY_KEY).is_some() => {
             let arrays = field_values(py, array, field)?;
             // One (rows, *shape) array when every row holds an array of one dtype and shape.
             let np = py.import("numpy")?;

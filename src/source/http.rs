@@ -133,10 +133,8 @@ impl Backend for HttpBackend {
         if_match: Option<String>,
     ) -> BoxFuture<'_, std::result::Result<Response, Failure>> {
         Box::pin(async move {
-            let start = match &request {
-                Request::Range(r) => r.start,
-                Request::Suffix(_) => 0,
-            };
+            let Request::Range(range) = &request;
+            let start = range.start;
             let mut builder = self
                 .client
                 .get(&self.url)
@@ -155,14 +153,7 @@ impl Backend for HttpBackend {
                 _ => return Err(self.status_failure(status)),
             };
             // 200 means the whole object came back: skip to the part we asked for.
-            let skip = if status == StatusCode::OK {
-                match &request {
-                    Request::Range(_) => start,
-                    Request::Suffix(n) => object_size.map_or(0, |size| size.saturating_sub(*n)),
-                }
-            } else {
-                0
-            };
+            let skip = if status == StatusCode::OK { start } else { 0 };
             Ok(Response {
                 object_size,
                 body: Box::new(HttpBody { response, skip }),

@@ -71,6 +71,19 @@ impl Source for LocalSource {
             let url = self.url.clone();
             let counters = self.counters.clone();
             let read = tokio::task::spawn_blocking(move || -> Result<Bytes> {
+                // Sized by the file, never by the request: a range from a corrupt header
+                // must not allocate what the file does not hold.
+                let size = file
+                    .metadata()
+                    .map_err(|e| Error::io(&url, Position::Unknown, e))?
+                    .len();
+                if range.end > size {
+                    return Err(Error::io(
+                        &url,
+                        Position::Byte(range.start),
+                        std::io::ErrorKind::UnexpectedEof.into(),
+                    ));
+                }
                 let len = usize::try_from(range.end.saturating_sub(range.start))
                     .map_err(|_| Error::invalid_argument(format!("{url}: range too large")))?;
                 let mut buf = vec![0u8; len];

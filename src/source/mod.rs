@@ -6,6 +6,7 @@ mod http;
 mod local;
 pub mod pattern;
 pub mod ranges;
+mod redact;
 pub mod remote;
 pub mod retry;
 mod runtime;
@@ -24,12 +25,13 @@ use bytes::Bytes;
 
 use crate::error::{Error, Result};
 pub use local::LocalSource;
+pub use redact::redact;
 pub use runtime::runtime;
 pub use storage::{Storage, StorageOptions};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// One readable object: a local file (or, later, an S3 object or HTTP resource).
+/// One readable object: a local file, an S3 object or an HTTP(S) resource.
 ///
 /// Random access is async so that many requests can be in flight on the shared
 /// runtime; the streaming reader is blocking and is used from blocking threads.
@@ -39,14 +41,6 @@ pub trait Source: Send + Sync + Debug {
     fn size(&self) -> BoxFuture<'_, Result<u64>>;
     /// Reads exactly `range`; a short object is an error naming the offset.
     fn read_range(&self, range: Range<u64>) -> BoxFuture<'_, Result<Bytes>>;
-    /// The last `n` bytes (fewer if the object is smaller) and the object's size: one
-    /// request where the size is not yet known (a suffix range request).
-    fn read_suffix(&self, n: u64) -> BoxFuture<'_, Result<(Bytes, u64)>> {
-        Box::pin(async move {
-            let size = self.size().await?;
-            Ok((self.read_range(size.saturating_sub(n)..size).await?, size))
-        })
-    }
     /// A reader over the whole object from its first byte.
     fn open_stream(&self) -> Result<Box<dyn Read + Send>>;
     /// Whether reads cross a network (so many should be in flight at once).

@@ -32,8 +32,6 @@ pub struct ObjectInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Range(Range<u64>),
-    /// The last `n` bytes (and, in the reply, the object's size).
-    Suffix(u64),
 }
 
 impl Request {
@@ -41,7 +39,6 @@ impl Request {
     pub fn range_header(&self) -> String {
         match self {
             Request::Range(r) => format!("bytes={}-{}", r.start, r.end.saturating_sub(1)),
-            Request::Suffix(n) => format!("bytes=-{n}"),
         }
     }
 }
@@ -334,47 +331,6 @@ impl Source for RemoteSource {
             let bytes = self.0.read(range).await?;
             self.0.counters.add_bytes(bytes.len() as u64);
             Ok(bytes)
-        })
-    }
-
-    fn read_suffix(&self, n: u64) -> BoxFuture<'_, Result<(Bytes, u64)>> {
-        Box::pin(async move {
-            let known = self
-                .0
-                .info
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            if let Some(info) = known {
-                let start = info.size.saturating_sub(n);
-                return Ok((self.read_range(start..info.size).await?, info.size));
-            }
-            // One request gives both the tail and (from Content-Range) the size.
-            let inner = &self.0;
-            let (bytes, size) = inner
-                .retrying(0, &format!("GET the last {n} bytes"), || async {
-                    let mut response = inner.backend.get(Request::Suffix(n), None).await?;
-                    let mut buf = BytesMut::new();
-                    let cause = read_body(
-                        &mut *response.body,
-                        &mut buf,
-                        usize::MAX,
-                        inner.storage.options.timeout,
-                    )
-                    .await;
-                    if !cause.starts_with("the body ended early") && !cause.is_empty() {
-                        return Err(Failure::Transient(cause));
-                    }
-                    let size = response.object_size.unwrap_or(buf.len() as u64);
-                    Ok((buf.freeze(), size))
-                })
-                .await?;
-            inner
-                .counters
-                .bytes_fetched
-                .fetch_add(bytes.len() as u64, Relaxed);
-            inner.counters.add_bytes(bytes.len() as u64);
-            Ok((bytes, size))
         })
     }
 

@@ -43,7 +43,10 @@ pub struct StorageOptions {
 impl std::fmt::Debug for StorageOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StorageOptions")
-            .field("endpoint_url", &self.endpoint_url)
+            .field(
+                "endpoint_url",
+                &self.endpoint_url.as_deref().map(super::redact),
+            )
             .field("region", &self.region)
             .field("anonymous", &self.anonymous)
             .field(
@@ -80,7 +83,7 @@ impl Default for StorageOptions {
 impl StorageOptions {
     pub fn parse(options: &Options) -> Result<Self> {
         let d = Self::default();
-        let mut r = options.reader("storage_options");
+        let mut r = options.storage_reader();
         let owned = |s: Option<&str>| s.map(str::to_string);
         let parsed = Self {
             endpoint_url: owned(r.string("endpoint_url")?),
@@ -105,17 +108,12 @@ impl StorageOptions {
                 max_attempts: r
                     .u64("max_attempts", u64::from(d.retry.max_attempts))?
                     .clamp(1, 100) as u32,
-                base: Duration::from_secs_f64(
-                    r.seconds("retry_base_seconds", d.retry.base.as_secs_f64())?,
-                ),
-                max: Duration::from_secs_f64(
-                    r.seconds("retry_max_seconds", d.retry.max.as_secs_f64())?,
-                ),
+                base: r.seconds("retry_base_seconds", d.retry.base)?,
+                max: r.seconds("retry_max_seconds", d.retry.max)?,
             },
-            timeout: Duration::from_secs_f64(
-                r.seconds("timeout_seconds", d.timeout.as_secs_f64())?
-                    .max(0.001),
-            ),
+            timeout: r
+                .seconds("timeout_seconds", d.timeout)?
+                .max(Duration::from_millis(1)),
             chunk_size: r.u64("chunk_size", d.chunk_size)?.max(64 * 1024),
             cache_dir: owned(r.string("cache_dir")?).map(PathBuf::from),
             cache_size: r.u64("cache_size", d.cache_size)?,
