@@ -69,6 +69,14 @@ class Seaweed:
         self.stop()
         raise RuntimeError(f"SeaweedFS did not start: {last}")
 
+    def upload_tree(self, root: Path, bucket: str) -> None:
+        """Creates `bucket` and puts every file below `root` in it, keyed by relative path."""
+        client = self.client()
+        client.create_bucket(Bucket=bucket)
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), bucket, str(path.relative_to(root)))
+
     def storage_options(self, endpoint: str | None = None, **extra: object) -> dict:
         return {
             "endpoint_url": endpoint or self.s3_url, "access_key_id": S3_KEY,

@@ -60,11 +60,7 @@ def bucket(tmp_path_factory: pytest.TempPathFactory, seaweed: Seaweed) -> tuple[
     for i in range(3):
         write_tfrecord(root / "tfrecord" / f"part-{i}.tfrecord", [f"record-{i}-{j}".encode() * (j % 7 + 1) for j in range(90)])
     written["tfrecord"] = ([f"part-{i}.tfrecord" for i in range(3)], {"format_options": {"raw": True}})
-    client = seaweed.client()
-    client.create_bucket(Bucket="forked")
-    for path in root.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), "forked", str(path.relative_to(root)))
+    seaweed.upload_tree(root, "forked")
     return root, written
 
 

@@ -89,11 +89,7 @@ def write_formats(root: Path) -> dict[str, tuple[list[str], dict]]:
 def formats(tmp_path_factory: pytest.TempPathFactory, seaweed: Seaweed) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("formats")
     written = write_formats(root)
-    client = seaweed.client()
-    client.create_bucket(Bucket="formats")
-    for path in root.rglob("*"):
-        if path.is_file():
-            client.upload_file(str(path), "formats", str(path.relative_to(root)))
+    seaweed.upload_tree(root, "formats")
     return root, written
 
 

@@ -25,11 +25,8 @@ def source(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     if request.param == "local":
         return {"source": pattern}
     seaweed: Seaweed = request.getfixturevalue("seaweed")
-    client = seaweed.client()
-    client.create_bucket(Bucket="loops")
-    for path in sorted(root.glob("shard-*.parquet")):
-        client.upload_file(str(path), "loops", f"train/{path.name}")
-    return {"source": "s3://loops/train/shard-*.parquet", "storage_options": seaweed.storage_options()}
+    seaweed.upload_tree(root, "loops")
+    return {"source": "s3://loops/shard-*.parquet", "storage_options": seaweed.storage_options()}
 
 
 def ids(batch: dict) -> list[int]:
