@@ -5,6 +5,7 @@ deadline generous enough for a loaded machine."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -70,21 +71,30 @@ def test_break_returns_promptly_and_threads_return_to_baseline(large: str) -> No
 
 def test_ctrl_c_interrupts_a_waiting_consumer(large: str) -> None:
     # The user function holds its batch until the test ends, so an interrupt that gets
-    # through cannot have waited for a batch.
+    # through cannot have waited for a batch. The interrupt is sent from inside it, so the
+    # consumer is already in `next()`. Python runs signal handlers in whatever Python code
+    # the main thread is in, and one inside a finalizer (say, of an earlier test's torch
+    # DataLoader iterator, collected at a random moment) would swallow it: collect first
+    # and keep the collector off meanwhile.
     release = threading.Event()
 
     def stuck(batch: dict) -> dict:
+        os.kill(os.getpid(), signal.SIGINT)
         release.wait(DEADLINE)
         return batch
 
     loader = sf.DataLoader(sf.dataset(large).map(stuck, batched=True, batch_size=100), batch_size=100)
-    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
+    # What the test relies on, so that a failure says which it was.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    gc.collect()
+    gc.disable()
     try:
         with pytest.raises(KeyboardInterrupt):
             next(iter(loader))
         assert not release.is_set()
     finally:
+        gc.enable()
         release.set()
 
 
