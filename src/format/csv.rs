@@ -87,8 +87,6 @@ impl FileLayout {
     }
 }
 
-
-
 struct PreparedCsv {
     config: Arc<Config>,
 }

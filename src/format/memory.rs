@@ -51,7 +51,12 @@ impl InMemory {
 fn digest(batch: &RecordBatch) -> String {
     use arrow_array::Array;
     fn feed(hash: &mut Sha256, data: &arrow_data::ArrayData) {
-        hash.update(format!("{}:{}:{}", data.data_type(), data.offset(), data.len()));
+        hash.update(format!(
+            "{}:{}:{}",
+            data.data_type(),
+            data.offset(),
+            data.len()
+        ));
         for buffer in data.buffers() {
             hash.update(buffer.as_slice());
         }
@@ -66,7 +71,10 @@ fn digest(batch: &RecordBatch) -> String {
     for column in batch.columns() {
         feed(&mut hash, &column.to_data());
     }
-    hash.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
+    hash.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 impl Format for InMemory {
@@ -116,8 +124,11 @@ struct Jobs {
 
 impl UnitJobs for Jobs {
     fn job(&self, unit: &WorkUnit, _shard: &ShardMeta) -> UnitJob {
-        let (batches, schema, columns) =
-            (self.batches.clone(), self.schema.clone(), self.columns.clone());
+        let (batches, schema, columns) = (
+            self.batches.clone(),
+            self.schema.clone(),
+            self.columns.clone(),
+        );
         let index = unit.shard;
         UnitJob::Ready(Box::new(move || {
             let batch = batches

@@ -88,7 +88,11 @@ impl Dataset {
     }
 
     /// Records already in memory, one work unit per batch.
-    pub fn from_batches(schema: SchemaRef, batches: Vec<RecordBatch>, columns: Option<Vec<String>>) -> Self {
+    pub fn from_batches(
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+        columns: Option<Vec<String>>,
+    ) -> Self {
         let (format, shards) = format::memory::InMemory::new(schema, batches);
         Self {
             source: Arc::new(DataSource {
@@ -145,7 +149,10 @@ impl Dataset {
         let mut hash = Sha256::new();
         hash.update(source.format.name());
         for shard in &source.shards {
-            hash.update(format!("\0{}\0{:?}\0{:?}", shard.url, shard.size, shard.etag));
+            hash.update(format!(
+                "\0{}\0{:?}\0{:?}",
+                shard.url, shard.size, shard.etag
+            ));
         }
         hash.update(format!("\0{:?}", source.options));
         for op in &self.ops {
@@ -255,9 +262,10 @@ impl Dataset {
         let total: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
         let (mut rows, rest) = match self.split(&prepared) {
             Split::Units => (total.map(|t| part_len(t, part, parts, even)), 0),
-            Split::Window { rows, after } => {
-                (Some(part_len(rows.end - rows.start, part, parts, even)), after)
-            }
+            Split::Window { rows, after } => (
+                Some(part_len(rows.end - rows.start, part, parts, even)),
+                after,
+            ),
             Split::Rows { after } => {
                 let global = rows_through(total, &self.ops[..after]);
                 (global.map(|t| dealt_rows(t, part, parts, even)), after)

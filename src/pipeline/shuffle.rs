@@ -9,8 +9,8 @@ use arrow_array::RecordBatch;
 use arrow_select::interleave::interleave_record_batch;
 
 use super::rng::Rng;
-use super::{BatchIter, batch_bytes};
 use super::stats::Stats;
+use super::{BatchIter, batch_bytes};
 use crate::error::{Error, Result};
 
 /// How much the buffer holds at most: rows, and bytes of those rows' values.
@@ -324,7 +324,12 @@ mod tests {
         // Rows bigger than the whole bound still come out, one at a time.
         let tiny = BufferBounds { rows: 10, bytes: 1 };
         assert_eq!(
-            values(ShuffleBuffer::new(source(30, 7), Rng::new(1, 0, 0), tiny, Arc::default())),
+            values(ShuffleBuffer::new(
+                source(30, 7),
+                Rng::new(1, 0, 0),
+                tiny,
+                Arc::default()
+            )),
             (0..30).collect::<Vec<_>>()
         );
     }

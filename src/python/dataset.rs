@@ -153,7 +153,12 @@ pub fn from_dict(py: Python<'_>, columns: &Bound<'_, PyDict>) -> PyResult<PyData
     let batch = columns_to_batch(py, columns.as_any())?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("columns", columns)?;
-    Ok(in_memory(py, batch.schema(), vec![batch], ("from_dict", kwargs)))
+    Ok(in_memory(
+        py,
+        batch.schema(),
+        vec![batch],
+        ("from_dict", kwargs),
+    ))
 }
 
 /// A dataset over rows: a list of dicts with the same keys.
@@ -163,7 +168,12 @@ pub fn from_list(py: Python<'_>, rows: &Bound<'_, PyList>) -> PyResult<PyDataset
     let batch = rows_to_batch(py, &items)?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("rows", rows)?;
-    Ok(in_memory(py, batch.schema(), vec![batch], ("from_list", kwargs)))
+    Ok(in_memory(
+        py,
+        batch.schema(),
+        vec![batch],
+        ("from_list", kwargs),
+    ))
 }
 
 fn parse_options(options: &Bound<'_, PyDict>) -> PyResult<Options> {

@@ -106,7 +106,11 @@ impl PyDataLoader {
     }
 
     /// Why `state` cannot be resumed by this loader, if it cannot.
-    fn state_mismatch(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Option<String>> {
+    fn state_mismatch(
+        &self,
+        py: Python<'_>,
+        state: &Bound<'_, PyDict>,
+    ) -> PyResult<Option<String>> {
         let fingerprint = self.dataset.fingerprint();
         let mut differences = Vec::new();
         let mut compare = |key: &str, ours: Bound<'_, PyAny>| -> PyResult<()> {
@@ -114,14 +118,24 @@ impl PyDataLoader {
                 .get_item(key)?
                 .ok_or_else(|| PyKeyError::new_err(format!("state_dict has no {key:?}")))?;
             if !theirs.eq(&ours)? {
-                differences.push(format!("{key}={} (this loader: {})", theirs.repr()?, ours.repr()?));
+                differences.push(format!(
+                    "{key}={} (this loader: {})",
+                    theirs.repr()?,
+                    ours.repr()?
+                ));
             }
             Ok(())
         };
         compare("dataset", fingerprint.into_pyobject(py)?.into_any())?;
         compare("batch_size", self.batch_size.into_pyobject(py)?.into_any())?;
-        compare("shuffle", self.shuffle.into_pyobject(py)?.to_owned().into_any())?;
-        compare("drop_last", self.drop_last.into_pyobject(py)?.to_owned().into_any())?;
+        compare(
+            "shuffle",
+            self.shuffle.into_pyobject(py)?.to_owned().into_any(),
+        )?;
+        compare(
+            "drop_last",
+            self.drop_last.into_pyobject(py)?.to_owned().into_any(),
+        )?;
         compare("rank", self.rank.into_pyobject(py)?.into_any())?;
         compare("world_size", self.world_size.into_pyobject(py)?.into_any())?;
         Ok((!differences.is_empty()).then(|| differences.join(", ")))

@@ -29,8 +29,10 @@ fn next_batch(py: Python<'_>, receiver: &mut BatchReceiver) -> PyResult<Option<R
                     let message = format!(
                         "the shuffle buffer holds only {rows} rows: its byte bound (buffer_bytes) is reached first, which weakens the shuffle; raise buffer_bytes if memory allows"
                     );
-                    py.import("warnings")?
-                        .call_method1("warn", (message, py.get_type::<pyo3::exceptions::PyUserWarning>()))?;
+                    py.import("warnings")?.call_method1(
+                        "warn",
+                        (message, py.get_type::<pyo3::exceptions::PyUserWarning>()),
+                    )?;
                 }
                 return Ok(Some(batch));
             }

@@ -43,11 +43,7 @@ impl PyTransform {
             Kind::MapBatched { .. } => "map(batched)",
             Kind::FlatMap => "flat_map",
         };
-        let qualname = |attr: &str| {
-            func.getattr(attr)
-                .and_then(|v| v.extract::<String>())
-                .ok()
-        };
+        let qualname = |attr: &str| func.getattr(attr).and_then(|v| v.extract::<String>()).ok();
         let function = match (qualname("__module__"), qualname("__qualname__")) {
             (Some(module), Some(name)) => format!("{module}.{name}"),
             (None, Some(name)) => name,
@@ -86,7 +82,12 @@ impl PyTransform {
             message,
         };
         let got = batch.schema();
-        let names = |s: &SchemaRef| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+        let names = |s: &SchemaRef| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+        };
         if names(&got) != names(schema) {
             return Err(mismatch(format!(
                 "a batch has columns {:?}, but the dataset's are {:?}; every sample must return the same keys",
@@ -156,12 +157,19 @@ fn widens(from: &DataType, to: &DataType) -> bool {
         }
         (T::Struct(a), T::Struct(b)) => {
             a.len() == b.len()
-                && a.iter().zip(b.iter()).all(|(x, y)| {
-                    x.name() == y.name() && widens(x.data_type(), y.data_type())
-                })
+                && a.iter()
+                    .zip(b.iter())
+                    .all(|(x, y)| x.name() == y.name() && widens(x.data_type(), y.data_type()))
         }
-        _ => match (int_width(from), int_width(to), float_width(from), float_width(to)) {
-            (Some((w1, s1)), Some((w2, s2)), _, _) => (s1 == s2 && w2 >= w1) || (!s1 && s2 && w2 > w1),
+        _ => match (
+            int_width(from),
+            int_width(to),
+            float_width(from),
+            float_width(to),
+        ) {
+            (Some((w1, s1)), Some((w2, s2)), _, _) => {
+                (s1 == s2 && w2 >= w1) || (!s1 && s2 && w2 > w1)
+            }
             (Some(_), None, _, Some(_)) => true,
             (None, None, Some(w1), Some(w2)) => w2 >= w1,
             _ => false,

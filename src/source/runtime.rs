@@ -52,10 +52,8 @@ where
         return Ok(rt.block_on(future));
     }
     std::thread::scope(|scope| {
-        scope
-            .spawn(|| rt.block_on(future))
-            .join()
-            .map_err(|panic| Error::Internal(format!("I/O setup failed: {}", panic_message(&*panic))))
+        scope.spawn(|| rt.block_on(future)).join().map_err(|panic| {
+            Error::Internal(format!("I/O setup failed: {}", panic_message(&*panic)))
+        })
     })
 }
-
