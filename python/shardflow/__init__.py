@@ -20,10 +20,13 @@ from shardflow._native import (
     Dataset,
     RecordBatch,
     SampleIterator,
+    Schema,
+    concatenate,
     dataset,
     from_arrow,
     from_dict,
     from_list,
+    interleave,
 )
 from shardflow.features import FixedLen, VarLen
 from shardflow.errors import (
@@ -53,12 +56,15 @@ __all__ = [
     "ReadError",
     "RecordBatch",
     "SampleIterator",
+    "Schema",
     "SchemaError",
     "ShardflowError",
     "VarLen",
     "__version__",
+    "concatenate",
     "dataset",
     "from_arrow",
     "from_dict",
     "from_list",
+    "interleave",
 ]

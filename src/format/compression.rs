@@ -65,6 +65,11 @@ pub fn decoder(
     }
 }
 
+/// Whether data starting with `head` is gzip-compressed.
+pub fn is_gzip(head: &[u8]) -> bool {
+    head == GZIP_MAGIC
+}
+
 /// Gunzips gzip data, recognised by its magic bytes rather than the file name.
 pub fn auto_gzip(
     reader: Box<dyn Read + Send>,
@@ -72,7 +77,7 @@ pub fn auto_gzip(
     limit: u64,
 ) -> Result<Box<dyn Read + Send>> {
     let mut reader = buffered(reader);
-    let compression = if peek(&mut reader, url, 2)? == GZIP_MAGIC {
+    let compression = if is_gzip(peek(&mut reader, url, 2)?) {
         Compression::Gzip
     } else {
         Compression::None

@@ -15,6 +15,7 @@ use arrow_csv::reader::Format as CsvFormat;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use super::blocks::split_blocks;
+use super::index::{RecordCodec, ShardIndex, scan_lines};
 use super::{
     Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
     column_indices, compression, field_names, whole_files,
@@ -386,7 +387,62 @@ fn last_record_end(data: &[u8]) -> Option<usize> {
     last
 }
 
+impl RecordCodec for Config {
+    fn scan(
+        &self,
+        shard: &ShardMeta,
+        stream: Box<dyn std::io::Read + Send>,
+        key: String,
+    ) -> Result<ShardIndex> {
+        use std::io::BufRead;
+        let url = shard.url.as_str();
+        let mut buffered = compression::buffered(stream);
+        let gzip = compression::is_gzip(compression::peek(&mut buffered, url, 2)?);
+        let compression = if gzip {
+            compression::Compression::Gzip
+        } else {
+            compression::Compression::None
+        };
+        let mut reader =
+            std::io::BufReader::new(compression::decoder(buffered, compression, self.limit));
+        // The header is the first record: up to the first newline outside quotes.
+        let mut header = Vec::new();
+        loop {
+            let read = reader
+                .read_until(b'\n', &mut header)
+                .map_err(|e| compression::stream_error(url, Position::Line(1), e))?;
+            let quotes = memchr::memchr_iter(b'"', &header).count();
+            if read == 0 || quotes % 2 == 0 {
+                break;
+            }
+        }
+        let offsets = scan_lines(&mut reader, url, FORMAT, header.len() as u64, true)?;
+        Ok(ShardIndex {
+            key,
+            rows: offsets.len() as u64 - 1,
+            offsets: if gzip { Vec::new() } else { offsets },
+            header,
+        })
+    }
+
+    fn decode_records(
+        &self,
+        shard: &ShardMeta,
+        index: &ShardIndex,
+        data: bytes::Bytes,
+        first: u64,
+    ) -> Result<Decoded> {
+        let layout = FileLayout::from_header(self, &shard.url, &index.header)?;
+        // Line numbers as if no record spanned lines: the header is line 1.
+        decode_block(self, &layout, &shard.url, &data, first + 2)
+    }
+}
+
 impl UnitJobs for PreparedCsv {
+    fn record_codec(&self) -> Option<Arc<dyn RecordCodec>> {
+        Some(self.config.clone())
+    }
+
     fn job(&self, _unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
         let url: Arc<str> = shard.url.as_str().into();
         let config = self.config.clone();

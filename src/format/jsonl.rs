@@ -10,7 +10,8 @@ use arrow_json::ReaderBuilder;
 use arrow_schema::{ArrowError, Schema, SchemaRef};
 
 use super::blocks::split_blocks;
-use super::compression::{self, stream_error};
+use super::compression::{self, Compression, stream_error};
+use super::index::{RecordCodec, ShardIndex, scan_lines};
 use super::json_infer::SchemaInference;
 use super::{
     Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
@@ -29,8 +30,6 @@ const DECODE_BATCH_ROWS: usize = 8192;
 pub struct JsonLines;
 
 struct PreparedJsonl {
-    /// Bound on each file's decompressed size.
-    limit: u64,
     decoder: Arc<BlockDecoderConfig>,
 }
 
@@ -44,6 +43,26 @@ struct BlockDecoderConfig {
     coerce: bool,
     inferred: bool,
     on_error: OnError,
+    /// Bound on each file's decompressed size.
+    limit: u64,
+}
+
+/// Where a block starts, for naming a bad record: a line number when the file was read
+/// from its start, a byte offset when the block was read by range.
+#[derive(Clone, Copy)]
+enum BlockStart {
+    Line(u64),
+    Byte(u64),
+}
+
+impl BlockStart {
+    /// The position of the line `index` lines and `offset` bytes into the block.
+    fn of_line(self, index: usize, offset: usize) -> Position {
+        match self {
+            BlockStart::Line(first) => Position::Line(first + index as u64),
+            BlockStart::Byte(start) => Position::Byte(start + offset as u64),
+        }
+    }
 }
 
 impl Format for JsonLines {
@@ -87,13 +106,13 @@ impl Format for JsonLines {
             shards,
             units,
             PreparedJsonl {
-                limit,
                 decoder: Arc::new(BlockDecoderConfig {
                     schema,
                     strict: options.columns.is_none() && inferred,
                     coerce,
                     inferred,
                     on_error: options.on_error,
+                    limit,
                 }),
             },
         ))
@@ -147,10 +166,14 @@ fn infer_schema(
 }
 
 impl UnitJobs for PreparedJsonl {
+    fn record_codec(&self) -> Option<Arc<dyn RecordCodec>> {
+        Some(self.decoder.clone())
+    }
+
     fn job(&self, _unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
         let url: Arc<str> = shard.url.as_str().into();
         let config = self.decoder.clone();
-        let limit = self.limit;
+        let limit = config.limit;
         UnitJob::Stream(Box::new(move |reader, emit: &mut EmitTask| {
             let mut reader = compression::auto_gzip(reader, &url, limit)?;
             split_blocks(
@@ -161,10 +184,48 @@ impl UnitJobs for PreparedJsonl {
                 |data| memchr::memrchr(b'\n', data),
                 &mut |block, first_line| {
                     let (config, url) = (config.clone(), url.clone());
-                    emit(Box::new(move || config.decode(&url, &block, first_line)))
+                    emit(Box::new(move || {
+                        config.decode(&url, &block, BlockStart::Line(first_line))
+                    }))
                 },
             )
         }))
+    }
+}
+
+impl RecordCodec for BlockDecoderConfig {
+    fn scan(
+        &self,
+        shard: &ShardMeta,
+        stream: Box<dyn std::io::Read + Send>,
+        key: String,
+    ) -> Result<ShardIndex> {
+        let url = shard.url.as_str();
+        let mut buffered = compression::buffered(stream);
+        let gzip = compression::is_gzip(compression::peek(&mut buffered, url, 2)?);
+        let mut reader = compression::decoder(
+            buffered,
+            if gzip { Compression::Gzip } else { Compression::None },
+            self.limit,
+        );
+        let offsets = scan_lines(&mut reader, url, FORMAT, 0, false)?;
+        Ok(ShardIndex {
+            key,
+            rows: offsets.len() as u64 - 1,
+            offsets: if gzip { Vec::new() } else { offsets },
+            header: Vec::new(),
+        })
+    }
+
+    fn decode_records(
+        &self,
+        shard: &ShardMeta,
+        index: &ShardIndex,
+        data: bytes::Bytes,
+        first: u64,
+    ) -> Result<Decoded> {
+        let start = index.offsets.get(first as usize).copied().unwrap_or(0);
+        self.decode(&shard.url, &data, BlockStart::Byte(start))
     }
 }
 
@@ -176,14 +237,14 @@ impl BlockDecoderConfig {
             .with_coerce_primitive(self.coerce)
     }
 
-    fn decode(&self, url: &str, block: &[u8], first_line: u64) -> Result<Decoded> {
+    fn decode(&self, url: &str, block: &[u8], start: BlockStart) -> Result<Decoded> {
         match self.decode_all(block) {
             Ok(batches) => Ok(Decoded {
                 batches,
                 skipped: 0,
             }),
             // Rare path: find the bad line(s) to name them, or to skip them.
-            Err(_) => self.decode_line_by_line(url, block, first_line),
+            Err(_) => self.decode_line_by_line(url, block, start),
         }
     }
 
@@ -228,10 +289,13 @@ impl BlockDecoderConfig {
         decoder.flush().map(|_| ())
     }
 
-    fn decode_line_by_line(&self, url: &str, block: &[u8], first_line: u64) -> Result<Decoded> {
+    fn decode_line_by_line(&self, url: &str, block: &[u8], start: BlockStart) -> Result<Decoded> {
         let mut good = Vec::with_capacity(block.len());
         let mut skipped = 0;
+        let mut offset = 0;
         for (idx, line) in block.split(|&b| b == b'\n').enumerate() {
+            let line_offset = offset;
+            offset += line.len() + 1;
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
@@ -245,7 +309,7 @@ impl BlockDecoderConfig {
                     return Err(Error::decode(
                         url,
                         FORMAT,
-                        Position::Line(first_line + idx as u64),
+                        start.of_line(idx, line_offset),
                         self.explain(e),
                     ));
                 }
@@ -253,7 +317,7 @@ impl BlockDecoderConfig {
         }
         let batches = self
             .decode_all(&good)
-            .map_err(|e| Error::decode(url, FORMAT, Position::Line(first_line), self.explain(e)))?;
+            .map_err(|e| Error::decode(url, FORMAT, start.of_line(0, 0), self.explain(e)))?;
         Ok(Decoded { batches, skipped })
     }
 

@@ -8,6 +8,7 @@ mod blocks;
 pub mod compression;
 pub mod csv;
 pub mod example;
+pub mod index;
 mod json_infer;
 pub mod jsonl;
 pub mod memory;
@@ -271,6 +272,14 @@ pub enum UnitJob {
 /// Makes each work unit's job for one prepared dataset: the format-specific part.
 pub trait UnitJobs: Send + Sync {
     fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob;
+    /// How a stream format finds and decodes single records, for its record index.
+    fn record_codec(&self) -> Option<Arc<dyn index::RecordCodec>> {
+        None
+    }
+    /// Per-record reads, once the dataset is indexed.
+    fn record_access(&self) -> Option<index::RecordAccess> {
+        None
+    }
 }
 
 /// Shards a format has looked at (footers read, schema known), ready to be read.
@@ -314,6 +323,14 @@ impl PreparedShards {
 
     pub fn job(&self, unit: &WorkUnit) -> UnitJob {
         self.jobs.job(unit, &self.shards[unit.shard])
+    }
+
+    pub fn record_codec(&self) -> Option<Arc<dyn index::RecordCodec>> {
+        self.jobs.record_codec()
+    }
+
+    pub fn record_access(&self) -> Option<index::RecordAccess> {
+        self.jobs.record_access()
     }
 }
 

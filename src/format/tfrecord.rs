@@ -14,6 +14,7 @@ use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+use super::index::{RecordCodec, ShardIndex};
 use super::blocks::read_full;
 use super::compression::{self, Compression, looks_like_zlib};
 use super::example::{ExampleDecoder, FeatureSpec, SpecInference};
@@ -324,7 +325,85 @@ struct Block {
     records: Vec<RecordMeta>,
 }
 
+impl RecordCodec for Config {
+    fn scan(
+        &self,
+        shard: &ShardMeta,
+        stream: Box<dyn Read + Send>,
+        key: String,
+    ) -> Result<ShardIndex> {
+        let url: Arc<str> = shard.url.as_str().into();
+        let mut buffered = compression::buffered(stream);
+        let compression = match self.compression {
+            Some(c) => c,
+            None => detect(
+                compression::peek(&mut buffered, &url, HEADER)?,
+                &url,
+                self.verify,
+            )?,
+        };
+        let mut reader = RecordReader {
+            inner: compression::decoder(buffered, compression, self.limit),
+            url,
+            verify: self.verify,
+            offset: 0,
+            index: 0,
+        };
+        // Only the framing is read here: record data goes through a reused buffer.
+        let mut offsets = Vec::new();
+        let mut data = Vec::new();
+        loop {
+            let at = reader.offset;
+            data.clear();
+            if reader.next_into(&mut data)?.is_none() {
+                offsets.push(at);
+                break;
+            }
+            offsets.push(at);
+        }
+        Ok(ShardIndex {
+            key,
+            rows: offsets.len() as u64 - 1,
+            offsets: if compression == Compression::None {
+                offsets
+            } else {
+                Vec::new()
+            },
+            header: Vec::new(),
+        })
+    }
+
+    fn decode_records(
+        &self,
+        shard: &ShardMeta,
+        index: &ShardIndex,
+        data: bytes::Bytes,
+        first: u64,
+    ) -> Result<Decoded> {
+        let url: Arc<str> = shard.url.as_str().into();
+        let mut reader = RecordReader {
+            inner: Box::new(std::io::Cursor::new(data)),
+            url: url.clone(),
+            verify: self.verify,
+            offset: index.offsets.get(first as usize).copied().unwrap_or(0),
+            index: first,
+        };
+        let mut block = Block {
+            data: Vec::new(),
+            records: Vec::new(),
+        };
+        while let Some(meta) = reader.next_into(&mut block.data)? {
+            block.records.push(meta);
+        }
+        decode_block(self, &url, block)
+    }
+}
+
 impl UnitJobs for PreparedTfRecord {
+    fn record_codec(&self) -> Option<Arc<dyn RecordCodec>> {
+        Some(self.config.clone())
+    }
+
     fn job(&self, _unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
         let url: Arc<str> = shard.url.as_str().into();
         let config = self.config.clone();

@@ -18,6 +18,7 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+use super::index::{RecordCodec, ShardIndex};
 use super::{
     Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
     compression, whole_files,
@@ -274,7 +275,102 @@ impl Format for WebDataset {
     }
 }
 
+impl RecordCodec for Config {
+    /// A sample's bytes run from the end of the previous sample's last member to the
+    /// end of its own last member, so they hold every header that belongs to it.
+    fn scan(
+        &self,
+        shard: &ShardMeta,
+        stream: Box<dyn Read + Send>,
+        key: String,
+    ) -> Result<ShardIndex> {
+        let url = shard.url.as_str();
+        let mut buffered = compression::buffered(stream);
+        let gzip = compression::is_gzip(compression::peek(&mut buffered, url, 2)?);
+        let reader = compression::decoder(
+            buffered,
+            if gzip {
+                compression::Compression::Gzip
+            } else {
+                compression::Compression::None
+            },
+            self.limit,
+        );
+        let mut archive = tar::Archive::new(reader);
+        let entries = archive
+            .entries()
+            .map_err(|e| compression::stream_error(url, Position::Byte(0), e))?;
+        let mut offsets = vec![0u64];
+        let mut current: Option<String> = None;
+        // Where the last member of the current sample ends (512-byte blocks).
+        let mut sample_end = 0u64;
+        for entry in entries {
+            let entry = entry.map_err(|e| corrupt_tar(url, sample_end, e))?;
+            let offset = entry.raw_header_position();
+            let end = entry.raw_file_position() + entry.size().div_ceil(512) * 512;
+            if !entry.header().entry_type().is_file() {
+                continue;
+            }
+            let path = entry.path().map_err(|e| corrupt_tar(url, offset, e))?;
+            let path = path.to_string_lossy();
+            if is_meta(&path) {
+                continue;
+            }
+            let Some((key, _)) = key_and_field(&path) else {
+                continue;
+            };
+            if current.as_deref().is_some_and(|k| k != key) {
+                offsets.push(sample_end);
+            }
+            if current.as_deref() != Some(key) {
+                current = Some(key.to_string());
+            }
+            sample_end = end;
+        }
+        if current.is_some() {
+            offsets.push(sample_end);
+        } else {
+            offsets.clear();
+            offsets.push(0);
+        }
+        Ok(ShardIndex {
+            key,
+            rows: offsets.len() as u64 - 1,
+            offsets: if gzip { Vec::new() } else { offsets },
+            header: Vec::new(),
+        })
+    }
+
+    fn decode_records(
+        &self,
+        shard: &ShardMeta,
+        _index: &ShardIndex,
+        data: bytes::Bytes,
+        _first: u64,
+    ) -> Result<Decoded> {
+        let url: Arc<str> = shard.url.as_str().into();
+        let reader = SampleReader {
+            url: url.clone(),
+            keep: self.keep.clone(),
+        };
+        let mut samples = Vec::new();
+        reader.for_each(
+            Box::new(std::io::Cursor::new(data)),
+            self.limit,
+            &mut |sample| {
+                samples.push(sample);
+                Ok(true)
+            },
+        )?;
+        build_batch(self, &url, samples)
+    }
+}
+
 impl UnitJobs for PreparedTar {
+    fn record_codec(&self) -> Option<Arc<dyn RecordCodec>> {
+        Some(self.config.clone())
+    }
+
     fn job(&self, _unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
         let url: Arc<str> = shard.url.as_str().into();
         let config = self.config.clone();

@@ -2,6 +2,7 @@
 //! chained ops), the epoch plan, and the stages that run on the pipeline thread.
 
 mod batch;
+mod combine;
 mod decode;
 pub mod ops;
 mod prefetch;
@@ -21,7 +22,7 @@ use crate::format::{self, Format, PreparedShards, ReadOptions};
 use crate::source::{self, Io, IoCounters, ShardMeta, Storage};
 pub use batch::Rebatch;
 use decode::UnitSlice;
-pub use ops::{BatchTransform, BufferBounds, Op};
+pub use ops::{BatchTransform, BufferBounds, Columns, Indices, Op};
 pub use prefetch::{BatchReceiver, Received};
 pub use random_access::RandomAccess;
 use rng::Rng;
@@ -48,17 +49,87 @@ pub struct DataSource {
     format: Arc<dyn Format>,
     options: ReadOptions,
     prepared: Mutex<Option<Arc<PreparedShards>>>,
+    /// The same with every shard's record index, built when first needed.
+    indexed: Mutex<Option<Arc<PreparedShards>>>,
     /// Where remote shards are read from, shared by every loader of the dataset.
     storage: Arc<Storage>,
     /// I/O done while preparing (not part of any loader's stats).
     counters: Arc<IoCounters>,
 }
 
-/// An immutable description of a dataset: a source and the ops chained onto it.
+impl DataSource {
+    fn new(
+        shards: Vec<ShardMeta>,
+        format: Arc<dyn Format>,
+        options: ReadOptions,
+        storage: Arc<Storage>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            shards,
+            format,
+            options,
+            prepared: Mutex::new(None),
+            indexed: Mutex::new(None),
+            storage,
+            counters: Arc::default(),
+        })
+    }
+
+    fn io(&self) -> Io {
+        Io {
+            storage: self.storage.clone(),
+            counters: self.counters.clone(),
+        }
+    }
+}
+
+/// Datasets read one after another (`concatenate`) or mixed row by row (`interleave`),
+/// as one schema.
+pub struct Combined {
+    parts: Vec<Dataset>,
+    schema: SchemaRef,
+    /// For `interleave`: how rows are drawn from the parts.
+    mix: Option<Mix>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Mix {
+    /// Relative weights of the parts; `None` takes one row from each in turn.
+    pub weights: Option<Vec<f64>>,
+    pub seed: u64,
+    /// Stop when every part has run out once (parts that end early start over), rather
+    /// than when the first does.
+    pub all_exhausted: bool,
+}
+
+/// Where a dataset's rows come from before its own ops.
+#[derive(Clone)]
+enum Origin {
+    Files(Arc<DataSource>),
+    Combined(Arc<Combined>),
+}
+
+/// An immutable description of a dataset: where its rows come from and the ops chained
+/// onto them.
 #[derive(Clone)]
 pub struct Dataset {
-    source: Arc<DataSource>,
+    origin: Origin,
     ops: Vec<Op>,
+}
+
+/// Where an epoch's rows start: the source's units, or (for `select` and a
+/// full-permutation `shuffle`) rows fetched by index; `rest` is where the ops run as a
+/// stream begin.
+struct Head {
+    kind: HeadKind,
+    rows: Option<u64>,
+    rest: usize,
+}
+
+enum HeadKind {
+    Units(Arc<PreparedShards>),
+    Indexed(Arc<RandomAccess>),
+    Combined(Arc<Combined>),
 }
 
 impl Dataset {
@@ -75,14 +146,7 @@ impl Dataset {
             None => format::infer(&shards)?,
         })?;
         Ok(Self {
-            source: Arc::new(DataSource {
-                shards,
-                format,
-                options,
-                prepared: Mutex::new(None),
-                storage,
-                counters: Arc::default(),
-            }),
+            origin: Origin::Files(DataSource::new(shards, format, options, storage)),
             ops: Vec::new(),
         })
     }
@@ -94,44 +158,76 @@ impl Dataset {
         columns: Option<Vec<String>>,
     ) -> Self {
         let (format, shards) = format::memory::InMemory::new(schema, batches);
+        let options = ReadOptions {
+            columns,
+            ..ReadOptions::default()
+        };
         Self {
-            source: Arc::new(DataSource {
+            origin: Origin::Files(DataSource::new(
                 shards,
-                format: Arc::new(format),
-                options: ReadOptions {
-                    columns,
-                    ..ReadOptions::default()
-                },
-                prepared: Mutex::new(None),
-                storage: Storage::local_only(),
-                counters: Arc::default(),
-            }),
+                Arc::new(format),
+                options,
+                Storage::local_only(),
+            )),
             ops: Vec::new(),
         }
     }
 
+    /// The rows of `parts` one after another (`mix: None`), or drawn from them row by
+    /// row. Their schemas must be equal or unify (see [`unify_schemas`]).
+    pub fn combine(parts: Vec<Dataset>, mix: Option<Mix>) -> Result<Self> {
+        if parts.is_empty() {
+            return Err(Error::invalid_argument("no datasets given"));
+        }
+        if let Some(Some(weights)) = mix.as_ref().map(|m| &m.weights) {
+            if weights.len() != parts.len() {
+                return Err(Error::invalid_argument(format!(
+                    "{} probabilities for {} datasets",
+                    weights.len(),
+                    parts.len()
+                )));
+            }
+            if weights.iter().any(|w| !w.is_finite() || *w < 0.0) || weights.iter().sum::<f64>() <= 0.0 {
+                return Err(Error::invalid_argument(
+                    "probabilities must be non-negative and not all zero",
+                ));
+            }
+        }
+        let schemas = parts
+            .iter()
+            .map(Dataset::schema)
+            .collect::<Result<Vec<_>>>()?;
+        let schema = unify_schemas(&schemas)?;
+        Ok(Self {
+            origin: Origin::Combined(Arc::new(Combined { parts, schema, mix })),
+            ops: Vec::new(),
+        })
+    }
+
+    /// The format's name; for combined datasets, their parts' if they share one.
     pub fn format_name(&self) -> &'static str {
-        self.source.format.name()
+        match &self.origin {
+            Origin::Files(source) => source.format.name(),
+            Origin::Combined(c) => {
+                let first = c.parts[0].format_name();
+                if c.parts.iter().all(|p| p.format_name() == first) {
+                    first
+                } else {
+                    "mixed"
+                }
+            }
+        }
     }
 
-    pub fn shards(&self) -> &[ShardMeta] {
-        &self.source.shards
-    }
-
-    /// The I/O context for a reader charging `counters`.
-    pub fn io(&self, counters: Arc<IoCounters>) -> Io {
-        Io {
-            storage: self.source.storage.clone(),
-            counters,
+    pub fn shards(&self) -> Vec<ShardMeta> {
+        match &self.origin {
+            Origin::Files(source) => source.shards.clone(),
+            Origin::Combined(c) => c.parts.iter().flat_map(Dataset::shards).collect(),
         }
     }
 
     pub fn ops(&self) -> &[Op] {
         &self.ops
-    }
-
-    pub fn on_error(&self) -> format::OnError {
-        self.source.options.on_error
     }
 
     pub fn with_op(&self, op: Op) -> Self {
@@ -140,21 +236,60 @@ impl Dataset {
         ds
     }
 
+    /// The same files read with `columns=` (only the named columns decoded), when this
+    /// dataset is a plain file source whose format projects: `select_columns` pushed down.
+    pub fn with_columns(&self, columns: &[String]) -> Option<Self> {
+        let Origin::Files(source) = &self.origin else {
+            return None;
+        };
+        let projects = matches!(source.format.name(), "parquet" | "arrow" | "jsonl" | "csv");
+        if !self.ops.is_empty() || !projects || source.options.schema.is_some() {
+            return None;
+        }
+        if let Some(current) = &source.options.columns
+            && !columns.iter().all(|c| current.contains(c))
+        {
+            return None;
+        }
+        let options = ReadOptions {
+            columns: Some(columns.to_vec()),
+            ..source.options.clone()
+        };
+        Some(Self {
+            origin: Origin::Files(DataSource::new(
+                source.shards.clone(),
+                source.format.clone(),
+                options,
+                source.storage.clone(),
+            )),
+            ops: Vec::new(),
+        })
+    }
+
     /// A digest of what the dataset's records are: the shards (URL, size, ETag), the
     /// format and its options, and the ops with their seeds. A saved loader state names
     /// it, so that it is never resumed over other data.
     pub fn fingerprint(&self) -> String {
         use sha2::{Digest, Sha256};
-        let source = &self.source;
         let mut hash = Sha256::new();
-        hash.update(source.format.name());
-        for shard in &source.shards {
-            hash.update(format!(
-                "\0{}\0{:?}\0{:?}",
-                shard.url, shard.size, shard.etag
-            ));
+        match &self.origin {
+            Origin::Files(source) => {
+                hash.update(source.format.name());
+                for shard in &source.shards {
+                    hash.update(format!(
+                        "\0{}\0{:?}\0{:?}",
+                        shard.url, shard.size, shard.etag
+                    ));
+                }
+                hash.update(format!("\0{:?}", source.options));
+            }
+            Origin::Combined(c) => {
+                hash.update(format!("combined {:?}", c.mix));
+                for part in &c.parts {
+                    hash.update(format!("\0{}", part.fingerprint()));
+                }
+            }
         }
-        hash.update(format!("\0{:?}", source.options));
         for op in &self.ops {
             hash.update(format!("\0{op:?}"));
         }
@@ -162,25 +297,30 @@ impl Dataset {
         digest[..16].iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    fn files(&self) -> Result<&Arc<DataSource>> {
+        match &self.origin {
+            Origin::Files(source) => Ok(source),
+            Origin::Combined(_) => Err(Error::invalid_argument(
+                "a concatenated or interleaved dataset has no single source",
+            )),
+        }
+    }
+
     /// Reads footers / infers the schema once; a failure is returned and retried next
     /// time. The lock is not held while preparing: that is network I/O for remote data,
     /// and a `fork()` meanwhile would leave the child a lock nobody releases. Callers that
     /// race each prepare, and all keep the first result stored.
     pub fn prepared(&self) -> Result<Arc<PreparedShards>> {
-        if let Some(prepared) = self.lock_prepared().as_ref() {
+        let source = self.files()?;
+        if let Some(prepared) = lock(&source.prepared).as_ref() {
             return Ok(prepared.clone());
         }
-        let source = &self.source;
-        let io = Io {
-            storage: source.storage.clone(),
-            counters: source.counters.clone(),
-        };
         // Footers, headers and schema inference parse untrusted bytes: a panic there is
         // a bug, reported as an error rather than unwinding into Python.
         let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             source
                 .format
-                .prepare(source.shards.clone(), &source.options, &io)
+                .prepare(source.shards.clone(), &source.options, &source.io())
         }))
         .map_err(|panic| {
             Error::Internal(format!(
@@ -189,27 +329,112 @@ impl Dataset {
                 crate::error::panic_message(&*panic)
             ))
         })??;
-        Ok(self
-            .lock_prepared()
+        Ok(lock(&source.prepared)
             .get_or_insert_with(|| Arc::new(prepared))
             .clone())
     }
 
-    fn lock_prepared(&self) -> std::sync::MutexGuard<'_, Option<Arc<PreparedShards>>> {
-        self.source
-            .prepared
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    /// The prepared shards with every row counted: stream formats' record indexes are
+    /// built (or loaded) here, as for `prepared`, once.
+    pub fn indexed(&self) -> Result<Arc<PreparedShards>> {
+        let source = self.files()?;
+        if let Some(indexed) = lock(&source.indexed).as_ref() {
+            return Ok(indexed.clone());
+        }
+        let indexed = format::index::index_shards(
+            self.prepared()?,
+            &source.io(),
+            source.options.on_error,
+        )?;
+        Ok(lock(&source.indexed).get_or_insert(indexed).clone())
     }
 
-    /// The schema of the source's records (before any user function changes them).
+    /// Builds every record index this dataset reads through, and returns its rows.
+    pub fn index(&self) -> Result<u64> {
+        match &self.origin {
+            Origin::Files(_) => {
+                self.indexed()?;
+            }
+            Origin::Combined(c) => {
+                for part in &c.parts {
+                    part.index()?;
+                }
+            }
+        }
+        self.len()?.ok_or_else(|| {
+            Error::invalid_argument(
+                "the rows of this dataset are not known without reading it (a filter or flat_map decides them)",
+            )
+        })
+    }
+
+    /// The schema of the records before this dataset's ops.
     pub fn source_schema(&self) -> Result<SchemaRef> {
-        Ok(self.prepared()?.schema.clone())
+        match &self.origin {
+            Origin::Files(_) => Ok(self.prepared()?.schema.clone()),
+            Origin::Combined(c) => Ok(c.schema.clone()),
+        }
     }
 
-    /// Map-style access by row index (see `RandomAccess`).
-    pub fn random_access(&self) -> Result<RandomAccess> {
-        RandomAccess::new(self.prepared()?, &self.ops, self.io(Arc::default()))
+    /// The schema of the records this dataset yields: known from the ops where they
+    /// declare it, otherwise seen on the first batch.
+    pub fn schema(&self) -> Result<SchemaRef> {
+        let mut schema = self.source_schema()?;
+        for op in &self.ops {
+            if let Op::Transform(t) = op {
+                match t.output_schema(&schema) {
+                    Some(next) => schema = next,
+                    None => return self.first_batch_schema(),
+                }
+            }
+        }
+        Ok(schema)
+    }
+
+    fn first_batch_schema(&self) -> Result<SchemaRef> {
+        let mut stream = self.stream(&RunOptions::default(), Arc::new(Stats::default()))?;
+        match stream.next() {
+            Some(batch) => Ok(batch?.schema()),
+            None => Err(Error::invalid_argument(
+                "the schema of this dataset is not known: its functions gave no rows; pass schema= to map",
+            )),
+        }
+    }
+
+    /// Map-style access by row index, as in epoch `epoch` (see `RandomAccess`).
+    pub fn random_access(&self, epoch: u64) -> Result<RandomAccess> {
+        let rows = match &self.origin {
+            Origin::Files(source) => RandomAccess::files(self.indexed()?, source.io())?,
+            Origin::Combined(c) if c.mix.is_none() => {
+                let parts = c
+                    .parts
+                    .iter()
+                    .map(|p| p.random_access(epoch).map(Arc::new))
+                    .collect::<Result<Vec<_>>>()?;
+                RandomAccess::concat(parts, c.schema.clone())
+            }
+            Origin::Combined(_) => {
+                return Err(Error::invalid_argument(
+                    "an interleaved dataset has no random access (its rows depend on the draws); iterate it",
+                ));
+            }
+        };
+        rows.with_ops(&self.ops, epoch, 0)
+    }
+
+    /// Whether rows can be addressed by index through every op: what `select` and a
+    /// full-permutation `shuffle` need.
+    pub fn addressable(&self) -> bool {
+        let origin = match &self.origin {
+            Origin::Files(_) => true,
+            Origin::Combined(c) => c.mix.is_none() && c.parts.iter().all(Dataset::addressable),
+        };
+        origin
+            && self.ops.iter().all(|op| match op {
+                Op::Shuffle { .. } => false,
+                Op::Transform(t) => t.preserves_rows(),
+                Op::Permute { .. } | Op::Take(_) | Op::Skip(_) | Op::Select(_) => true,
+            })
     }
 
     /// Whether no user function changes the records' columns.
@@ -222,70 +447,74 @@ impl Dataset {
         self.rows_of_part(0, 1, false)
     }
 
-    /// Where the epoch is split between parts (see [`Split`]).
-    fn split(&self, prepared: &PreparedShards) -> Split {
-        let Some(last) = self.ops.iter().rposition(Op::counts_rows) else {
-            return Split::Units;
-        };
-        let known: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
-        let in_place = self.ops[..=last].iter().all(|op| match op {
-            Op::Take(_) | Op::Skip(_) => true,
-            Op::Transform(t) => t.preserves_rows(),
-            Op::Shuffle { .. } => false,
-        });
-        match known {
-            Some(total) if in_place => {
-                let (mut start, mut len) = (0u64, total);
-                for op in &self.ops[..=last] {
-                    match op {
-                        Op::Skip(n) => {
-                            let n = (*n).min(len);
-                            start += n;
-                            len -= n;
-                        }
-                        Op::Take(n) => len = len.min(*n),
-                        _ => {}
-                    }
-                }
-                Split::Window {
-                    rows: start..start + len,
-                    after: last + 1,
+    /// Number of rows, indexing stream formats to count them where needed; `None` when
+    /// a filter or flat_map decides them.
+    pub fn len(&self) -> Result<Option<u64>> {
+        Ok(self.rows_from(&self.head(0, true)?, 0, 1, false))
+    }
+
+    /// Where this epoch's rows come from (see [`Head`]). With `counted`, a stream
+    /// format's units come from its record index, so their rows are known.
+    fn head(&self, epoch: u64, counted: bool) -> Result<Head> {
+        if let Some(last) = self.ops.iter().rposition(Op::needs_index) {
+            let prefix = Dataset {
+                origin: self.origin.clone(),
+                ops: self.ops[..=last].to_vec(),
+            };
+            let access = prefix.random_access(epoch)?;
+            return Ok(Head {
+                rows: Some(access.len()),
+                kind: HeadKind::Indexed(Arc::new(access)),
+                rest: last + 1,
+            });
+        }
+        Ok(match &self.origin {
+            Origin::Files(_) => {
+                let prepared = if counted {
+                    self.indexed()?
+                } else {
+                    self.prepared()?
+                };
+                Head {
+                    rows: prepared.units.iter().map(|u| u.rows).sum(),
+                    kind: HeadKind::Units(prepared),
+                    rest: 0,
                 }
             }
-            _ => Split::Rows { after: last + 1 },
-        }
+            Origin::Combined(c) => Head {
+                rows: match c.mix {
+                    None => c
+                        .parts
+                        .iter()
+                        .map(|p| if counted { p.len() } else { p.num_rows() })
+                        .sum::<Result<Option<u64>>>()?,
+                    Some(_) => None,
+                },
+                kind: HeadKind::Combined(c.clone()),
+                rest: 0,
+            },
+        })
     }
 
     /// Rows one part of an epoch delivers after the ops, when that is known.
     pub fn rows_of_part(&self, part: usize, parts: usize, even: bool) -> Result<Option<u64>> {
-        let prepared = self.prepared()?;
-        let total: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
-        let (mut rows, rest) = match self.split(&prepared) {
-            Split::Units => (total.map(|t| part_len(t, part, parts, even)), 0),
+        Ok(self.rows_from(&self.head(0, false)?, part, parts, even))
+    }
+
+    fn rows_from(&self, head: &Head, part: usize, parts: usize, even: bool) -> Option<u64> {
+        let ops = &self.ops[head.rest..];
+        let (rows, rest) = match split(head, ops) {
+            Split::Units => (head.rows.map(|t| part_len(t, part, parts, even)), 0),
             Split::Window { rows, after } => (
                 Some(part_len(rows.end - rows.start, part, parts, even)),
                 after,
             ),
             Split::Rows { after } => {
-                let global = rows_through(total, &self.ops[..after]);
+                let global = rows_through(head.rows, &ops[..after]);
                 (global.map(|t| dealt_rows(t, part, parts, even)), after)
             }
         };
-        rows = rows_through(rows, &self.ops[rest..]);
-        Ok(rows)
-    }
-
-    /// The seed that permutes unit order: the first shuffle's, unless a take/skip comes
-    /// before it (then *which* rows are taken must not depend on the seed).
-    fn unit_shuffle_seed(&self) -> Option<u64> {
-        for op in &self.ops {
-            match op {
-                Op::Shuffle { seed, .. } => return Some(*seed),
-                Op::Take(_) | Op::Skip(_) => return None,
-                Op::Transform(_) => {}
-            }
-        }
-        None
+        rows_through(rows, &ops[rest..])
     }
 
     /// The units part `part` of `parts` reads this epoch, in order: all units, permuted
@@ -301,7 +530,7 @@ impl Dataset {
         window: Option<Range<u64>>,
     ) -> Vec<UnitSlice> {
         let mut order: Vec<usize> = (0..prepared.units.len()).collect();
-        if let Some(seed) = self.unit_shuffle_seed() {
+        if let Some(seed) = unit_shuffle_seed(&self.ops) {
             Rng::new(seed, epoch, 0).shuffle(&mut order);
         }
         let whole = |unit| UnitSlice {
@@ -341,39 +570,98 @@ impl Dataset {
         slices
     }
 
+    /// The head's rows for part `part` of `parts` (of `window` when given).
+    fn head_stream(
+        &self,
+        head: &Head,
+        run: &RunOptions,
+        (part, parts, even): (usize, usize, bool),
+        window: Option<Range<u64>>,
+        stats: &Arc<Stats>,
+    ) -> Result<BatchIter> {
+        Ok(match &head.kind {
+            HeadKind::Units(prepared) => {
+                stats.skipped_units.fetch_add(
+                    prepared.skipped_shards,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                let slices = self.epoch_plan(prepared, run.epoch, (part, parts, even), window);
+                let source = self.files()?;
+                let io = Io {
+                    storage: source.storage.clone(),
+                    counters: stats.io.clone(),
+                };
+                Box::new(decode::UnitDecoder::new(
+                    prepared.clone(),
+                    slices,
+                    run.num_threads,
+                    source.options.on_error,
+                    io,
+                    stats.clone(),
+                )?)
+            }
+            HeadKind::Indexed(access) => {
+                let window = window.unwrap_or(0..access.len());
+                let (lo, hi) = part_range(window.end - window.start, part, parts, even);
+                Box::new(random_access::IndexStream::new(
+                    access.clone(),
+                    window.start + lo..window.start + hi,
+                ))
+            }
+            HeadKind::Combined(c) => {
+                // Each part of the combined dataset is split the same way.
+                let part_run = RunOptions {
+                    part,
+                    parts,
+                    batch_rows: None,
+                    drop_last: false,
+                    skip_rows: 0,
+                    ..run.clone()
+                };
+                let open: combine::Open = {
+                    let (c, stats) = (c.clone(), stats.clone());
+                    Box::new(move |i| {
+                        let stream = c.parts[i].stream(&part_run, stats.clone())?;
+                        let schema = c.schema.clone();
+                        Ok(Box::new(stream.map(move |b| b.and_then(|b| conform(b, &schema))))
+                            as BatchIter)
+                    })
+                };
+                match &c.mix {
+                    None => Box::new(combine::Chain::new(open, c.parts.len())),
+                    Some(mix) => Box::new(combine::Mixer::new(
+                        open,
+                        c.parts.len(),
+                        mix,
+                        Rng::new(mix.seed, run.epoch, part as u64),
+                        c.schema.clone(),
+                    )),
+                }
+            }
+        })
+    }
+
     /// Builds this epoch's stream of batches. Runs on the pipeline thread.
     pub fn stream(&self, run: &RunOptions, stats: Arc<Stats>) -> Result<BatchIter> {
-        let prepared = self.prepared()?;
-        stats.skipped_units.fetch_add(
-            prepared.skipped_shards,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        let split = self.split(&prepared);
+        let head = self.head(run.epoch, false)?;
+        let ops = &self.ops[head.rest..];
+        let split = split(&head, ops);
         let this_part = (run.part, run.parts, run.drop_last);
-        let slices = match &split {
-            Split::Units => self.epoch_plan(&prepared, run.epoch, this_part, None),
+        let mut stream = match &split {
+            Split::Units => self.head_stream(&head, run, this_part, None, &stats)?,
             // The window applies every take/skip up to `after`; the row-wise transforms
             // among them still run below.
             Split::Window { rows, .. } => {
-                self.epoch_plan(&prepared, run.epoch, this_part, Some(rows.clone()))
+                self.head_stream(&head, run, this_part, Some(rows.clone()), &stats)?
             }
             // Every part reads the whole epoch up to the last take/skip, then keeps its
             // own rows of it.
-            Split::Rows { .. } => self.epoch_plan(&prepared, run.epoch, (0, 1, false), None),
+            Split::Rows { .. } => self.head_stream(&head, run, (0, 1, false), None, &stats)?,
         };
-        let io = self.io(stats.io.clone());
-        let mut stream: BatchIter = Box::new(decode::UnitDecoder::new(
-            prepared.clone(),
-            slices,
-            run.num_threads,
-            self.on_error(),
-            io,
-            stats.clone(),
-        )?);
-        let total: Option<u64> = prepared.units.iter().map(|u| u.rows).sum();
-        for (stage, op) in self.ops.iter().enumerate() {
+        for (i, op) in ops.iter().enumerate() {
+            let stage = head.rest + i;
             if let Split::Window { after, .. } = split
-                && stage < after
+                && i < after
                 && matches!(op, Op::Take(_) | Op::Skip(_))
             {
                 continue;
@@ -388,12 +676,15 @@ impl Dataset {
                 Op::Take(n) => Box::new(ops::Take::new(stream, *n)),
                 Op::Skip(n) => Box::new(ops::Skip::new(stream, *n)),
                 Op::Transform(t) => Box::new(ops::Transformed::new(stream, t.clone())),
+                Op::Permute { .. } | Op::Select(_) => {
+                    return Err(Error::Internal(format!("{op:?} after the indexed head")));
+                }
             };
             if let Split::Rows { after } = split
-                && stage + 1 == after
+                && i + 1 == after
                 && run.parts > 1
             {
-                let global = rows_through(total, &self.ops[..after]);
+                let global = rows_through(head.rows, &ops[..after]);
                 let limit = match (run.drop_last, global) {
                     (true, Some(rows)) => Some(rows / run.parts as u64 * run.parts as u64),
                     _ => None,
@@ -428,6 +719,167 @@ impl Dataset {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The seed that permutes unit order: the first shuffle's, unless a take/skip comes
+/// before it (then *which* rows are taken must not depend on the seed).
+fn unit_shuffle_seed(ops: &[Op]) -> Option<u64> {
+    for op in ops {
+        match op {
+            Op::Shuffle { seed, .. } => return Some(*seed),
+            Op::Take(_) | Op::Skip(_) | Op::Select(_) | Op::Permute { .. } => return None,
+            Op::Transform(_) => {}
+        }
+    }
+    None
+}
+
+/// Where the epoch is split between parts (see [`Split`]), for `ops` run as a stream
+/// after `head`.
+fn split(head: &Head, ops: &[Op]) -> Split {
+    let Some(last) = ops.iter().rposition(Op::counts_rows) else {
+        return Split::Units;
+    };
+    let in_place = ops[..=last].iter().all(|op| match op {
+        Op::Take(_) | Op::Skip(_) => true,
+        Op::Transform(t) => t.preserves_rows(),
+        Op::Shuffle { .. } | Op::Permute { .. } | Op::Select(_) => false,
+    });
+    // Only units and indexed rows can start at a row number.
+    let windows = !matches!(head.kind, HeadKind::Combined(_));
+    match head.rows {
+        Some(total) if in_place && windows => {
+            let (mut start, mut len) = (0u64, total);
+            for op in &ops[..=last] {
+                match op {
+                    Op::Skip(n) => {
+                        let n = (*n).min(len);
+                        start += n;
+                        len -= n;
+                    }
+                    Op::Take(n) => len = len.min(*n),
+                    _ => {}
+                }
+            }
+            Split::Window {
+                rows: start..start + len,
+                after: last + 1,
+            }
+        }
+        _ => Split::Rows { after: last + 1 },
+    }
+}
+
+/// `batch` as `schema`: columns matched by name, in the schema's order, cast to its
+/// types; what `concatenate` and `interleave` do to each part's batches.
+pub fn conform(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if batch.schema() == *schema {
+        return Ok(batch);
+    }
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for field in schema.fields() {
+        let column = batch.column_by_name(field.name()).ok_or_else(|| Error::Schema {
+            url: String::new(),
+            message: format!("a batch has no column {:?}", field.name()),
+        })?;
+        let column = if column.data_type() == field.data_type() {
+            column.clone()
+        } else {
+            arrow_cast::cast(column, field.data_type()).map_err(|e| Error::Schema {
+                url: String::new(),
+                message: format!(
+                    "column {:?}: cannot read {} as {}: {e}",
+                    field.name(),
+                    column.data_type(),
+                    field.data_type()
+                ),
+            })?
+        };
+        columns.push(column);
+    }
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(schema.clone(), columns, &options)
+        .map_err(|e| Error::Internal(format!("conforming a batch: {e}")))
+}
+
+/// The one schema that batches of every schema in `schemas` can be read as: the same
+/// column names (any order; the first schema's order is kept), each column's types equal
+/// or one widening to the other (null to anything, narrower to wider integers, integers to
+/// floats, text to large text). Anything else is a `SchemaError` naming the column.
+pub fn unify_schemas(schemas: &[SchemaRef]) -> Result<SchemaRef> {
+    use arrow_schema::{DataType as T, Field, Schema};
+    let first = &schemas[0];
+    let mismatch = |message: String| Error::Schema {
+        url: String::new(),
+        message,
+    };
+    let wider = |a: &T, b: &T| -> Option<T> {
+        if a == b {
+            return Some(a.clone());
+        }
+        let rank = |t: &T| match t {
+            T::Int8 => Some(1),
+            T::Int16 => Some(2),
+            T::Int32 => Some(3),
+            T::Int64 => Some(4),
+            T::Float32 => Some(5),
+            T::Float64 => Some(6),
+            _ => None,
+        };
+        match (a, b) {
+            (T::Null, other) | (other, T::Null) => Some(other.clone()),
+            (T::Utf8 | T::LargeUtf8, T::Utf8 | T::LargeUtf8) => Some(T::LargeUtf8),
+            (T::Binary | T::LargeBinary, T::Binary | T::LargeBinary) => Some(T::LargeBinary),
+            _ => match (rank(a), rank(b)) {
+                (Some(x), Some(y)) => {
+                    let wide = if x >= y { a } else { b };
+                    // An int64 meeting a float32 needs a float64 to keep its values.
+                    Some(if x.max(y) == 5 && x.min(y) == 4 { T::Float64 } else { wide.clone() })
+                }
+                _ => None,
+            },
+        }
+    };
+    let mut fields: Vec<Field> = first.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for (n, schema) in schemas.iter().enumerate().skip(1) {
+        for field in schema.fields() {
+            if first.index_of(field.name()).is_err() {
+                return Err(mismatch(format!(
+                    "column {:?} is in dataset {n} but not in dataset 0 (whose columns are {:?})",
+                    field.name(),
+                    format::field_names(first)
+                )));
+            }
+        }
+        for out in fields.iter_mut() {
+            let Ok(theirs) = schema.field_with_name(out.name()) else {
+                return Err(mismatch(format!(
+                    "column {:?} is in dataset 0 but not in dataset {n} (whose columns are {:?})",
+                    out.name(),
+                    format::field_names(schema)
+                )));
+            };
+            let Some(unified) = wider(out.data_type(), theirs.data_type()) else {
+                return Err(mismatch(format!(
+                    "column {:?} is {} in dataset 0 but {} in dataset {n}, and neither widens to the other",
+                    out.name(),
+                    out.data_type(),
+                    theirs.data_type()
+                )));
+            };
+            *out = Field::new(
+                out.name(),
+                unified,
+                out.is_nullable() || theirs.is_nullable(),
+            )
+            .with_metadata(out.metadata().clone());
+        }
+    }
+    Ok(Arc::new(Schema::new(fields)))
+}
+
 /// How an epoch is divided between the parts (ranks x workers) that read it, so that
 /// take/skip count rows of the whole dataset, never of each part.
 enum Split {
@@ -446,7 +898,8 @@ enum Split {
 fn rows_through(mut rows: Option<u64>, ops: &[Op]) -> Option<u64> {
     for op in ops {
         rows = match op {
-            Op::Shuffle { .. } => rows,
+            Op::Shuffle { .. } | Op::Permute { .. } => rows,
+            Op::Select(indices) => Some(indices.len()),
             Op::Take(n) => rows.map(|r| r.min(*n)),
             Op::Skip(n) => rows.map(|r| r.saturating_sub(*n)),
             Op::Transform(t) if t.preserves_rows() => rows,

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 
 use super::BatchIter;
 use super::batch::Rebatch;
@@ -23,6 +24,61 @@ pub trait BatchTransform: Send + Sync {
     /// What the transform is, for people and for a dataset's fingerprint
     /// (e.g. `map(train.normalize)`).
     fn describe(&self) -> String;
+    /// The schema of its output for input of `input`, where that is known without
+    /// running it.
+    fn output_schema(&self, input: &SchemaRef) -> Option<SchemaRef> {
+        let _ = input;
+        None
+    }
+}
+
+/// Row numbers chosen by `select`: a range or a list, with a digest of the list so a
+/// dataset's fingerprint names exactly which rows it holds.
+#[derive(Clone)]
+pub enum Indices {
+    Range { start: u64, len: u64 },
+    List { rows: Arc<[u64]>, digest: String },
+}
+
+impl Indices {
+    pub fn list(rows: Vec<u64>) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        for row in &rows {
+            hash.update(row.to_le_bytes());
+        }
+        let digest = hash.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect();
+        Indices::List {
+            rows: rows.into(),
+            digest,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        match self {
+            Indices::Range { len, .. } => *len,
+            Indices::List { rows, .. } => rows.len() as u64,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, i: u64) -> u64 {
+        match self {
+            Indices::Range { start, .. } => start + i,
+            Indices::List { rows, .. } => rows[i as usize],
+        }
+    }
+
+    /// The first row number that is `bound` or more, if any.
+    pub fn first_at_or_above(&self, bound: u64) -> Option<u64> {
+        match self {
+            Indices::Range { start, len } => (*len > 0 && start + len > bound).then(|| (*start).max(bound)),
+            Indices::List { rows, .. } => rows.iter().copied().find(|&r| r >= bound),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -33,8 +89,15 @@ pub enum Op {
         seed: u64,
         buffer: BufferBounds,
     },
+    /// A uniform permutation of all rows, new each epoch (`shuffle` without a buffer
+    /// size on a dataset with random access).
+    Permute {
+        seed: u64,
+    },
     Take(u64),
     Skip(u64),
+    /// The rows at these positions, in this order.
+    Select(Indices),
     Transform(Arc<dyn BatchTransform>),
 }
 
@@ -43,6 +106,12 @@ impl Op {
     /// in the dataset's order, before the epoch is split between ranks and workers.
     pub fn counts_rows(&self) -> bool {
         matches!(self, Op::Take(_) | Op::Skip(_))
+    }
+
+    /// Whether the op addresses rows by index, so the rows before it are read by
+    /// random access.
+    pub fn needs_index(&self) -> bool {
+        matches!(self, Op::Select(_) | Op::Permute { .. })
     }
 }
 
@@ -54,6 +123,13 @@ impl std::fmt::Debug for Op {
                 "shuffle(seed={seed}, buffer_size={}, buffer_bytes={})",
                 buffer.rows, buffer.bytes
             ),
+            Op::Permute { seed } => write!(f, "shuffle(seed={seed})"),
+            Op::Select(Indices::Range { start, len }) => {
+                write!(f, "select(range({start}, {}))", start + len)
+            }
+            Op::Select(Indices::List { rows, digest }) => {
+                write!(f, "select({} rows, sha256 {digest})", rows.len())
+            }
             Op::Take(n) => write!(f, "take({n})"),
             Op::Skip(n) => write!(f, "skip({n})"),
             Op::Transform(t) => f.write_str(&t.describe()),
@@ -233,6 +309,158 @@ impl Iterator for Transformed {
                     .extend(batches.into_iter().filter(|b| b.num_rows() > 0)),
                 Err(e) => return Some(Err(e)),
             }
+        }
+    }
+}
+
+/// The column verbs: `select_columns`, `remove_columns`, `rename_columns` and `cast`.
+/// Every row stays; only columns change, so the output schema is known up front.
+#[derive(Debug, Clone)]
+pub enum Columns {
+    Select(Vec<String>),
+    Remove(Vec<String>),
+    Rename(Vec<(String, String)>),
+    /// Casts the named columns to these fields' types.
+    Cast(SchemaRef),
+}
+
+impl Columns {
+    /// The output schema for `input`, or a `SchemaError` naming the column at fault.
+    pub fn check(&self, input: &SchemaRef) -> Result<SchemaRef> {
+        use arrow_schema::{Field, Schema};
+        let names = crate::format::field_names(input);
+        let missing = |name: &str| crate::error::Error::Schema {
+            url: String::new(),
+            message: format!("no column {name:?}; the columns are {names:?}"),
+        };
+        let fields: Vec<Field> = match self {
+            Columns::Select(columns) => crate::format::column_indices(&names, columns, "")?
+                .into_iter()
+                .map(|i| input.field(i).clone())
+                .collect(),
+            Columns::Remove(columns) => {
+                if let Some(name) = columns.iter().find(|c| input.index_of(c).is_err()) {
+                    return Err(missing(name));
+                }
+                input
+                    .fields()
+                    .iter()
+                    .filter(|f| !columns.contains(f.name()))
+                    .map(|f| f.as_ref().clone())
+                    .collect()
+            }
+            Columns::Rename(pairs) => {
+                if let Some((old, _)) = pairs.iter().find(|(o, _)| input.index_of(o).is_err()) {
+                    return Err(missing(old));
+                }
+                input
+                    .fields()
+                    .iter()
+                    .map(|f| match pairs.iter().find(|(old, _)| old == f.name()) {
+                        Some((_, new)) => f.as_ref().clone().with_name(new),
+                        None => f.as_ref().clone(),
+                    })
+                    .collect()
+            }
+            Columns::Cast(target) => {
+                for field in target.fields() {
+                    let Ok(from) = input.field_with_name(field.name()) else {
+                        return Err(missing(field.name()));
+                    };
+                    if !arrow_cast::can_cast_types(from.data_type(), field.data_type()) {
+                        return Err(crate::error::Error::Schema {
+                            url: String::new(),
+                            message: format!(
+                                "column {:?} cannot be cast from {} to {}",
+                                field.name(),
+                                from.data_type(),
+                                field.data_type()
+                            ),
+                        });
+                    }
+                }
+                input
+                    .fields()
+                    .iter()
+                    .map(|f| match target.field_with_name(f.name()) {
+                        Ok(to) => Field::new(f.name(), to.data_type().clone(), f.is_nullable() || to.is_nullable()),
+                        Err(_) => f.as_ref().clone(),
+                    })
+                    .collect()
+            }
+        };
+        let out = Schema::new(fields);
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = out.fields().iter().find(|f| !seen.insert(f.name().clone())) {
+            return Err(crate::error::Error::Schema {
+                url: String::new(),
+                message: format!("two columns would be named {:?}", dup.name()),
+            });
+        }
+        Ok(Arc::new(out))
+    }
+}
+
+impl BatchTransform for Columns {
+    fn apply(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        let schema = self.check(&batch.schema())?;
+        let columns = schema
+            .fields()
+            .iter()
+            .zip(self.sources(&batch))
+            .map(|(field, column)| {
+                if column.data_type() == field.data_type() {
+                    Ok(column)
+                } else {
+                    arrow_cast::cast(&column, field.data_type()).map_err(|e| crate::error::Error::Schema {
+                        url: String::new(),
+                        message: format!("column {:?}: {e}", field.name()),
+                    })
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        Ok(vec![
+            RecordBatch::try_new_with_options(schema, columns, &options)
+                .map_err(|e| crate::error::Error::Internal(e.to_string()))?,
+        ])
+    }
+
+    fn preserves_rows(&self) -> bool {
+        true
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Columns::Select(c) => format!("select_columns({c:?})"),
+            Columns::Remove(c) => format!("remove_columns({c:?})"),
+            Columns::Rename(p) => format!("rename_columns({p:?})"),
+            Columns::Cast(s) => format!("cast({s:?})"),
+        }
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> Option<SchemaRef> {
+        self.check(input).ok()
+    }
+}
+
+impl Columns {
+    /// The input columns the output's columns come from, in output order.
+    fn sources(&self, batch: &RecordBatch) -> Vec<arrow_array::ArrayRef> {
+        let schema = batch.schema();
+        match self {
+            Columns::Select(columns) => columns
+                .iter()
+                .filter_map(|c| batch.column_by_name(c).cloned())
+                .collect(),
+            Columns::Remove(columns) => schema
+                .fields()
+                .iter()
+                .zip(batch.columns())
+                .filter(|(f, _)| !columns.contains(f.name()))
+                .map(|(_, c)| c.clone())
+                .collect(),
+            Columns::Rename(_) | Columns::Cast(_) => batch.columns().to_vec(),
         }
     }
 }

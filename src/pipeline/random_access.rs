@@ -1,49 +1,85 @@
-//! Map-style access: `ds[i]` and batches of arbitrary indices, for datasets whose row
-//! counts are known (Parquet, NPY/NPZ rows, raw files, ...). A row is found by its work
-//! unit; decoded units are kept in a small LRU so samplers that revisit units (or walk
-//! them in order) decode each unit once.
+//! Map-style access: `ds[i]` and batches of arbitrary indices, for every format (stream
+//! formats through their record index), through the ops that keep rows addressable
+//! (`select`, `take`, `skip`, a full-permutation `shuffle`, per-sample `map`) and across
+//! `concatenate`.
+//!
+//! A batch of indices is served with one read per run of neighbouring records (stream
+//! formats read by range) or one decode per work unit (Parquet row groups, compressed
+//! files), all of them at once; decoded units are kept in a small LRU so samplers that
+//! revisit units, or walk them in order, decode each unit once.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use arrow_select::interleave::interleave_record_batch;
+use rayon::prelude::*;
 
-use super::ops::{BatchTransform, Op};
-use crate::error::{Error, Result};
+use super::ops::{BatchTransform, Indices, Op};
+use super::rng::Rng;
+use crate::error::{Error, Position, Result};
+use crate::format::index::RecordAccess;
 use crate::format::{PreparedShards, UnitJob};
 use crate::source::{self, Io, ranges::RangeSet};
 
 /// Decoded units kept, by their size in memory.
 const CACHE_BYTES: usize = 256 * 1024 * 1024;
+/// Neighbouring records closer than this are read together.
+const RUN_GAP_BYTES: u64 = 64 * 1024;
 
 /// A decoded unit in the cache: its index, its batches and their size in memory.
 type CachedUnit = (usize, Arc<Vec<RecordBatch>>, usize);
 
-pub struct RandomAccess {
+/// Rows of one prepared source.
+struct Files {
     prepared: Arc<PreparedShards>,
-    /// `starts[u]`: global index of unit `u`'s first row; the last entry is the total.
+    /// `starts[u]`: index of unit `u`'s first row; the last entry is the total.
     starts: Vec<u64>,
-    transforms: Vec<Arc<dyn BatchTransform>>,
+    records: Option<RecordAccess>,
     cache: Mutex<VecDeque<CachedUnit>>,
     io: Io,
 }
 
-impl RandomAccess {
-    /// Random access to `prepared` with `ops` applied; only ops that keep every row in
-    /// place (per-sample `map`) can be.
-    pub fn new(prepared: Arc<PreparedShards>, ops: &[Op], io: Io) -> Result<Self> {
-        let mut transforms = Vec::new();
-        for op in ops {
-            match op {
-                Op::Transform(t) if t.preserves_rows() => transforms.push(t.clone()),
-                other => {
-                    return Err(Error::invalid_argument(format!(
-                        "indexing needs every row in place, so it cannot follow {other:?}; index the dataset before it, or use a sampler"
-                    )));
-                }
-            }
+enum Rows {
+    Files(Files),
+    /// `concatenate`: each part's rows follow the previous part's.
+    Concat {
+        parts: Vec<Arc<RandomAccess>>,
+        starts: Vec<u64>,
+        schema: SchemaRef,
+    },
+}
+
+/// How an op renumbers rows: output row `i` is input row `map(i)`.
+enum IndexMap {
+    Offset(u64),
+    Select(Indices),
+    Permute(Vec<u64>),
+}
+
+impl IndexMap {
+    fn apply(&self, i: u64) -> u64 {
+        match self {
+            IndexMap::Offset(n) => i + n,
+            IndexMap::Select(indices) => indices.get(i),
+            IndexMap::Permute(order) => order[i as usize],
         }
+    }
+}
+
+pub struct RandomAccess {
+    rows: Rows,
+    /// Applied last to first to turn an output index into a source row.
+    maps: Vec<IndexMap>,
+    len: u64,
+    transforms: Vec<Arc<dyn BatchTransform>>,
+    schema: SchemaRef,
+}
+
+impl RandomAccess {
+    /// Random access to an (indexed) prepared source.
+    pub(super) fn files(prepared: Arc<PreparedShards>, io: Io) -> Result<Self> {
         let mut starts = Vec::with_capacity(prepared.units.len() + 1);
         let mut total = 0u64;
         for unit in &prepared.units {
@@ -56,78 +92,110 @@ impl RandomAccess {
             })?;
         }
         starts.push(total);
+        let schema = prepared.schema.clone();
         Ok(Self {
-            prepared,
-            starts,
-            transforms,
-            cache: Mutex::new(VecDeque::new()),
-            io,
+            rows: Rows::Files(Files {
+                records: prepared.record_access(),
+                prepared,
+                starts,
+                cache: Mutex::new(VecDeque::new()),
+                io,
+            }),
+            maps: Vec::new(),
+            len: total,
+            transforms: Vec::new(),
+            schema,
         })
     }
 
+    /// The rows of `parts` one after another, as `schema`.
+    pub(super) fn concat(parts: Vec<Arc<RandomAccess>>, schema: SchemaRef) -> Self {
+        let mut starts = vec![0u64];
+        for part in &parts {
+            starts.push(starts.last().copied().unwrap_or(0) + part.len());
+        }
+        Self {
+            len: starts.last().copied().unwrap_or(0),
+            rows: Rows::Concat {
+                parts,
+                starts,
+                schema: schema.clone(),
+            },
+            maps: Vec::new(),
+            transforms: Vec::new(),
+            schema,
+        }
+    }
+
+    /// These rows with `ops` applied, in `epoch` (which a full-permutation shuffle
+    /// depends on). Only ops that keep rows addressable can be.
+    pub(super) fn with_ops(mut self, ops: &[Op], epoch: u64, first_stage: usize) -> Result<Self> {
+        for (stage, op) in ops.iter().enumerate() {
+            match op {
+                Op::Take(n) => self.len = self.len.min(*n),
+                Op::Skip(n) => {
+                    let n = (*n).min(self.len);
+                    self.len -= n;
+                    self.maps.push(IndexMap::Offset(n));
+                }
+                Op::Select(indices) => {
+                    if let Some(bad) = indices.first_at_or_above(self.len) {
+                        return Err(Error::invalid_argument(format!(
+                            "select: index {bad} is out of range for {} rows",
+                            self.len
+                        )));
+                    }
+                    self.len = indices.len();
+                    self.maps.push(IndexMap::Select(indices.clone()));
+                }
+                Op::Permute { seed } => {
+                    let mut order: Vec<u64> = (0..self.len).collect();
+                    Rng::new(*seed, epoch, 1 + (first_stage + stage) as u64).shuffle(&mut order);
+                    self.maps.push(IndexMap::Permute(order));
+                }
+                Op::Transform(t) if t.preserves_rows() => {
+                    if let Some(schema) = t.output_schema(&self.schema) {
+                        self.schema = schema;
+                    }
+                    self.transforms.push(t.clone());
+                }
+                other => {
+                    return Err(Error::invalid_argument(format!(
+                        "indexing needs every row in place, so it cannot follow {other:?}; index the dataset before it, or iterate it"
+                    )));
+                }
+            }
+        }
+        Ok(self)
+    }
+
     pub fn len(&self) -> u64 {
-        self.starts.last().copied().unwrap_or(0)
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
     /// The rows at `indices`, in that order, as one batch.
     pub fn rows(&self, indices: &[u64]) -> Result<RecordBatch> {
-        let len = self.len();
-        let mut units: Vec<(usize, Arc<Vec<RecordBatch>>)> = Vec::new();
-        let mut picks = Vec::with_capacity(indices.len());
-        let mut flat: Vec<(usize, usize)> = Vec::new();
+        let mut source = Vec::with_capacity(indices.len());
         for &index in indices {
-            if index >= len {
+            if index >= self.len {
                 return Err(Error::invalid_argument(format!(
-                    "index {index} is out of range for {len} rows"
+                    "index {index} is out of range for {} rows",
+                    self.len
                 )));
             }
-            let unit = self.starts.partition_point(|&s| s <= index) - 1;
-            let position = match units.iter().position(|(u, _)| *u == unit) {
-                Some(p) => p,
-                None => {
-                    units.push((unit, self.unit_batches(unit)?));
-                    units.len() - 1
-                }
-            };
-            // Locate the row inside the unit's batches.
-            let mut offset = (index - self.starts[unit]) as usize;
-            let batches = &units[position].1;
-            let mut batch = 0;
-            while batch < batches.len() && offset >= batches[batch].num_rows() {
-                offset -= batches[batch].num_rows();
-                batch += 1;
-            }
-            if batch == batches.len() {
-                return Err(Error::Internal(format!(
-                    "row {index} is missing from its decoded unit"
-                )));
-            }
-            picks.push((position, batch, offset));
+            source.push(self.maps.iter().rev().fold(index, |i, map| map.apply(i)));
         }
-        // Number the (unit, batch) pairs used, for one gather.
-        let mut sources: Vec<&RecordBatch> = Vec::new();
-        let mut keys: Vec<(usize, usize)> = Vec::new();
-        for (position, batch, offset) in picks {
-            let key = (position, batch);
-            let source = match keys.iter().position(|k| *k == key) {
-                Some(s) => s,
-                None => {
-                    keys.push(key);
-                    sources.push(&units[position].1[batch]);
-                    keys.len() - 1
-                }
-            };
-            flat.push((source, offset));
-        }
-        let mut out = if flat.is_empty() {
-            RecordBatch::new_empty(self.prepared.schema.clone())
-        } else {
-            interleave_record_batch(&sources, &flat)
-                .map_err(|e| Error::Internal(format!("gather failed: {e}")))?
+        let mut out = match &self.rows {
+            Rows::Files(files) => files.rows(&source)?,
+            Rows::Concat {
+                parts,
+                starts,
+                schema,
+            } => concat_rows(parts, starts, schema, &source)?,
         };
         for transform in &self.transforms {
             let mut batches = transform.apply(out)?;
@@ -138,13 +206,223 @@ impl RandomAccess {
                     let schema = batches
                         .first()
                         .map(|b| b.schema())
-                        .unwrap_or_else(|| self.prepared.schema.clone());
+                        .unwrap_or_else(|| self.schema.clone());
                     arrow_select::concat::concat_batches(&schema, &batches)
                         .map_err(|e| Error::Internal(e.to_string()))?
                 }
             };
         }
         Ok(out)
+    }
+}
+
+fn concat_rows(
+    parts: &[Arc<RandomAccess>],
+    starts: &[u64],
+    schema: &SchemaRef,
+    indices: &[u64],
+) -> Result<RecordBatch> {
+    let mut wanted: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    let mut picks = Vec::with_capacity(indices.len());
+    for &index in indices {
+        let part = starts.partition_point(|&s| s <= index) - 1;
+        let rows = wanted.entry(part).or_default();
+        picks.push((part, rows.len()));
+        rows.push(index - starts[part]);
+    }
+    let fetched: Vec<(usize, RecordBatch)> = wanted
+        .into_par_iter()
+        .map(|(part, rows)| {
+            let batch = parts[part].rows(&rows)?;
+            Ok((part, super::conform(batch, schema)?))
+        })
+        .collect::<Result<_>>()?;
+    let slot: HashMap<usize, usize> = fetched
+        .iter()
+        .enumerate()
+        .map(|(i, (part, _))| (*part, i))
+        .collect();
+    let sources: Vec<&RecordBatch> = fetched.iter().map(|(_, b)| b).collect();
+    let flat: Vec<(usize, usize)> = picks.iter().map(|&(p, r)| (slot[&p], r)).collect();
+    gather(schema, &sources, &flat)
+}
+
+fn gather(schema: &SchemaRef, sources: &[&RecordBatch], flat: &[(usize, usize)]) -> Result<RecordBatch> {
+    if flat.is_empty() {
+        return Ok(RecordBatch::new_empty(schema.clone()));
+    }
+    interleave_record_batch(sources, flat).map_err(|e| Error::Internal(format!("gather failed: {e}")))
+}
+
+/// Records `[first, end)` of one shard, read as one range.
+struct Run {
+    shard: usize,
+    first: u64,
+    end: u64,
+}
+
+impl Files {
+    fn rows(&self, indices: &[u64]) -> Result<RecordBatch> {
+        // Where each row comes from: a record of a shard read by range, or a row of a
+        // decoded unit.
+        enum From {
+            Record(usize, u64),
+            Unit(usize, u64),
+        }
+        let mut from = Vec::with_capacity(indices.len());
+        let mut records: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        let mut units: Vec<usize> = Vec::new();
+        for &index in indices {
+            let unit = self.starts.partition_point(|&s| s <= index) - 1;
+            let offset = index - self.starts[unit];
+            let work = &self.prepared.units[unit];
+            match self.records.as_ref().and_then(|r| r.first_record(work)) {
+                Some(first) => {
+                    records.entry(work.shard).or_default().push(first + offset);
+                    from.push(From::Record(work.shard, first + offset));
+                }
+                None => {
+                    if !units.contains(&unit) {
+                        units.push(unit);
+                    }
+                    from.push(From::Unit(unit, offset));
+                }
+            }
+        }
+        let runs = self.runs(records);
+        let run_batches = self.read_runs(&runs)?;
+        let unit_batches: Vec<Arc<Vec<RecordBatch>>> = units
+            .par_iter()
+            .map(|&unit| self.unit_batches(unit))
+            .collect::<Result<_>>()?;
+        // Number every batch that rows are taken from, for one gather.
+        let mut sources: Vec<&RecordBatch> = run_batches.iter().collect();
+        let mut unit_first_source = HashMap::new();
+        for (unit, batches) in units.iter().zip(&unit_batches) {
+            unit_first_source.insert(*unit, sources.len());
+            sources.extend(batches.iter());
+        }
+        let mut flat = Vec::with_capacity(from.len());
+        for place in from {
+            match place {
+                From::Record(shard, record) => {
+                    let run = runs.partition_point(|r| (r.shard, r.end) <= (shard, record));
+                    flat.push((run, (record - runs[run].first) as usize));
+                }
+                From::Unit(unit, mut offset) => {
+                    let batches = &unit_batches[units.iter().position(|u| *u == unit).unwrap_or(0)];
+                    let mut batch = 0;
+                    while batch < batches.len() && offset >= batches[batch].num_rows() as u64 {
+                        offset -= batches[batch].num_rows() as u64;
+                        batch += 1;
+                    }
+                    if batch == batches.len() {
+                        return Err(Error::Internal(format!(
+                            "a row of unit {unit} is missing from its decoded batches"
+                        )));
+                    }
+                    flat.push((unit_first_source[&unit] + batch, offset as usize));
+                }
+            }
+        }
+        gather(&self.prepared.schema, &sources, &flat)
+    }
+
+    /// The wanted records grouped into runs read with one request each, in (shard,
+    /// record) order.
+    fn runs(&self, records: BTreeMap<usize, Vec<u64>>) -> Vec<Run> {
+        let Some(access) = &self.records else {
+            return Vec::new();
+        };
+        let mut runs: Vec<Run> = Vec::new();
+        for (shard, mut wanted) in records {
+            wanted.sort_unstable();
+            wanted.dedup();
+            let offsets = &access.indexes[shard].offsets;
+            for record in wanted {
+                match runs.last_mut() {
+                    Some(run)
+                        if run.shard == shard
+                            && offsets[record as usize] - offsets[run.end as usize]
+                                <= RUN_GAP_BYTES =>
+                    {
+                        run.end = record + 1
+                    }
+                    _ => runs.push(Run {
+                        shard,
+                        first: record,
+                        end: record + 1,
+                    }),
+                }
+            }
+        }
+        runs
+    }
+
+    /// Fetches every run at once, then decodes them in parallel: one batch per run.
+    fn read_runs(&self, runs: &[Run]) -> Result<Vec<RecordBatch>> {
+        let Some(access) = &self.records else {
+            return Ok(Vec::new());
+        };
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rt = source::runtime()?;
+        let tasks: Vec<_> = runs
+            .iter()
+            .map(|run| {
+                let shard = self.prepared.shards[run.shard].clone();
+                let offsets = &access.indexes[run.shard].offsets;
+                let range = offsets[run.first as usize]..offsets[run.end as usize];
+                let io = self.io.clone();
+                rt.spawn(async move { io.open(&shard)?.read_range(range).await })
+            })
+            .collect();
+        let fetched: Vec<bytes::Bytes> = rt.block_on(async {
+            let mut out = Vec::with_capacity(tasks.len());
+            for task in tasks {
+                out.push(
+                    task.await
+                        .map_err(|e| Error::Internal(format!("read task failed: {e}")))??,
+                );
+            }
+            Ok::<_, Error>(out)
+        })?;
+        runs.par_iter()
+            .zip(fetched)
+            .map(|(run, data)| {
+                let shard = &self.prepared.shards[run.shard];
+                let index = &access.indexes[run.shard];
+                let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    access.codec.decode_records(shard, index, data, run.first)
+                }))
+                .unwrap_or_else(|panic| {
+                    Err(Error::decode(
+                        &shard.url,
+                        self.prepared.format,
+                        Position::Byte(index.offsets[run.first as usize]),
+                        format!("the decoder failed: {}", crate::error::panic_message(&*panic)),
+                    ))
+                })?;
+                let batch = arrow_select::concat::concat_batches(&self.prepared.schema, &decoded.batches)
+                    .map_err(|e| Error::Internal(e.to_string()))?;
+                let expected = (run.end - run.first) as usize;
+                if batch.num_rows() != expected {
+                    return Err(Error::decode(
+                        &shard.url,
+                        self.prepared.format,
+                        Position::Byte(index.offsets[run.first as usize]),
+                        format!(
+                            "records {}..{} gave {} rows, not {expected}: some could not be decoded",
+                            run.first,
+                            run.end,
+                            batch.num_rows()
+                        ),
+                    ));
+                }
+                Ok(batch)
+            })
+            .collect()
     }
 
     fn unit_batches(&self, unit: usize) -> Result<Arc<Vec<RecordBatch>>> {
@@ -167,7 +445,7 @@ impl RandomAccess {
                 Err(Error::decode(
                     url.as_str(),
                     self.prepared.format,
-                    crate::error::Position::Unknown,
+                    Position::Unknown,
                     format!(
                         "the decoder failed: {}",
                         crate::error::panic_message(&*panic)
@@ -224,5 +502,44 @@ impl RandomAccess {
             batches.extend(task()?.batches);
         }
         Ok(batches)
+    }
+}
+
+/// Streams rows `range` of a random-access dataset in order, a chunk at a time: what
+/// `select` and a full-permutation `shuffle` read through.
+pub struct IndexStream {
+    access: Arc<RandomAccess>,
+    next: u64,
+    end: u64,
+}
+
+/// Rows fetched per step of an [`IndexStream`].
+const STREAM_CHUNK_ROWS: u64 = 4096;
+
+impl IndexStream {
+    pub fn new(access: Arc<RandomAccess>, range: std::ops::Range<u64>) -> Self {
+        Self {
+            access,
+            next: range.start,
+            end: range.end,
+        }
+    }
+}
+
+impl Iterator for IndexStream {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next >= self.end {
+            return None;
+        }
+        let stop = (self.next + STREAM_CHUNK_ROWS).min(self.end);
+        let indices: Vec<u64> = (self.next..stop).collect();
+        self.next = stop;
+        let out = self.access.rows(&indices);
+        if out.is_err() {
+            self.next = self.end;
+        }
+        Some(out)
     }
 }

@@ -23,6 +23,48 @@ fn arrow_error(e: ArrowError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 
+/// An Arrow schema handed to Python through the PyCapsule interface
+/// (`pyarrow.schema(ds.schema)`, `polars.Schema`, ...).
+#[pyclass(frozen, name = "Schema", module = "shardflow")]
+pub struct PySchema {
+    pub schema: arrow_schema::SchemaRef,
+}
+
+#[pymethods]
+impl PySchema {
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_schema__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema;
+        schema_capsule(py, &self.schema)
+    }
+
+    /// The column names, in order.
+    #[getter]
+    fn names(&self) -> Vec<String> {
+        self.schema.fields().iter().map(|f| f.name().clone()).collect()
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<PySchema>()
+            .is_ok_and(|o| o.get().schema == self.schema)
+    }
+
+    fn __repr__(&self) -> String {
+        let fields: Vec<String> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| format!("{}: {}", f.name(), f.data_type()))
+            .collect();
+        format!("shardflow.Schema({})", fields.join(", "))
+    }
+}
+
 pub fn schema_capsule<'py>(py: Python<'py>, schema: &Schema) -> PyResult<Bound<'py, PyCapsule>> {
     let ffi = FFI_ArrowSchema::try_from(schema).map_err(arrow_error)?;
     PyCapsule::new_with_value(py, ffi, SCHEMA)

@@ -16,7 +16,7 @@ use super::transform::{Kind, PyTransform};
 use crate::format::example::{FeatureSpec, Kind as ExampleKind, Missing, Shape, Values};
 use crate::format::{OnError, ReadOptions};
 use crate::options::{OptionValue, Options};
-use crate::pipeline::{self, BatchReceiver, Dataset, Op, RandomAccess, RunOptions, Stats};
+use crate::pipeline::{self, BatchReceiver, Dataset, Indices, Op, RandomAccess, RunOptions, Stats};
 use crate::source::{Storage, StorageOptions};
 
 /// Rows per call of a batched `map` when the user gives no `batch_size` (as in
@@ -294,11 +294,55 @@ fn feature_specs(features: &Bound<'_, PyDict>) -> PyResult<Vec<FeatureSpec>> {
 }
 
 impl PyDataset {
+    /// Row numbers from a range or any iterable of non-negative integers.
+    fn indices_of(&self, py: Python<'_>, indices: &Bound<'_, PyAny>) -> PyResult<Indices> {
+        if let Ok(range) = indices.cast::<pyo3::types::PyRange>() {
+            let (start, stop, step): (i64, i64, i64) = (
+                range.getattr("start")?.extract()?,
+                range.getattr("stop")?.extract()?,
+                range.getattr("step")?.extract()?,
+            );
+            if step == 1 && start >= 0 {
+                return Ok(Indices::Range {
+                    start: start as u64,
+                    len: (stop - start).max(0) as u64,
+                });
+            }
+        }
+        let _ = py;
+        let mut rows = Vec::new();
+        for item in indices.try_iter()? {
+            let i: i64 = item?.extract()?;
+            if i < 0 {
+                return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                    "select takes row numbers from 0, not {i}"
+                )));
+            }
+            rows.push(i as u64);
+        }
+        Ok(Indices::list(rows))
+    }
+
+    /// This dataset with a column verb added, its schema checked now where known.
+    fn columns(
+        &self,
+        py: Python<'_>,
+        verb: pipeline::Columns,
+        method: &'static str,
+        args: Bound<'_, PyTuple>,
+    ) -> PyResult<PyDataset> {
+        if self.inner.keeps_source_schema() {
+            let schema = py.detach(|| self.inner.source_schema())?;
+            verb.check(&schema)?;
+        }
+        Ok(self.with(Op::Transform(Arc::new(verb)), method, args))
+    }
+
     fn random_access(&self, py: Python<'_>) -> PyResult<Arc<RandomAccess>> {
         if let Some(access) = self.access.get() {
             return Ok(access.clone());
         }
-        let access = Arc::new(py.detach(|| self.inner.random_access())?);
+        let access = Arc::new(py.detach(|| self.inner.random_access(0))?);
         Ok(self.access.get_or_init(|| access).clone())
     }
 
@@ -313,6 +357,11 @@ impl PyDataset {
 
     /// This dataset with `op` added; `method(*args)` is how the recipe replays it.
     fn with(&self, op: Op, method: &'static str, args: Bound<'_, PyTuple>) -> PyDataset {
+        self.derived(self.inner.with_op(op), method, args)
+    }
+
+    /// `inner`, made from this dataset by `method(*args)`.
+    fn derived(&self, inner: Dataset, method: &'static str, args: Bound<'_, PyTuple>) -> PyDataset {
         let mut recipe: Vec<_> = self
             .recipe
             .iter()
@@ -320,7 +369,7 @@ impl PyDataset {
             .collect();
         recipe.push((method, args.into_any().unbind()));
         PyDataset {
-            inner: self.inner.with_op(op),
+            inner,
             recipe,
             access: Default::default(),
         }
@@ -350,8 +399,12 @@ impl PyDataset {
 
 #[pymethods]
 impl PyDataset {
-    /// Shuffles shard order (seeded, new each epoch) and rows through a buffer of at most
-    /// `buffer_size` rows and `buffer_bytes` bytes, whichever is reached first.
+    /// Shuffles the rows, seeded and new each epoch. Without `buffer_size` /
+    /// `buffer_bytes`, on a dataset whose rows can be addressed (every format, through
+    /// `select`, `take`, `skip`, `map`), this is a uniform permutation of all rows, as
+    /// Hugging Face's `Dataset.shuffle`. With either, or after a `filter` / `flat_map`,
+    /// it is a streaming shuffle: shard order plus a buffer of at most `buffer_size` rows
+    /// and `buffer_bytes` bytes, as `IterableDataset.shuffle`.
     #[pyo3(signature = (seed=None, buffer_size=None, buffer_bytes=None))]
     fn shuffle(
         &self,
@@ -360,6 +413,11 @@ impl PyDataset {
         buffer_size: Option<usize>,
         buffer_bytes: Option<u64>,
     ) -> PyResult<PyDataset> {
+        let seed = seed.unwrap_or(DEFAULT_SEED);
+        if buffer_size.is_none() && buffer_bytes.is_none() && self.inner.addressable() {
+            let args = (seed, py.None(), py.None()).into_pyobject(py)?;
+            return Ok(self.with(Op::Permute { seed }, "shuffle", args));
+        }
         let default = pipeline::DEFAULT_SHUFFLE_BUFFER;
         let buffer = pipeline::BufferBounds {
             rows: buffer_size.unwrap_or(default.rows),
@@ -370,9 +428,238 @@ impl PyDataset {
                 "buffer_size and buffer_bytes must be at least 1",
             ));
         }
-        let seed = seed.unwrap_or(DEFAULT_SEED);
         let args = (seed, buffer.rows, buffer.bytes).into_pyobject(py)?;
         Ok(self.with(Op::Shuffle { seed, buffer }, "shuffle", args))
+    }
+
+    /// The rows at `indices` (a range, slice, list or numpy integer array), in that
+    /// order. Lazy: nothing is copied, and only the selected rows are read.
+    fn select(&self, py: Python<'_>, indices: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
+        let chosen = if let Ok(slice) = indices.cast::<pyo3::types::PySlice>() {
+            let len = self.__len__(py)?;
+            let range = py
+                .import("builtins")?
+                .getattr("range")?
+                .call1(slice.call_method1("indices", (len,))?.cast::<PyTuple>()?)?;
+            self.indices_of(py, &range)?
+        } else {
+            self.indices_of(py, indices)?
+        };
+        let arg: Py<PyAny> = match &chosen {
+            Indices::Range { start, len } => py
+                .import("builtins")?
+                .getattr("range")?
+                .call1((*start, start + len))?
+                .unbind(),
+            Indices::List { rows, .. } => PyList::new(py, rows.iter())?.into_any().unbind(),
+        };
+        let dataset = self.with(Op::Select(chosen), "select", PyTuple::new(py, [arg])?);
+        // Refuse a selection that cannot be read now, not on first iteration.
+        if !dataset.inner.addressable() {
+            return Err(PyValueError::new_err(
+                "select needs random access to the rows, so it cannot follow a filter, flat_map, buffered shuffle or interleave",
+            ));
+        }
+        Ok(dataset)
+    }
+
+    /// Part `index` of `num_shards`, as in Hugging Face `datasets`: with `contiguous`,
+    /// consecutive rows (the first `len % num_shards` parts one row longer), else every
+    /// `num_shards`-th row from `index`.
+    #[pyo3(signature = (num_shards, index, contiguous=true))]
+    fn shard(
+        &self,
+        py: Python<'_>,
+        num_shards: usize,
+        index: usize,
+        contiguous: bool,
+    ) -> PyResult<PyDataset> {
+        if num_shards == 0 || index >= num_shards {
+            return Err(PyValueError::new_err(format!(
+                "index {index} is not a shard of {num_shards}"
+            )));
+        }
+        let len = self.__len__(py)?;
+        let range = py.import("builtins")?.getattr("range")?;
+        let rows = if contiguous {
+            let (each, extra) = (len / num_shards, len % num_shards);
+            let start = each * index + index.min(extra);
+            let end = start + each + usize::from(index < extra);
+            range.call1((start, end))?
+        } else {
+            range.call1((index, len, num_shards))?
+        };
+        self.select(py, &rows)
+    }
+
+    /// Splits the rows into `{"train": ds, "test": ds}`, as Hugging Face's
+    /// `train_test_split`: sizes are row counts (int) or fractions (float); the test
+    /// rows are the first of a seeded permutation (or the last rows, without
+    /// `shuffle`). Disjoint, deterministic for a seed, together every row when the sizes
+    /// add up.
+    #[pyo3(signature = (test_size=None, train_size=None, *, seed=None, shuffle=true))]
+    fn train_test_split<'py>(
+        &self,
+        py: Python<'py>,
+        test_size: Option<&Bound<'py, PyAny>>,
+        train_size: Option<&Bound<'py, PyAny>>,
+        seed: Option<u64>,
+        shuffle: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let n = self.__len__(py)? as u64;
+        let size = |value: Option<&Bound<'py, PyAny>>, round_up: bool| -> PyResult<Option<u64>> {
+            let Some(value) = value.filter(|v| !v.is_none()) else {
+                return Ok(None);
+            };
+            if value.is_instance_of::<pyo3::types::PyFloat>() {
+                let f: f64 = value.extract()?;
+                if !(0.0 < f && f < 1.0) {
+                    return Err(PyValueError::new_err(format!(
+                        "a fractional size must be between 0 and 1, not {f}"
+                    )));
+                }
+                let rows = f * n as f64;
+                return Ok(Some(if round_up { rows.ceil() } else { rows.floor() } as u64));
+            }
+            let rows: i64 = value.extract()?;
+            if rows < 0 || rows as u64 > n {
+                return Err(PyValueError::new_err(format!(
+                    "a size of {rows} rows does not fit {n} rows"
+                )));
+            }
+            Ok(Some(rows as u64))
+        };
+        let (test, train) = match (size(test_size, true)?, size(train_size, false)?) {
+            (None, None) => {
+                let test = (0.25 * n as f64).ceil() as u64;
+                (test, n - test)
+            }
+            (Some(test), None) => (test, n - test),
+            (None, Some(train)) => (n - train, train),
+            (Some(test), Some(train)) => (test, train),
+        };
+        if test + train > n {
+            return Err(PyValueError::new_err(format!(
+                "test ({test}) and train ({train}) rows add up to more than the {n} rows"
+            )));
+        }
+        if test == 0 || train == 0 {
+            return Err(PyValueError::new_err(format!(
+                "with {n} rows these sizes leave the {} split empty",
+                if test == 0 { "test" } else { "train" }
+            )));
+        }
+        let out = PyDict::new(py);
+        let range = py.import("builtins")?.getattr("range")?;
+        if shuffle {
+            let mut order: Vec<u64> = (0..n).collect();
+            pipeline::rng::Rng::new(seed.unwrap_or(DEFAULT_SEED), 0, 0).shuffle(&mut order);
+            let test_rows = PyList::new(py, &order[..test as usize])?;
+            let train_rows = PyList::new(py, &order[test as usize..(test + train) as usize])?;
+            out.set_item("train", self.select(py, train_rows.as_any())?)?;
+            out.set_item("test", self.select(py, test_rows.as_any())?)?;
+        } else {
+            out.set_item("train", self.select(py, &range.call1((0, train))?)?)?;
+            out.set_item("test", self.select(py, &range.call1((train, train + test))?)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Yields batches of `batch_size` rows as dicts of numpy arrays (a
+    /// `DataLoader(self, batch_size, drop_last=drop_last)`).
+    #[pyo3(signature = (batch_size, drop_last=false))]
+    fn batch<'py>(
+        slf: &Bound<'py, Self>,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("batch_size", batch_size)?;
+        kwargs.set_item("drop_last", drop_last)?;
+        py.import("shardflow")?
+            .getattr("DataLoader")?
+            .call((slf,), Some(&kwargs))
+    }
+
+    /// Only these columns, in this order; read as a projection where the format allows.
+    fn select_columns(&self, py: Python<'_>, names: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
+        let names = name_list(names)?;
+        let args = PyTuple::new(py, [PyList::new(py, &names)?])?;
+        if let Some(projected) = self.inner.with_columns(&names) {
+            let dataset = self.derived(projected, "select_columns", args);
+            // Check now that the columns exist, as the verb does without push-down.
+            py.detach(|| dataset.inner.source_schema())?;
+            return Ok(dataset);
+        }
+        self.columns(py, pipeline::Columns::Select(names), "select_columns", args)
+    }
+
+    /// Every column but these.
+    fn remove_columns(&self, py: Python<'_>, names: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
+        let names = name_list(names)?;
+        let args = PyTuple::new(py, [PyList::new(py, &names)?])?;
+        self.columns(py, pipeline::Columns::Remove(names), "remove_columns", args)
+    }
+
+    /// Renames columns: `{old: new}`.
+    fn rename_columns(
+        &self,
+        py: Python<'_>,
+        column_mapping: &Bound<'_, PyDict>,
+    ) -> PyResult<PyDataset> {
+        let pairs: Vec<(String, String)> = column_mapping
+            .iter()
+            .map(|(k, v)| Ok((k.extract()?, v.extract()?)))
+            .collect::<PyResult<_>>()?;
+        let args = PyTuple::new(py, [column_mapping])?;
+        self.columns(py, pipeline::Columns::Rename(pairs), "rename_columns", args)
+    }
+
+    fn rename_column(
+        &self,
+        py: Python<'_>,
+        original_column_name: String,
+        new_column_name: String,
+    ) -> PyResult<PyDataset> {
+        let mapping = PyDict::new(py);
+        mapping.set_item(original_column_name, new_column_name)?;
+        self.rename_columns(py, &mapping)
+    }
+
+    /// Casts the columns that `schema` names (an Arrow schema, e.g. `pyarrow.schema`)
+    /// to its types; the other columns stay as they are.
+    fn cast(&self, py: Python<'_>, schema: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
+        let target = schema_from_py(schema)?;
+        let args = PyTuple::new(py, [schema])?;
+        self.columns(py, pipeline::Columns::Cast(target), "cast", args)
+    }
+
+    /// Casts one column to `dtype` (a pyarrow `DataType`).
+    fn cast_column(
+        &self,
+        py: Python<'_>,
+        column: String,
+        dtype: &Bound<'_, PyAny>,
+    ) -> PyResult<PyDataset> {
+        let pa = py.import("pyarrow")?;
+        let field = pa.getattr("field")?.call1((column, dtype))?;
+        let schema = pa.getattr("schema")?.call1((PyList::new(py, [field])?,))?;
+        self.cast(py, &schema)
+    }
+
+    /// The Arrow schema of the records this dataset yields, as an object with the Arrow
+    /// PyCapsule interface (`pyarrow.schema(ds.schema)`).
+    #[getter]
+    fn schema(&self, py: Python<'_>) -> PyResult<super::arrow_ffi::PySchema> {
+        let schema = py.detach(|| self.inner.schema())?;
+        Ok(super::arrow_ffi::PySchema { schema })
+    }
+
+    /// Builds the record index of every shard (stream formats: one pass over each, in
+    /// parallel; kept beside the data or in `cache_dir`) and returns the number of rows.
+    fn index(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(py.detach(|| self.inner.index())?)
     }
 
     fn take(&self, py: Python<'_>, n: i64) -> PyResult<PyDataset> {
@@ -469,9 +756,10 @@ impl PyDataset {
         Ok((rebuild, (steps,)))
     }
 
-    /// Number of samples, where metadata tells it (Parquet) and no filter hides it.
+    /// Number of samples; stream formats are indexed to count them. A filter or
+    /// flat_map makes it unknown.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        let rows = py.detach(|| self.inner.num_rows())?;
+        let rows = py.detach(|| self.inner.len())?;
         match rows {
             Some(rows) => Ok(rows as usize),
             None => Err(PyTypeError::new_err(format!(
@@ -481,8 +769,19 @@ impl PyDataset {
         }
     }
 
-    /// The sample at `index` (negative counts from the end).
-    fn __getitem__<'py>(&self, py: Python<'py>, index: i64) -> PyResult<Bound<'py, PyDict>> {
+    /// The sample at `index` (negative counts from the end) as a dict; for a slice,
+    /// the samples as one dict of lists, as in Hugging Face `datasets`.
+    fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        if let Ok(slice) = index.cast::<pyo3::types::PySlice>() {
+            let access = self.random_access(py)?;
+            let picked = slice.indices(access.len() as isize)?;
+            let rows: Vec<u64> = (0..picked.slicelength)
+                .map(|k| (picked.start + k as isize * picked.step) as u64)
+                .collect();
+            let batch = py.detach(|| access.rows(&rows))?;
+            return super::to_python::batch_to_pydict(py, &batch);
+        }
+        let index: i64 = index.extract()?;
         let mut rows = self.__getitems__(py, vec![index])?;
         rows.pop().ok_or_else(|| {
             pyo3::exceptions::PyIndexError::new_err(format!("no sample at index {index}"))
@@ -589,6 +888,71 @@ impl PyDataset {
         );
         crate::source::redact(&repr).into_owned()
     }
+}
+
+/// Column names from one name or a list of them.
+fn name_list(names: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    if let Ok(one) = names.extract::<String>() {
+        return Ok(vec![one]);
+    }
+    names.extract()
+}
+
+/// `sf.concatenate([a, b, ...])`: the rows of each dataset in turn, as one schema
+/// (equal, or columns that widen: see the README).
+#[pyfunction]
+pub fn concatenate(py: Python<'_>, datasets: Vec<Bound<'_, PyDataset>>) -> PyResult<PyDataset> {
+    let parts: Vec<Dataset> = datasets.iter().map(|d| d.get().inner.clone()).collect();
+    let inner = py.detach(|| Dataset::combine(parts, None))?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("datasets", PyList::new(py, &datasets)?)?;
+    Ok(PyDataset {
+        inner,
+        recipe: vec![("concatenate", kwargs.into_any().unbind())],
+        access: Default::default(),
+    })
+}
+
+/// `sf.interleave(datasets, probabilities=None, seed=None, stopping_strategy=...)`:
+/// rows drawn from the datasets by seeded weighted choice (in turn without
+/// `probabilities`), new each epoch. `"first_exhausted"` stops when one runs out;
+/// `"all_exhausted"` starts the ones that run out over until each has run out once.
+#[pyfunction]
+#[pyo3(signature = (datasets, probabilities=None, seed=None, stopping_strategy="first_exhausted"))]
+pub fn interleave(
+    py: Python<'_>,
+    datasets: Vec<Bound<'_, PyDataset>>,
+    probabilities: Option<Vec<f64>>,
+    seed: Option<u64>,
+    stopping_strategy: &str,
+) -> PyResult<PyDataset> {
+    let all_exhausted = match stopping_strategy {
+        "first_exhausted" => false,
+        "all_exhausted" => true,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "stopping_strategy must be \"first_exhausted\" or \"all_exhausted\", not {other:?}"
+            )));
+        }
+    };
+    let seed = seed.unwrap_or(DEFAULT_SEED);
+    let mix = pipeline::Mix {
+        weights: probabilities.clone(),
+        seed,
+        all_exhausted,
+    };
+    let parts: Vec<Dataset> = datasets.iter().map(|d| d.get().inner.clone()).collect();
+    let inner = py.detach(|| Dataset::combine(parts, Some(mix)))?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("datasets", PyList::new(py, &datasets)?)?;
+    kwargs.set_item("probabilities", probabilities)?;
+    kwargs.set_item("seed", seed)?;
+    kwargs.set_item("stopping_strategy", stopping_strategy)?;
+    Ok(PyDataset {
+        inner,
+        recipe: vec![("interleave", kwargs.into_any().unbind())],
+        access: Default::default(),
+    })
 }
 
 fn column_types<'py>(

@@ -55,7 +55,12 @@ mod _native {
     #[pymodule_export]
     use super::batch::PyRecordBatch;
     #[pymodule_export]
-    use super::dataset::{PyDataset, SampleIterator, dataset, from_arrow, from_dict, from_list};
+    use super::arrow_ffi::PySchema;
+    #[pymodule_export]
+    use super::dataset::{
+        PyDataset, SampleIterator, concatenate, dataset, from_arrow, from_dict, from_list,
+        interleave,
+    };
     #[pymodule_export]
     use super::loader::{BatchIterator, PyDataLoader};
     #[pymodule_export]

@@ -40,6 +40,11 @@ impl DiskCache {
         Ok(cache)
     }
 
+    /// The cache's folder (the record index keeps its files in `index/` below it).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     pub fn key(url: &str, etag: &str, range: &Range<u64>) -> String {
         let mut hash = Sha256::new();
         for part in [url, etag, &format!("{}-{}", range.start, range.end)] {

@@ -1,0 +1,488 @@
+//! The record index of stream formats (JSONL, CSV, TFRecord, WebDataset tar): where each
+//! record of a shard starts, found in one streaming pass. With it a stream format knows
+//! its row count, splits its shards into work units of known rows read by byte range,
+//! and fetches single records for `ds[i]`.
+//!
+//! An index is kept in memory for the process, and persisted in `cache_dir/index/` when
+//! the dataset has a cache, else beside a local shard (`.NAME.sfindex`) where that
+//! directory is writable. Each is keyed by the shard's URL, size and modification time
+//! (local) or ETag (remote); a key that no longer matches the shard makes the index stale,
+//! and a stale index is rebuilt, never read.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+
+use super::{Decoded, PreparedShards, UnitJob, UnitJobs, WorkUnit};
+use crate::error::{Error, Position, Result};
+use crate::source::{Io, ShardMeta};
+
+/// Bytes of records one work unit of an indexed (uncompressed) shard covers.
+const UNIT_BYTES: u64 = 4 << 20;
+/// Shards scanned at once while indexing.
+const SCAN_THREADS: usize = 8;
+const MAGIC: &[u8; 8] = b"SFINDEX1";
+
+/// Where each record of one shard is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardIndex {
+    /// What the shard was when indexed: URL, size and mtime or ETag.
+    pub key: String,
+    pub rows: u64,
+    /// Record `i` is the bytes `offsets[i]..offsets[i + 1]` of the file (`rows + 1`
+    /// entries). Empty for a compressed file, whose records cannot be read by range.
+    pub offsets: Vec<u64>,
+    /// Bytes every record needs to be decoded (a CSV file's header line); usually empty.
+    pub header: Vec<u8>,
+}
+
+impl ShardIndex {
+    pub fn by_range(&self) -> bool {
+        !self.offsets.is_empty()
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(32 + self.key.len() + self.offsets.len() * 8);
+        out.extend_from_slice(MAGIC);
+        for part in [self.key.as_bytes(), &self.header] {
+            out.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            out.extend_from_slice(part);
+        }
+        out.extend_from_slice(&self.rows.to_le_bytes());
+        out.extend_from_slice(&(self.offsets.len() as u64).to_le_bytes());
+        for offset in &self.offsets {
+            out.extend_from_slice(&offset.to_le_bytes());
+        }
+        out
+    }
+
+    /// Parses a persisted index; `None` for anything that is not a whole, valid one.
+    fn decode(mut data: &[u8]) -> Option<Self> {
+        fn take<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            if data.len() < n {
+                return None;
+            }
+            let (head, rest) = data.split_at(n);
+            *data = rest;
+            Some(head)
+        }
+        fn u64_of(data: &mut &[u8]) -> Option<u64> {
+            Some(u64::from_le_bytes(take(data, 8)?.try_into().ok()?))
+        }
+        if take(&mut data, 8)? != MAGIC {
+            return None;
+        }
+        let key_len = usize::try_from(u64_of(&mut data)?).ok()?;
+        let key = String::from_utf8(take(&mut data, key_len)?.to_vec()).ok()?;
+        let header_len = usize::try_from(u64_of(&mut data)?).ok()?;
+        let header = take(&mut data, header_len)?.to_vec();
+        let rows = u64_of(&mut data)?;
+        let count = usize::try_from(u64_of(&mut data)?).ok()?;
+        if data.len() != count.checked_mul(8)? {
+            return None;
+        }
+        let offsets: Vec<u64> = data
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .collect();
+        let consistent = offsets.is_empty()
+            || (offsets.len() as u64 == rows + 1 && offsets.windows(2).all(|w| w[0] <= w[1]));
+        consistent.then_some(Self {
+            key,
+            rows,
+            offsets,
+            header,
+        })
+    }
+}
+
+/// What a stream format offers for indexing: finding its records, and decoding a run of
+/// whole records read by range.
+pub trait RecordCodec: Send + Sync {
+    /// Reads a shard from its first byte and finds its records. `key` goes into the
+    /// index as is.
+    fn scan(&self, shard: &ShardMeta, stream: Box<dyn Read + Send>, key: String)
+    -> Result<ShardIndex>;
+    /// Decodes `data`, the bytes of records `first..` of an uncompressed shard.
+    fn decode_records(
+        &self,
+        shard: &ShardMeta,
+        index: &ShardIndex,
+        data: Bytes,
+        first: u64,
+    ) -> Result<Decoded>;
+}
+
+/// The shard as it is now, for keying its index; `None` when nothing identifies its
+/// version (an HTTP resource without ETag), so that no index of it is persisted.
+fn current_key(shard: &ShardMeta) -> Option<String> {
+    let url = shard.url.as_str();
+    let local = url
+        .strip_prefix("file://")
+        .or_else(|| (!url.contains("://")).then_some(url));
+    if let Some(path) = local {
+        let meta = std::fs::metadata(path).ok()?;
+        let mtime = meta
+            .modified()
+            .ok()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_nanos();
+        return Some(format!("{url}\0{}\0{mtime}", meta.len()));
+    }
+    let etag = shard.etag.as_deref()?;
+    Some(format!("{url}\0{:?}\0{etag}", shard.size))
+}
+
+/// Indexes of this process, by key.
+fn memory() -> &'static Mutex<HashMap<String, Arc<ShardIndex>>> {
+    static INDEXES: OnceLock<Mutex<HashMap<String, Arc<ShardIndex>>>> = OnceLock::new();
+    INDEXES.get_or_init(Default::default)
+}
+
+/// Where the index of `shard` is persisted: the dataset's cache, else beside a local file.
+fn persisted_path(shard: &ShardMeta, io: &Io) -> Option<PathBuf> {
+    use sha2::{Digest, Sha256};
+    if let Some(cache) = &io.storage.cache {
+        let digest = Sha256::digest(shard.url.as_bytes());
+        let name: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        return Some(cache.dir().join("index").join(format!("{name}.sfindex")));
+    }
+    let url = shard.url.as_str();
+    let path = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
+    if url.contains("://") && !url.starts_with("file://") {
+        return None;
+    }
+    let name = path.file_name()?.to_string_lossy();
+    Some(path.with_file_name(format!(".{name}.sfindex")))
+}
+
+fn load(path: &PathBuf, key: &str) -> Option<ShardIndex> {
+    let index = ShardIndex::decode(&std::fs::read(path).ok()?)?;
+    (index.key == key).then_some(index)
+}
+
+/// Writes atomically (a temporary file renamed into place); a directory we may not
+/// write to just means the index is not kept.
+fn persist(path: &PathBuf, index: &ShardIndex) {
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, index.encode()).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// The index of one shard: from memory, from disk if still current, or by a scan.
+fn shard_index(shard: &ShardMeta, codec: &dyn RecordCodec, io: &Io) -> Result<Arc<ShardIndex>> {
+    let key = current_key(shard);
+    if let Some(key) = &key {
+        let known = memory()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned();
+        if let Some(index) = known {
+            return Ok(index);
+        }
+    }
+    let path = key.as_ref().and_then(|_| persisted_path(shard, io));
+    let found = match (&key, &path) {
+        (Some(key), Some(path)) => load(path, key),
+        _ => None,
+    };
+    let index = match found {
+        Some(index) => index,
+        None => {
+            let stream = io.open(shard)?.open_stream()?;
+            let index = codec.scan(shard, stream, key.clone().unwrap_or_default())?;
+            if let Some(path) = &path {
+                persist(path, &index);
+            }
+            index
+        }
+    };
+    let index = Arc::new(index);
+    if let Some(key) = key {
+        memory()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, index.clone());
+    }
+    Ok(index)
+}
+
+/// A prepared stream-format dataset with every shard indexed: units of known rows, read
+/// by byte range where the shard is uncompressed.
+struct IndexedJobs {
+    plain: Arc<PreparedShards>,
+    codec: Arc<dyn RecordCodec>,
+    indexes: Vec<Arc<ShardIndex>>,
+    /// For each unit of an uncompressed shard, `(first record, end record)`.
+    parts: Vec<Vec<(u64, u64)>>,
+}
+
+impl UnitJobs for IndexedJobs {
+    fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
+        let index = self.indexes[unit.shard].clone();
+        if !index.by_range() {
+            // A compressed file is read whole, front to back, as without the index.
+            return self.plain.job(&WorkUnit {
+                shard: unit.shard,
+                part: 0,
+                rows: None,
+            });
+        }
+        let (first, end) = self.parts[unit.shard][unit.part];
+        let range = index.offsets[first as usize]..index.offsets[end as usize];
+        let (codec, shard) = (self.codec.clone(), shard.clone());
+        UnitJob::Ranges {
+            ranges: vec![range.clone()],
+            decode: Box::new(move |fetched| {
+                let data = fetched.get(range.start, range.end - range.start).ok_or_else(|| {
+                    Error::Internal(format!("{}: the fetched range is missing", shard.url))
+                })?;
+                codec.decode_records(&shard, &index, data, first)
+            }),
+        }
+    }
+
+    fn record_access(&self) -> Option<RecordAccess> {
+        Some(RecordAccess {
+            codec: self.codec.clone(),
+            indexes: self.indexes.clone(),
+            parts: self.parts.clone(),
+        })
+    }
+}
+
+/// Per-record reads of an indexed dataset, for random access.
+#[derive(Clone)]
+pub struct RecordAccess {
+    pub codec: Arc<dyn RecordCodec>,
+    pub indexes: Vec<Arc<ShardIndex>>,
+    /// As in `IndexedJobs`: each unit's records, by shard and part.
+    pub parts: Vec<Vec<(u64, u64)>>,
+}
+
+impl RecordAccess {
+    /// The first record of `unit`, when its shard is read by range.
+    pub fn first_record(&self, unit: &WorkUnit) -> Option<u64> {
+        self.indexes[unit.shard]
+            .by_range()
+            .then(|| self.parts[unit.shard][unit.part].0)
+    }
+}
+
+/// Indexes every shard of `plain` (many at once) and returns the dataset split into
+/// units of known rows. Formats that know their rows already come back as they are;
+/// formats without a record codec are an error.
+pub fn index_shards(
+    plain: Arc<PreparedShards>,
+    io: &Io,
+    on_error: super::OnError,
+) -> Result<Arc<PreparedShards>> {
+    if plain.units.iter().all(|u| u.rows.is_some()) {
+        return Ok(plain);
+    }
+    let Some(codec) = plain.record_codec() else {
+        return Err(Error::invalid_argument(format!(
+            "{} data cannot be indexed; iterate it instead",
+            plain.format
+        )));
+    };
+    let shards = &plain.shards;
+    let results: Vec<Mutex<Option<Result<Arc<ShardIndex>>>>> =
+        shards.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..SCAN_THREADS.min(shards.len()) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(shard) = shards.get(i) else { break };
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        shard_index(shard, codec.as_ref(), io)
+                    }))
+                    .unwrap_or_else(|panic| {
+                        Err(Error::decode(
+                            &shard.url,
+                            plain.format,
+                            Position::Unknown,
+                            format!(
+                                "indexing failed: {}",
+                                crate::error::panic_message(&*panic)
+                            ),
+                        ))
+                    });
+                    *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+                }
+            });
+        }
+    });
+    let mut indexes = Vec::with_capacity(shards.len());
+    let mut skipped = plain.skipped_shards;
+    for (shard, result) in shards.iter().zip(results) {
+        let result = result
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(|| Err(Error::Internal(format!("{}: not indexed", shard.url))));
+        match result {
+            Ok(index) => indexes.push(index),
+            Err(_) if on_error == super::OnError::Skip => {
+                skipped += 1;
+                indexes.push(Arc::new(ShardIndex {
+                    key: String::new(),
+                    rows: 0,
+                    offsets: vec![0],
+                    header: Vec::new(),
+                }));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut units = Vec::new();
+    let mut parts = Vec::with_capacity(indexes.len());
+    for (shard, index) in indexes.iter().enumerate() {
+        let mut cuts = Vec::new();
+        if !index.by_range() {
+            units.push(WorkUnit {
+                shard,
+                part: 0,
+                rows: Some(index.rows),
+            });
+        } else {
+            let mut first = 0u64;
+            while first < index.rows {
+                let start = index.offsets[first as usize];
+                let mut end = first + 1;
+                while end < index.rows && index.offsets[end as usize + 1] - start <= UNIT_BYTES {
+                    end += 1;
+                }
+                units.push(WorkUnit {
+                    shard,
+                    part: cuts.len(),
+                    rows: Some(end - first),
+                });
+                cuts.push((first, end));
+                first = end;
+            }
+        }
+        parts.push(cuts);
+    }
+    let jobs = IndexedJobs {
+        plain: plain.clone(),
+        codec,
+        indexes,
+        parts,
+    };
+    Ok(Arc::new(
+        PreparedShards::new(
+            plain.format,
+            plain.schema.clone(),
+            plain.shards.clone(),
+            units,
+            jobs,
+        )
+        .with_skipped_shards(skipped),
+    ))
+}
+
+/// Record starts of line-based data (JSON Lines, CSV without the header): each record
+/// ends at `ends` (a newline outside quotes); lines of only whitespace are not records
+/// but stay inside the byte range of the record before them.
+pub fn scan_lines(
+    reader: &mut dyn Read,
+    url: &str,
+    format: &'static str,
+    mut at: u64,
+    quoted: bool,
+) -> Result<Vec<u64>> {
+    let mut offsets = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut in_quotes = false;
+    // Whether the current line has seen anything but whitespace, and where it started.
+    let mut line_start = at;
+    let mut line_has_data = false;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(super::compression::stream_error(
+                    url,
+                    Position::Byte(at),
+                    e,
+                ));
+            }
+        };
+        for (i, &b) in buf[..n].iter().enumerate() {
+            if quoted && b == b'"' {
+                in_quotes = !in_quotes;
+            }
+            if b == b'\n' && !in_quotes {
+                if line_has_data {
+                    offsets.push(line_start);
+                }
+                line_start = at + i as u64 + 1;
+                line_has_data = false;
+            } else if !line_has_data && !b.is_ascii_whitespace() {
+                line_has_data = true;
+            }
+        }
+        at += n as u64;
+    }
+    if in_quotes {
+        return Err(Error::decode(
+            url,
+            format,
+            Position::Byte(line_start),
+            "the file ends inside a quoted value",
+        ));
+    }
+    if line_has_data {
+        offsets.push(line_start);
+    }
+    offsets.push(at);
+    Ok(offsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_records_skip_blank_lines() {
+        let data = b"{\"a\":1}\n\n{\"a\":2}\r\n  \n{\"a\":3}";
+        let offsets = scan_lines(&mut &data[..], "t", "JSON", 0, false).unwrap();
+        assert_eq!(offsets, vec![0, 9, 21, 28]);
+        let quoted = b"x,\"a\nb\"\ny,z\n";
+        assert_eq!(
+            scan_lines(&mut &quoted[..], "t", "CSV", 0, true).unwrap(),
+            vec![0, 8, 12]
+        );
+    }
+
+    #[test]
+    fn persisted_indexes_round_trip_and_reject_damage() {
+        let index = ShardIndex {
+            key: "f\01\02".into(),
+            rows: 2,
+            offsets: vec![0, 5, 9],
+            header: b"a,b\n".to_vec(),
+        };
+        let bytes = index.encode();
+        assert_eq!(ShardIndex::decode(&bytes), Some(index));
+        assert_eq!(ShardIndex::decode(&bytes[..bytes.len() - 1]), None);
+        let mut bad = bytes.clone();
+        bad[0] = b'X';
+        assert_eq!(ShardIndex::decode(&bad), None);
+    }
+}

@@ -1,0 +1,215 @@
+//! Several datasets read as one: one after another (`concatenate`), or mixed row by row
+//! by seeded weighted draws (`interleave`). A part's stream is opened when it is first
+//! needed, so a concatenation of many datasets reads one at a time.
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use arrow_select::interleave::interleave_record_batch;
+
+use super::rng::Rng;
+use super::{BatchIter, Mix};
+use crate::error::{Error, Result};
+
+/// Opens part `i`'s stream for this epoch, its batches already in the common schema.
+pub type Open = Box<dyn Fn(usize) -> Result<BatchIter> + Send>;
+
+/// Rows per batch an interleaving emits.
+const MIX_BATCH_ROWS: usize = 1024;
+
+pub struct Chain {
+    open: Open,
+    parts: usize,
+    next: usize,
+    current: Option<BatchIter>,
+}
+
+impl Chain {
+    pub fn new(open: Open, parts: usize) -> Self {
+        Self {
+            open,
+            parts,
+            next: 0,
+            current: None,
+        }
+    }
+}
+
+impl Iterator for Chain {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(current) = self.current.as_mut() {
+                match current.next() {
+                    Some(item) => return Some(item),
+                    None => self.current = None,
+                }
+            }
+            if self.next >= self.parts {
+                return None;
+            }
+            match (self.open)(self.next) {
+                Ok(stream) => self.current = Some(stream),
+                Err(e) => {
+                    self.next = self.parts;
+                    return Some(Err(e));
+                }
+            }
+            self.next += 1;
+        }
+    }
+}
+
+/// One part's stream and the batch being drawn from.
+struct Feed {
+    stream: BatchIter,
+    batch: Option<RecordBatch>,
+    /// Next row of `batch`.
+    row: usize,
+}
+
+pub struct Mixer {
+    open: Open,
+    feeds: Vec<Option<Feed>>,
+    /// Cumulative weights, for weighted draws; `None`: take parts in turn.
+    cumulative: Option<Vec<f64>>,
+    turn: usize,
+    rng: Rng,
+    all_exhausted: bool,
+    /// Which parts have run out at least once.
+    exhausted: Vec<bool>,
+    schema: SchemaRef,
+    done: bool,
+}
+
+impl Mixer {
+    pub fn new(open: Open, parts: usize, mix: &Mix, rng: Rng, schema: SchemaRef) -> Self {
+        let cumulative = mix.weights.as_ref().map(|weights| {
+            let mut sum = 0.0;
+            weights
+                .iter()
+                .map(|w| {
+                    sum += w;
+                    sum
+                })
+                .collect()
+        });
+        Self {
+            open,
+            feeds: (0..parts).map(|_| None).collect(),
+            cumulative,
+            turn: 0,
+            rng,
+            all_exhausted: mix.all_exhausted,
+            exhausted: vec![false; parts],
+            schema,
+            done: false,
+        }
+    }
+
+    fn draw(&mut self) -> usize {
+        match &self.cumulative {
+            None => {
+                let part = self.turn % self.feeds.len();
+                self.turn += 1;
+                part
+            }
+            Some(cumulative) => {
+                let total = cumulative.last().copied().unwrap_or(1.0);
+                let x = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
+                cumulative
+                    .iter()
+                    .position(|&c| x < c)
+                    .unwrap_or(cumulative.len() - 1)
+            }
+        }
+    }
+
+    /// The next row of part `part` as (batch, row); `None` when the mixing ends.
+    fn next_row(&mut self, part: usize) -> Result<Option<(RecordBatch, usize)>> {
+        loop {
+            if self.feeds[part].is_none() {
+                self.feeds[part] = Some(Feed {
+                    stream: (self.open)(part)?,
+                    batch: None,
+                    row: 0,
+                });
+            }
+            let Some(feed) = self.feeds[part].as_mut() else {
+                continue;
+            };
+            if let Some(batch) = &feed.batch
+                && feed.row < batch.num_rows()
+            {
+                feed.row += 1;
+                return Ok(Some((batch.clone(), feed.row - 1)));
+            }
+            match feed.stream.next() {
+                Some(batch) => {
+                    feed.batch = Some(batch?);
+                    feed.row = 0;
+                }
+                None => {
+                    // This part ran out: stop, or (all_exhausted) start it over until every
+                    // part has run out once.
+                    self.exhausted[part] = true;
+                    let had_rows = feed.batch.is_some();
+                    self.feeds[part] = None;
+                    if !self.all_exhausted || self.exhausted.iter().all(|&e| e) || !had_rows {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for Mixer {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        let mut picks: Vec<(usize, usize)> = Vec::with_capacity(MIX_BATCH_ROWS);
+        while picks.len() < MIX_BATCH_ROWS {
+            let part = self.draw();
+            match self.next_row(part) {
+                Ok(Some((batch, row))) => {
+                    // Batches are shared (Arc'd) buffers: compare by identity.
+                    let at = batches
+                        .iter()
+                        .position(|b| {
+                            b.num_rows() == batch.num_rows()
+                                && b.columns().iter().zip(batch.columns()).all(|(x, y)| {
+                                    std::sync::Arc::ptr_eq(x, y)
+                                })
+                        })
+                        .unwrap_or_else(|| {
+                            batches.push(batch);
+                            batches.len() - 1
+                        });
+                    picks.push((at, row));
+                }
+                Ok(None) => {
+                    self.done = true;
+                    break;
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+        if picks.is_empty() {
+            return None;
+        }
+        let sources: Vec<&RecordBatch> = batches.iter().collect();
+        Some(
+            interleave_record_batch(&sources, &picks)
+                .map_err(|e| Error::Internal(format!("interleaving rows: {e}")))
+                .and_then(|b| super::conform(b, &self.schema)),
+        )
+    }
+}
