@@ -470,11 +470,12 @@ impl Dataset {
         }
         Ok(match &self.origin {
             Origin::Files(_) => {
-                let prepared = if counted {
-                    self.indexed()?
-                } else {
-                    self.prepared()?
-                };
+                let mut prepared = self.prepared()?;
+                // Formats with a record codec count their rows by indexing; others
+                // either know them or leave them unknown.
+                if counted && prepared.record_codec().is_some() {
+                    prepared = self.indexed()?;
+                }
                 Head {
                     rows: prepared.units.iter().map(|u| u.rows).sum(),
                     kind: HeadKind::Units(prepared),
