@@ -105,8 +105,12 @@ impl ShardIndex {
 pub trait RecordCodec: Send + Sync {
     /// Reads a shard from its first byte and finds its records. `key` goes into the
     /// index as is.
-    fn scan(&self, shard: &ShardMeta, stream: Box<dyn Read + Send>, key: String)
-    -> Result<ShardIndex>;
+    fn scan(
+        &self,
+        shard: &ShardMeta,
+        stream: Box<dyn Read + Send>,
+        key: String,
+    ) -> Result<ShardIndex>;
     /// Decodes `data`, the bytes of records `first..` of an uncompressed shard.
     fn decode_records(
         &self,
@@ -245,9 +249,11 @@ impl UnitJobs for IndexedJobs {
         UnitJob::Ranges {
             ranges: vec![range.clone()],
             decode: Box::new(move |fetched| {
-                let data = fetched.get(range.start, range.end - range.start).ok_or_else(|| {
-                    Error::Internal(format!("{}: the fetched range is missing", shard.url))
-                })?;
+                let data = fetched
+                    .get(range.start, range.end - range.start)
+                    .ok_or_else(|| {
+                        Error::Internal(format!("{}: the fetched range is missing", shard.url))
+                    })?;
                 codec.decode_records(&shard, &index, data, first)
             }),
         }
@@ -315,10 +321,7 @@ pub fn index_shards(
                             &shard.url,
                             plain.format,
                             Position::Unknown,
-                            format!(
-                                "indexing failed: {}",
-                                crate::error::panic_message(&*panic)
-                            ),
+                            format!("indexing failed: {}", crate::error::panic_message(&*panic)),
                         ))
                     });
                     *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
@@ -416,11 +419,7 @@ pub fn scan_lines(
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                return Err(super::compression::stream_error(
-                    url,
-                    Position::Byte(at),
-                    e,
-                ));
+                return Err(super::compression::stream_error(url, Position::Byte(at), e));
             }
         };
         for (i, &b) in buf[..n].iter().enumerate() {

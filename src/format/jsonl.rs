@@ -205,7 +205,11 @@ impl RecordCodec for BlockDecoderConfig {
         let gzip = compression::is_gzip(compression::peek(&mut buffered, url, 2)?);
         let mut reader = compression::decoder(
             buffered,
-            if gzip { Compression::Gzip } else { Compression::None },
+            if gzip {
+                Compression::Gzip
+            } else {
+                Compression::None
+            },
             self.limit,
         );
         let offsets = scan_lines(&mut reader, url, FORMAT, 0, false)?;

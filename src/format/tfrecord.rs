@@ -14,10 +14,10 @@ use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use super::index::{RecordCodec, ShardIndex};
 use super::blocks::read_full;
 use super::compression::{self, Compression, looks_like_zlib};
 use super::example::{ExampleDecoder, FeatureSpec, SpecInference};
+use super::index::{RecordCodec, ShardIndex};
 use super::{
     Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
     whole_files,

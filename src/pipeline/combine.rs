@@ -80,6 +80,8 @@ pub struct Mixer {
     exhausted: Vec<bool>,
     schema: SchemaRef,
     done: bool,
+    /// The row just drawn was the last of the mixing.
+    finished: bool,
 }
 
 impl Mixer {
@@ -104,6 +106,7 @@ impl Mixer {
             exhausted: vec![false; parts],
             schema,
             done: false,
+            finished: false,
         }
     }
 
@@ -138,11 +141,27 @@ impl Mixer {
             let Some(feed) = self.feeds[part].as_mut() else {
                 continue;
             };
-            if let Some(batch) = &feed.batch
+            if let Some(batch) = feed.batch.clone()
                 && feed.row < batch.num_rows()
             {
                 feed.row += 1;
-                return Ok(Some((batch.clone(), feed.row - 1)));
+                let row = feed.row - 1;
+                // With all_exhausted, the mixing ends on the row that completes the
+                // last part's pass (as in `datasets`): look ahead at each part's end.
+                if self.all_exhausted && feed.row == batch.num_rows() {
+                    match feed.stream.next() {
+                        Some(next) => {
+                            feed.batch = Some(next?);
+                            feed.row = 0;
+                        }
+                        None => {
+                            self.exhausted[part] = true;
+                            self.feeds[part] = None;
+                            self.finished = self.exhausted.iter().all(|&e| e);
+                        }
+                    }
+                }
+                return Ok(Some((batch, row)));
             }
             match feed.stream.next() {
                 Some(batch) => {
@@ -182,15 +201,20 @@ impl Iterator for Mixer {
                         .iter()
                         .position(|b| {
                             b.num_rows() == batch.num_rows()
-                                && b.columns().iter().zip(batch.columns()).all(|(x, y)| {
-                                    std::sync::Arc::ptr_eq(x, y)
-                                })
+                                && b.columns()
+                                    .iter()
+                                    .zip(batch.columns())
+                                    .all(|(x, y)| std::sync::Arc::ptr_eq(x, y))
                         })
                         .unwrap_or_else(|| {
                             batches.push(batch);
                             batches.len() - 1
                         });
                     picks.push((at, row));
+                    if self.finished {
+                        self.done = true;
+                        break;
+                    }
                 }
                 Ok(None) => {
                     self.done = true;

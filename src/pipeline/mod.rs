@@ -187,7 +187,9 @@ impl Dataset {
                     parts.len()
                 )));
             }
-            if weights.iter().any(|w| !w.is_finite() || *w < 0.0) || weights.iter().sum::<f64>() <= 0.0 {
+            if weights.iter().any(|w| !w.is_finite() || *w < 0.0)
+                || weights.iter().sum::<f64>() <= 0.0
+            {
                 return Err(Error::invalid_argument(
                     "probabilities must be non-negative and not all zero",
                 ));
@@ -341,11 +343,8 @@ impl Dataset {
         if let Some(indexed) = lock(&source.indexed).as_ref() {
             return Ok(indexed.clone());
         }
-        let indexed = format::index::index_shards(
-            self.prepared()?,
-            &source.io(),
-            source.options.on_error,
-        )?;
+        let indexed =
+            format::index::index_shards(self.prepared()?, &source.io(), source.options.on_error)?;
         Ok(lock(&source.indexed).get_or_insert(indexed).clone())
     }
 
@@ -624,8 +623,10 @@ impl Dataset {
                     Box::new(move |i| {
                         let stream = c.parts[i].stream(&part_run, stats.clone())?;
                         let schema = c.schema.clone();
-                        Ok(Box::new(stream.map(move |b| b.and_then(|b| conform(b, &schema))))
-                            as BatchIter)
+                        Ok(
+                            Box::new(stream.map(move |b| b.and_then(|b| conform(b, &schema))))
+                                as BatchIter,
+                        )
                     })
                 };
                 match &c.mix {
@@ -781,10 +782,12 @@ pub fn conform(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     }
     let mut columns = Vec::with_capacity(schema.fields().len());
     for field in schema.fields() {
-        let column = batch.column_by_name(field.name()).ok_or_else(|| Error::Schema {
-            url: String::new(),
-            message: format!("a batch has no column {:?}", field.name()),
-        })?;
+        let column = batch
+            .column_by_name(field.name())
+            .ok_or_else(|| Error::Schema {
+                url: String::new(),
+                message: format!("a batch has no column {:?}", field.name()),
+            })?;
         let column = if column.data_type() == field.data_type() {
             column.clone()
         } else {
@@ -837,7 +840,11 @@ pub fn unify_schemas(schemas: &[SchemaRef]) -> Result<SchemaRef> {
                 (Some(x), Some(y)) => {
                     let wide = if x >= y { a } else { b };
                     // An int64 meeting a float32 needs a float64 to keep its values.
-                    Some(if x.max(y) == 5 && x.min(y) == 4 { T::Float64 } else { wide.clone() })
+                    Some(if x.max(y) == 5 && x.min(y) == 4 {
+                        T::Float64
+                    } else {
+                        wide.clone()
+                    })
                 }
                 _ => None,
             },

@@ -47,7 +47,10 @@ impl Indices {
         for row in &rows {
             hash.update(row.to_le_bytes());
         }
-        let digest = hash.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let digest = hash.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         Indices::List {
             rows: rows.into(),
             digest,
@@ -75,7 +78,9 @@ impl Indices {
     /// The first row number that is `bound` or more, if any.
     pub fn first_at_or_above(&self, bound: u64) -> Option<u64> {
         match self {
-            Indices::Range { start, len } => (*len > 0 && start + len > bound).then(|| (*start).max(bound)),
+            Indices::Range { start, len } => {
+                (*len > 0 && start + len > bound).then(|| (*start).max(bound))
+            }
             Indices::List { rows, .. } => rows.iter().copied().find(|&r| r >= bound),
         }
     }
@@ -383,7 +388,11 @@ impl Columns {
                     .fields()
                     .iter()
                     .map(|f| match target.field_with_name(f.name()) {
-                        Ok(to) => Field::new(f.name(), to.data_type().clone(), f.is_nullable() || to.is_nullable()),
+                        Ok(to) => Field::new(
+                            f.name(),
+                            to.data_type().clone(),
+                            f.is_nullable() || to.is_nullable(),
+                        ),
                         Err(_) => f.as_ref().clone(),
                     })
                     .collect()
@@ -412,9 +421,11 @@ impl BatchTransform for Columns {
                 if column.data_type() == field.data_type() {
                     Ok(column)
                 } else {
-                    arrow_cast::cast(&column, field.data_type()).map_err(|e| crate::error::Error::Schema {
-                        url: String::new(),
-                        message: format!("column {:?}: {e}", field.name()),
+                    arrow_cast::cast(&column, field.data_type()).map_err(|e| {
+                        crate::error::Error::Schema {
+                            url: String::new(),
+                            message: format!("column {:?}: {e}", field.name()),
+                        }
                     })
                 }
             })

@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use arrow_select::interleave::interleave_record_batch;
-use rayon::prelude::*;
 
 use super::ops::{BatchTransform, Indices, Op};
 use super::rng::Rng;
@@ -230,13 +229,11 @@ fn concat_rows(
         picks.push((part, rows.len()));
         rows.push(index - starts[part]);
     }
-    let fetched: Vec<(usize, RecordBatch)> = wanted
-        .into_par_iter()
-        .map(|(part, rows)| {
-            let batch = parts[part].rows(&rows)?;
-            Ok((part, super::conform(batch, schema)?))
-        })
-        .collect::<Result<_>>()?;
+    let wanted: Vec<(usize, Vec<u64>)> = wanted.into_iter().collect();
+    let fetched: Vec<(usize, RecordBatch)> = in_parallel(&wanted, |(part, rows)| {
+        let batch = parts[*part].rows(rows)?;
+        Ok((*part, super::conform(batch, schema)?))
+    })?;
     let slot: HashMap<usize, usize> = fetched
         .iter()
         .enumerate()
@@ -247,11 +244,51 @@ fn concat_rows(
     gather(schema, &sources, &flat)
 }
 
-fn gather(schema: &SchemaRef, sources: &[&RecordBatch], flat: &[(usize, usize)]) -> Result<RecordBatch> {
+fn gather(
+    schema: &SchemaRef,
+    sources: &[&RecordBatch],
+    flat: &[(usize, usize)],
+) -> Result<RecordBatch> {
     if flat.is_empty() {
         return Ok(RecordBatch::new_empty(schema.clone()));
     }
-    interleave_record_batch(sources, flat).map_err(|e| Error::Internal(format!("gather failed: {e}")))
+    interleave_record_batch(sources, flat)
+        .map_err(|e| Error::Internal(format!("gather failed: {e}")))
+}
+
+/// `f` over `items` on scoped threads (one per core at most), results in order. Not
+/// rayon's global pool: a forked child (a PyTorch worker) inherits a pool whose threads
+/// it does not have, and would wait on them forever.
+fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    if items.len() <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let threads = super::default_num_threads().min(items.len());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<R>>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let out = f(item);
+                    *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(out);
+                }
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(|| Err(Error::Internal("a parallel task did not run".into())))
+        })
+        .collect()
 }
 
 /// Records `[first, end)` of one shard, read as one range.
@@ -291,10 +328,8 @@ impl Files {
         }
         let runs = self.runs(records);
         let run_batches = self.read_runs(&runs)?;
-        let unit_batches: Vec<Arc<Vec<RecordBatch>>> = units
-            .par_iter()
-            .map(|&unit| self.unit_batches(unit))
-            .collect::<Result<_>>()?;
+        let unit_batches: Vec<Arc<Vec<RecordBatch>>> =
+            in_parallel(&units, |&unit| self.unit_batches(unit))?;
         // Number every batch that rows are taken from, for one gather.
         let mut sources: Vec<&RecordBatch> = run_batches.iter().collect();
         let mut unit_first_source = HashMap::new();
@@ -388,41 +423,44 @@ impl Files {
             }
             Ok::<_, Error>(out)
         })?;
-        runs.par_iter()
-            .zip(fetched)
-            .map(|(run, data)| {
-                let shard = &self.prepared.shards[run.shard];
-                let index = &access.indexes[run.shard];
-                let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    access.codec.decode_records(shard, index, data, run.first)
-                }))
-                .unwrap_or_else(|panic| {
-                    Err(Error::decode(
-                        &shard.url,
-                        self.prepared.format,
-                        Position::Byte(index.offsets[run.first as usize]),
-                        format!("the decoder failed: {}", crate::error::panic_message(&*panic)),
-                    ))
-                })?;
-                let batch = arrow_select::concat::concat_batches(&self.prepared.schema, &decoded.batches)
+        let runs: Vec<(&Run, bytes::Bytes)> = runs.iter().zip(fetched).collect();
+        in_parallel(&runs, |(run, data)| {
+            let data = data.clone();
+            let shard = &self.prepared.shards[run.shard];
+            let index = &access.indexes[run.shard];
+            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                access.codec.decode_records(shard, index, data, run.first)
+            }))
+            .unwrap_or_else(|panic| {
+                Err(Error::decode(
+                    &shard.url,
+                    self.prepared.format,
+                    Position::Byte(index.offsets[run.first as usize]),
+                    format!(
+                        "the decoder failed: {}",
+                        crate::error::panic_message(&*panic)
+                    ),
+                ))
+            })?;
+            let batch =
+                arrow_select::concat::concat_batches(&self.prepared.schema, &decoded.batches)
                     .map_err(|e| Error::Internal(e.to_string()))?;
-                let expected = (run.end - run.first) as usize;
-                if batch.num_rows() != expected {
-                    return Err(Error::decode(
-                        &shard.url,
-                        self.prepared.format,
-                        Position::Byte(index.offsets[run.first as usize]),
-                        format!(
-                            "records {}..{} gave {} rows, not {expected}: some could not be decoded",
-                            run.first,
-                            run.end,
-                            batch.num_rows()
-                        ),
-                    ));
-                }
-                Ok(batch)
-            })
-            .collect()
+            let expected = (run.end - run.first) as usize;
+            if batch.num_rows() != expected {
+                return Err(Error::decode(
+                    &shard.url,
+                    self.prepared.format,
+                    Position::Byte(index.offsets[run.first as usize]),
+                    format!(
+                        "records {}..{} gave {} rows, not {expected}: some could not be decoded",
+                        run.first,
+                        run.end,
+                        batch.num_rows()
+                    ),
+                ));
+            }
+            Ok(batch)
+        })
     }
 
     fn unit_batches(&self, unit: usize) -> Result<Arc<Vec<RecordBatch>>> {

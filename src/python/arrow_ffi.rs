@@ -45,7 +45,11 @@ impl PySchema {
     /// The column names, in order.
     #[getter]
     fn names(&self) -> Vec<String> {
-        self.schema.fields().iter().map(|f| f.name().clone()).collect()
+        self.schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {

@@ -519,7 +519,9 @@ impl PyDataset {
                     )));
                 }
                 let rows = f * n as f64;
-                return Ok(Some(if round_up { rows.ceil() } else { rows.floor() } as u64));
+                return Ok(Some(
+                    if round_up { rows.ceil() } else { rows.floor() } as u64
+                ));
             }
             let rows: i64 = value.extract()?;
             if rows < 0 || rows as u64 > n {
@@ -560,7 +562,10 @@ impl PyDataset {
             out.set_item("test", self.select(py, test_rows.as_any())?)?;
         } else {
             out.set_item("train", self.select(py, &range.call1((0, train))?)?)?;
-            out.set_item("test", self.select(py, &range.call1((train, train + test))?)?)?;
+            out.set_item(
+                "test",
+                self.select(py, &range.call1((train, train + test))?)?,
+            )?;
         }
         Ok(out)
     }
@@ -771,7 +776,11 @@ impl PyDataset {
 
     /// The sample at `index` (negative counts from the end) as a dict; for a slice,
     /// the samples as one dict of lists, as in Hugging Face `datasets`.
-    fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         if let Ok(slice) = index.cast::<pyo3::types::PySlice>() {
             let access = self.random_access(py)?;
             let picked = slice.indices(access.len() as isize)?;

@@ -53,9 +53,9 @@ mod _native {
     #[pymodule_export]
     use super::_redact;
     #[pymodule_export]
-    use super::batch::PyRecordBatch;
-    #[pymodule_export]
     use super::arrow_ffi::PySchema;
+    #[pymodule_export]
+    use super::batch::PyRecordBatch;
     #[pymodule_export]
     use super::dataset::{
         PyDataset, SampleIterator, concatenate, dataset, from_arrow, from_dict, from_list,
