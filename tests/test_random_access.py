@@ -205,6 +205,8 @@ def test_resume_in_a_fresh_process(tmp_path: Path, pipeline: str) -> None:
     full = [b["id"].tolist() for b in loader]
     assert full == [b["id"].tolist() for b in sf.DataLoader(ds, batch_size=8)]
     for stop in sorted({1, int(rng.integers(2, len(full))), len(full) - 1}):
+        # A fresh loader: each pass of one loader is the next epoch.
+        loader = sf.DataLoader(ds, batch_size=8)
         it = iter(loader)
         head = [next(it)["id"].tolist() for _ in range(stop)]
         state = loader.state_dict()

@@ -1,0 +1,100 @@
+"""Random access figures: `ds[i]` latency (p50/p99), batched random access (rows/s, 256
+random indices per call, as a torch sampler sends them) and the time to build the record
+index per GB, for Parquet, JSONL and TFRecord on local disk.
+
+    python benches/random_access.py [--rows 400000] [--shards 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import shardflow as sf
+
+
+def write(root: Path, rows: int, shards: int) -> dict[str, list[str]]:
+    rng = np.random.default_rng(0)
+    per = rows // shards
+    out: dict[str, list[str]] = {"parquet": [], "jsonl": [], "tfrecord": []}
+    sys_path = Path(__file__).resolve().parent.parent / "tests"
+    import sys
+
+    sys.path.insert(0, str(sys_path))
+    from test_fork_remote import write_tfrecord  # the tests' TFRecord framing writer
+
+    for s in range(shards):
+        ids = np.arange(s * per, (s + 1) * per)
+        text = [f"sample {i} " + "x" * int(rng.integers(50, 400)) for i in ids]
+        table = pa.table({"id": ids, "text": text})
+        p = root / f"part-{s:03d}.parquet"
+        pq.write_table(table, p, row_group_size=10_000)
+        out["parquet"].append(str(p))
+        records = [json.dumps({"id": int(i), "text": t}) for i, t in zip(ids, text)]
+        j = root / f"part-{s:03d}.jsonl"
+        j.write_text("\n".join(records) + "\n")
+        out["jsonl"].append(str(j))
+        t = root / f"part-{s:03d}.tfrecord"
+        write_tfrecord(t, [r.encode() for r in records])
+        out["tfrecord"].append(str(t))
+    return out
+
+
+def open_ds(fmt: str, paths: list[str]) -> sf.Dataset:
+    if fmt == "tfrecord":
+        return sf.dataset(paths, format="tfrecord", format_options={"raw": True})
+    return sf.dataset(paths)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=400_000)
+    ap.add_argument("--shards", type=int, default=8)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="sf-ra-"))
+    try:
+        files = write(root, args.rows, args.shards)
+        rng = np.random.default_rng(1)
+        print(f"{args.rows} rows in {args.shards} shards")
+        print("| format | index build | index s/GB | ds[i] p50 | ds[i] p99 | batched random rows/s |")
+        print("|---|---|---|---|---|---|")
+        for fmt, paths in files.items():
+            size = sum(Path(p).stat().st_size for p in paths)
+            for p in root.glob(".*.sfindex"):
+                p.unlink()
+            ds = open_ds(fmt, paths)
+            t0 = time.perf_counter()
+            n = ds.index()
+            build = time.perf_counter() - t0
+            ds = open_ds(fmt, paths)  # a fresh dataset: the index comes from memory/disk
+            lat = []
+            for i in rng.integers(0, n, 500):
+                t0 = time.perf_counter()
+                ds[int(i)]
+                lat.append(time.perf_counter() - t0)
+            lat_ms = np.array(lat) * 1e3
+            batches = [rng.integers(0, n, 256).tolist() for _ in range(40)]
+            t0 = time.perf_counter()
+            for b in batches:
+                ds.__getitems__(b)
+            rate = 256 * len(batches) / (time.perf_counter() - t0)
+            per_gb = build / (size / 1e9) if fmt != "parquet" else float("nan")
+            print(
+                f"| {fmt} | {build:.3f} s ({size / 1e6:.0f} MB) | {per_gb:.2f} | "
+                f"{np.median(lat_ms):.2f} ms | {np.percentile(lat_ms, 99):.2f} ms | {rate:,.0f} |"
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
