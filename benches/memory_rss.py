@@ -4,7 +4,7 @@
 
 Writes ROWS rows of ROW_KB random bytes (1.5 GB by default) as 10 Parquet files with
 100-row row groups, then, in a fresh process each, iterates
-``DataLoader(ds.shuffle(seed=0), batch_size=32)`` with default settings, and with the
+``DataLoader(ds.shuffle(seed=0, buffer_size=10_000), batch_size=32)`` with default settings, and with the
 byte bounds lifted (the row bound alone, as before they existed), and prints each
 process's peak RSS (median over repeats)."""
 
@@ -22,7 +22,7 @@ import resource, sys
 import shardflow as sf
 source, lifted = sys.argv[1], sys.argv[2] == "1"
 ds = sf.dataset(source)
-ds = ds.shuffle(seed=0, buffer_bytes=1 << 62) if lifted else ds.shuffle(seed=0)
+ds = ds.shuffle(seed=0, buffer_size=10_000, buffer_bytes=1 << 62 if lifted else None)
 loader = sf.DataLoader(ds, batch_size=32, prefetch_bytes=(1 << 62) if lifted else None)
 rows = 0
 import warnings
