@@ -12,12 +12,15 @@ __all__ = [
     "Dataset",
     "RecordBatch",
     "SampleIterator",
+    "Schema",
     "_ArrowBuffer",
     "_redact",
+    "concatenate",
     "dataset",
     "from_arrow",
     "from_dict",
     "from_list",
+    "interleave",
 ]
 
 _Source = str | PathLike[str] | list[str | PathLike[str]] | tuple[str | PathLike[str], ...]
@@ -50,7 +53,7 @@ class Schema:
     def __arrow_c_schema__(self, requested_schema: object | None = None) -> object: ...
     @property
     def names(self) -> list[str]: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
 @final
 class Dataset:
     def shuffle(
