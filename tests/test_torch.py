@@ -91,10 +91,9 @@ def test_map_dataset_with_distributed_sampler(tmp_path: Path) -> None:
     assert sorted(seen) == list(range(600))
 
 
-def test_map_dataset_refuses_what_cannot_be_indexed(tmp_path: Path) -> None:
-    (tmp_path / "a.jsonl").write_text('{"a": 1}\n')
-    with pytest.raises(ValueError, match="cannot be indexed"):
-        sf.dataset(str(tmp_path / "a.jsonl"))[0]
+def test_map_dataset_indexes_stream_formats_and_refuses_filtered_rows(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    assert sf.dataset(str(tmp_path / "a.jsonl"))[-1] == {"a": 2}
     pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "a.parquet")
     with pytest.raises(ValueError, match="cannot follow"):
         sf.dataset(str(tmp_path / "a.parquet")).filter(lambda r: True)[0]
