@@ -76,13 +76,23 @@ pub fn auto_gzip(
     url: &str,
     limit: u64,
 ) -> Result<Box<dyn Read + Send>> {
+    Ok(sniff_gzip(reader, url, limit)?.0)
+}
+
+/// As [`auto_gzip`], also saying whether the data was gzip (so not readable by range).
+pub fn sniff_gzip(
+    reader: Box<dyn Read + Send>,
+    url: &str,
+    limit: u64,
+) -> Result<(Box<dyn Read + Send>, bool)> {
     let mut reader = buffered(reader);
-    let compression = if is_gzip(peek(&mut reader, url, 2)?) {
+    let gzip = is_gzip(peek(&mut reader, url, 2)?);
+    let compression = if gzip {
         Compression::Gzip
     } else {
         Compression::None
     };
-    Ok(decoder(reader, compression, limit))
+    Ok((decoder(reader, compression, limit), gzip))
 }
 
 /// Errors once more than `limit` bytes have come out.

@@ -396,15 +396,8 @@ impl RecordCodec for Config {
     ) -> Result<ShardIndex> {
         use std::io::BufRead;
         let url = shard.url.as_str();
-        let mut buffered = compression::buffered(stream);
-        let gzip = compression::is_gzip(compression::peek(&mut buffered, url, 2)?);
-        let compression = if gzip {
-            compression::Compression::Gzip
-        } else {
-            compression::Compression::None
-        };
-        let mut reader =
-            std::io::BufReader::new(compression::decoder(buffered, compression, self.limit));
+        let (reader, gzip) = compression::sniff_gzip(stream, url, self.limit)?;
+        let mut reader = std::io::BufReader::new(reader);
         // The header is the first record: up to the first newline outside quotes.
         let mut header = Vec::new();
         loop {
@@ -417,12 +410,7 @@ impl RecordCodec for Config {
             }
         }
         let offsets = scan_lines(&mut reader, url, FORMAT, header.len() as u64, true)?;
-        Ok(ShardIndex {
-            key,
-            rows: offsets.len() as u64 - 1,
-            offsets: if gzip { Vec::new() } else { offsets },
-            header,
-        })
+        Ok(ShardIndex::new(key, offsets, !gzip, header))
     }
 
     fn decode_records(

@@ -41,6 +41,17 @@ pub struct ShardIndex {
 }
 
 impl ShardIndex {
+    /// The index of a shard whose records start at `offsets` (plus its end); a shard
+    /// that is not `by_range` (compressed) keeps only the count.
+    pub fn new(key: String, offsets: Vec<u64>, by_range: bool, header: Vec<u8>) -> Self {
+        Self {
+            key,
+            rows: offsets.len().saturating_sub(1) as u64,
+            offsets: if by_range { offsets } else { Vec::new() },
+            header,
+        }
+    }
+
     pub fn by_range(&self) -> bool {
         !self.offsets.is_empty()
     }

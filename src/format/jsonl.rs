@@ -10,7 +10,7 @@ use arrow_json::ReaderBuilder;
 use arrow_schema::{ArrowError, Schema, SchemaRef};
 
 use super::blocks::split_blocks;
-use super::compression::{self, Compression, stream_error};
+use super::compression::{self, stream_error};
 use super::index::{RecordCodec, ShardIndex, scan_lines};
 use super::json_infer::SchemaInference;
 use super::{
@@ -201,24 +201,9 @@ impl RecordCodec for BlockDecoderConfig {
         key: String,
     ) -> Result<ShardIndex> {
         let url = shard.url.as_str();
-        let mut buffered = compression::buffered(stream);
-        let gzip = compression::is_gzip(compression::peek(&mut buffered, url, 2)?);
-        let mut reader = compression::decoder(
-            buffered,
-            if gzip {
-                Compression::Gzip
-            } else {
-                Compression::None
-            },
-            self.limit,
-        );
+        let (mut reader, gzip) = compression::sniff_gzip(stream, url, self.limit)?;
         let offsets = scan_lines(&mut reader, url, FORMAT, 0, false)?;
-        Ok(ShardIndex {
-            key,
-            rows: offsets.len() as u64 - 1,
-            offsets: if gzip { Vec::new() } else { offsets },
-            header: Vec::new(),
-        })
+        Ok(ShardIndex::new(key, offsets, !gzip, Vec::new()))
     }
 
     fn decode_records(

@@ -361,16 +361,12 @@ impl RecordCodec for Config {
             }
             offsets.push(at);
         }
-        Ok(ShardIndex {
+        Ok(ShardIndex::new(
             key,
-            rows: offsets.len() as u64 - 1,
-            offsets: if compression == Compression::None {
-                offsets
-            } else {
-                Vec::new()
-            },
-            header: Vec::new(),
-        })
+            offsets,
+            compression == Compression::None,
+            Vec::new(),
+        ))
     }
 
     fn decode_records(

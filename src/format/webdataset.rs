@@ -285,17 +285,7 @@ impl RecordCodec for Config {
         key: String,
     ) -> Result<ShardIndex> {
         let url = shard.url.as_str();
-        let mut buffered = compression::buffered(stream);
-        let gzip = compression::is_gzip(compression::peek(&mut buffered, url, 2)?);
-        let reader = compression::decoder(
-            buffered,
-            if gzip {
-                compression::Compression::Gzip
-            } else {
-                compression::Compression::None
-            },
-            self.limit,
-        );
+        let (reader, gzip) = compression::sniff_gzip(stream, url, self.limit)?;
         let mut archive = tar::Archive::new(reader);
         let entries = archive
             .entries()
@@ -333,12 +323,7 @@ impl RecordCodec for Config {
             offsets.clear();
             offsets.push(0);
         }
-        Ok(ShardIndex {
-            key,
-            rows: offsets.len() as u64 - 1,
-            offsets: if gzip { Vec::new() } else { offsets },
-            header: Vec::new(),
-        })
+        Ok(ShardIndex::new(key, offsets, !gzip, Vec::new()))
     }
 
     fn decode_records(
