@@ -301,11 +301,12 @@ struct Run {
 impl Files {
     fn rows(&self, indices: &[u64]) -> Result<RecordBatch> {
         // Where each row comes from: a record of a shard read by range, or a row of a
-        // decoded unit.
+        // decoded unit (by its slot in `units`).
         enum From {
             Record(usize, u64),
             Unit(usize, u64),
         }
+        let mut slot_of: HashMap<usize, usize> = HashMap::new();
         let mut from = Vec::with_capacity(indices.len());
         let mut records: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         let mut units: Vec<usize> = Vec::new();
@@ -319,10 +320,11 @@ impl Files {
                     from.push(From::Record(work.shard, first + offset));
                 }
                 None => {
-                    if !units.contains(&unit) {
+                    let slot = *slot_of.entry(unit).or_insert_with(|| {
                         units.push(unit);
-                    }
-                    from.push(From::Unit(unit, offset));
+                        units.len() - 1
+                    });
+                    from.push(From::Unit(slot, offset));
                 }
             }
         }
@@ -332,9 +334,9 @@ impl Files {
             in_parallel(&units, |&unit| self.unit_batches(unit))?;
         // Number every batch that rows are taken from, for one gather.
         let mut sources: Vec<&RecordBatch> = run_batches.iter().collect();
-        let mut unit_first_source = HashMap::new();
-        for (unit, batches) in units.iter().zip(&unit_batches) {
-            unit_first_source.insert(*unit, sources.len());
+        let mut first_source = Vec::with_capacity(units.len());
+        for batches in &unit_batches {
+            first_source.push(sources.len());
             sources.extend(batches.iter());
         }
         let mut flat = Vec::with_capacity(from.len());
@@ -344,8 +346,8 @@ impl Files {
                     let run = runs.partition_point(|r| (r.shard, r.end) <= (shard, record));
                     flat.push((run, (record - runs[run].first) as usize));
                 }
-                From::Unit(unit, mut offset) => {
-                    let batches = &unit_batches[units.iter().position(|u| *u == unit).unwrap_or(0)];
+                From::Unit(slot, mut offset) => {
+                    let batches = &unit_batches[slot];
                     let mut batch = 0;
                     while batch < batches.len() && offset >= batches[batch].num_rows() as u64 {
                         offset -= batches[batch].num_rows() as u64;
@@ -353,10 +355,11 @@ impl Files {
                     }
                     if batch == batches.len() {
                         return Err(Error::Internal(format!(
-                            "a row of unit {unit} is missing from its decoded batches"
+                            "a row of unit {} is missing from its decoded batches",
+                            units[slot]
                         )));
                     }
-                    flat.push((unit_first_source[&unit] + batch, offset as usize));
+                    flat.push((first_source[slot] + batch, offset as usize));
                 }
             }
         }
