@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import shardflow as sf
 from test_fork_remote import write_tfrecord
 
-FORMATS = ["parquet", "jsonl", "jsonl.gz", "csv", "tfrecord", "webdataset", "webdataset.gz"]
+FORMATS = ["parquet", "arrow", "jsonl", "jsonl.gz", "csv", "tfrecord", "webdataset", "webdataset.gz", "npy", "npz", "raw"]
 
 
 def write_shards(root: Path, fmt: str, sizes: list[int]) -> list[str]:
@@ -39,7 +39,19 @@ def write_shards(root: Path, fmt: str, sizes: list[int]) -> list[str]:
         table = pa.table({"id": pa.array(ids, pa.int64()), "text": pa.array([f"row {i}" * (i % 5 + 1) for i in ids], pa.string())})
         ext = {"webdataset": "tar", "webdataset.gz": "tar.gz"}.get(fmt, fmt)
         path = root / f"part-{k:03d}.{ext}"
-        if fmt == "parquet":
+        if fmt == "raw":
+            # One file is one sample: a folder of files, numbered so they sort in order.
+            path = root / f"part-{k:03d}"
+            path.mkdir()
+            for i in ids:
+                (path / f"{i:06d}.bin").write_bytes(str(i).encode())
+            if n == 0:
+                continue  # an empty folder is a pattern that matches nothing
+        elif fmt == "npy":
+            np.save(path, np.array(ids, np.int64))
+        elif fmt == "npz":
+            np.savez(path, id=np.array(ids, np.int64), sq=np.array(ids, np.int64) ** 2)
+        elif fmt == "parquet":
             pq.write_table(table, path, row_group_size=7)
         elif fmt == "arrow":
             feather.write_feather(table, path, chunksize=9)
@@ -69,6 +81,10 @@ def write_shards(root: Path, fmt: str, sizes: list[int]) -> list[str]:
 
 
 def open_format(paths: list[str], fmt: str) -> sf.Dataset:
+    if fmt in ("npy", "npz"):
+        return sf.dataset(paths, format_options={"mode": "rows"})
+    if fmt == "raw":
+        return sf.dataset(paths, format="raw")
     if fmt == "tfrecord":
         return sf.dataset(paths, format="tfrecord", format_options={"raw": True})
     if fmt == "csv":
@@ -81,6 +97,10 @@ def ident(fmt: str, row: dict) -> object:
     """The id a row carries, whatever the format made of it."""
     if fmt == "tfrecord":
         return json.loads(bytes(row["record"]))["id"]
+    if fmt == "npy":
+        return int(row["array"])
+    if fmt == "raw":
+        return int(bytes(row["bytes"]).decode())
     if fmt.startswith("webdataset"):
         value = row["id.txt"]
         return int(value if isinstance(value, str) else bytes(value).decode())

@@ -191,6 +191,8 @@ struct IpcFile {
     version: MetadataVersion,
     dictionaries: Vec<Block>,
     batches: Vec<Block>,
+    /// Rows of each record batch, from its message header.
+    batch_rows: Vec<u64>,
     projection: Option<Vec<usize>>,
 }
 
@@ -212,7 +214,24 @@ fn block_range(block: &Block, size: u64) -> std::result::Result<std::ops::Range<
     }
 }
 
-async fn read_footer(source: &dyn Source, size: u64) -> Result<IpcFile> {
+/// Rows of the record batch at `block`, read from its message header (a few hundred
+/// bytes), so lengths are known without fetching bodies.
+async fn batch_rows(source: &dyn Source, block: &Block) -> Result<u64> {
+    let url = source.url();
+    let start = block.offset() as u64;
+    let corrupt = |m: String| Error::decode(url, FORMAT, Position::Byte(start), m);
+    let meta_len = u64::try_from(block.metaDataLength()).unwrap_or(0);
+    let meta = source.read_range(start..start + meta_len).await?;
+    let flatbuffer = message_flatbuffer(&meta).map_err(corrupt)?;
+    let message =
+        arrow_ipc::root_as_message(flatbuffer).map_err(|e| corrupt(format!("bad message: {e}")))?;
+    let batch = message
+        .header_as_record_batch()
+        .ok_or_else(|| corrupt("a record batch block holds another kind of message".into()))?;
+    u64::try_from(batch.length()).map_err(|_| corrupt("a record batch has a negative length".into()))
+}
+
+async fn read_footer(source: Arc<dyn Source>, size: u64) -> Result<IpcFile> {
     let url = source.url();
     let corrupt = |m: String| Error::decode(url, FORMAT, Position::Unknown, m);
     if size < 18 {
@@ -246,12 +265,27 @@ async fn read_footer(source: &dyn Source, size: u64) -> Result<IpcFile> {
             }
             Ok(blocks)
         };
+    let version = footer.version();
+    let dictionaries = blocks(footer.dictionaries()).map_err(corrupt)?;
+    let batches = blocks(footer.recordBatches()).map_err(corrupt)?;
+    // The headers are small reads, one per batch: issue them all at once.
+    let mut headers = tokio::task::JoinSet::new();
+    for (i, block) in batches.iter().enumerate() {
+        let (source, block) = (source.clone(), *block);
+        headers.spawn(async move { (i, batch_rows(source.as_ref(), &block).await) });
+    }
+    let mut batch_rows = vec![0; batches.len()];
+    while let Some(joined) = headers.join_next().await {
+        let (i, rows) = joined.map_err(|e| Error::Internal(e.to_string()))?;
+        batch_rows[i] = rows?;
+    }
     Ok(IpcFile {
         url: url.to_string(),
         schema,
-        version: footer.version(),
-        dictionaries: blocks(footer.dictionaries()).map_err(corrupt)?,
-        batches: blocks(footer.recordBatches()).map_err(corrupt)?,
+        version,
+        dictionaries,
+        batches,
+        batch_rows,
         projection: None,
     })
 }
@@ -264,7 +298,7 @@ fn prepare_files(
     limit: u64,
 ) -> Result<PreparedShards> {
     let footers = per_shard(&shards, io, FORMAT, |source, size| {
-        Box::pin(async move { read_footer(source.as_ref(), size).await })
+        Box::pin(read_footer(source, size))
     })?;
     let mut files: Vec<Arc<IpcFile>> = Vec::with_capacity(shards.len());
     for footer in footers {
@@ -294,7 +328,7 @@ fn prepare_files(
             (0..f.batches.len()).map(move |part| WorkUnit {
                 shard,
                 part,
-                rows: None,
+                rows: Some(f.batch_rows[part]),
             })
         })
         .collect();
