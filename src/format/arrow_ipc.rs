@@ -228,7 +228,8 @@ async fn batch_rows(source: &dyn Source, block: &Block) -> Result<u64> {
     let batch = message
         .header_as_record_batch()
         .ok_or_else(|| corrupt("a record batch block holds another kind of message".into()))?;
-    u64::try_from(batch.length()).map_err(|_| corrupt("a record batch has a negative length".into()))
+    u64::try_from(batch.length())
+        .map_err(|_| corrupt("a record batch has a negative length".into()))
 }
 
 async fn read_footer(source: Arc<dyn Source>, size: u64) -> Result<IpcFile> {
