@@ -1,8 +1,9 @@
 """Random access figures: `ds[i]` latency (p50/p99), batched random access (rows/s, 256
 random indices per call, as a torch sampler sends them) and the time to build the record
-index per GB, for Parquet, JSONL and TFRecord on local disk.
+index per GB, for Parquet, JSONL and TFRecord, on local disk and over S3 (a local
+SeaweedFS that the bench starts and stops itself).
 
-    python benches/random_access.py [--rows 400000] [--shards 8]
+    python benches/random_access.py [--rows 400000] [--shards 8] [--where local,s3]
 """
 
 from __future__ import annotations
@@ -49,50 +50,79 @@ def write(root: Path, rows: int, shards: int) -> dict[str, list[str]]:
     return out
 
 
-def open_ds(fmt: str, paths: list[str]) -> sf.Dataset:
+def open_ds(fmt: str, paths: list[str], storage_options: dict | None = None) -> sf.Dataset:
     if fmt == "tfrecord":
-        return sf.dataset(paths, format="tfrecord", format_options={"raw": True})
-    return sf.dataset(paths)
+        return sf.dataset(paths, format="tfrecord", format_options={"raw": True}, storage_options=storage_options)
+    return sf.dataset(paths, storage_options=storage_options)
+
+
+def measure(where: str, fmt: str, paths: list[str], size: int, storage_options: dict | None, rng: np.random.Generator) -> None:
+    ds = open_ds(fmt, paths, storage_options)
+    t0 = time.perf_counter()
+    n = ds.index()
+    build = time.perf_counter() - t0
+    ds = open_ds(fmt, paths, storage_options)  # a fresh dataset: the index comes from memory/disk
+    lat = []
+    for i in rng.integers(0, n, 500):
+        t0 = time.perf_counter()
+        ds[int(i)]
+        lat.append(time.perf_counter() - t0)
+    lat_ms = np.array(lat) * 1e3
+    batches = [rng.integers(0, n, 256).tolist() for _ in range(40)]
+    t0 = time.perf_counter()
+    for b in batches:
+        ds.__getitems__(b)
+    rate = 256 * len(batches) / (time.perf_counter() - t0)
+    per_gb = build / (size / 1e9) if fmt != "parquet" else float("nan")
+    print(
+        f"| {where} | {fmt} | {build:.3f} s ({size / 1e6:.0f} MB) | {per_gb:.2f} | "
+        f"{np.median(lat_ms):.2f} ms | {np.percentile(lat_ms, 99):.2f} ms | {rate:,.0f} |",
+        flush=True,
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--where", default="local,s3")
     args = ap.parse_args()
+    where = args.where.split(",")
     root = Path(tempfile.mkdtemp(prefix="sf-ra-"))
+    server = None
     try:
         files = write(root, args.rows, args.shards)
         rng = np.random.default_rng(1)
         print(f"{args.rows} rows in {args.shards} shards")
-        print("| format | index build | index s/GB | ds[i] p50 | ds[i] p99 | batched random rows/s |")
-        print("|---|---|---|---|---|---|")
-        for fmt, paths in files.items():
-            size = sum(Path(p).stat().st_size for p in paths)
+        print("| where | format | index build | index s/GB | ds[i] p50 | ds[i] p99 | batched random rows/s |")
+        print("|---|---|---|---|---|---|---|")
+        if "local" in where:
+            for fmt, paths in files.items():
+                for p in root.glob(".*.sfindex"):
+                    p.unlink()
+                size = sum(Path(p).stat().st_size for p in paths)
+                measure("local", fmt, paths, size, None, rng)
+        if "s3" in where:
+            import sys
+
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+            from servers import Seaweed
+
             for p in root.glob(".*.sfindex"):
                 p.unlink()
-            ds = open_ds(fmt, paths)
-            t0 = time.perf_counter()
-            n = ds.index()
-            build = time.perf_counter() - t0
-            ds = open_ds(fmt, paths)  # a fresh dataset: the index comes from memory/disk
-            lat = []
-            for i in rng.integers(0, n, 500):
-                t0 = time.perf_counter()
-                ds[int(i)]
-                lat.append(time.perf_counter() - t0)
-            lat_ms = np.array(lat) * 1e3
-            batches = [rng.integers(0, n, 256).tolist() for _ in range(40)]
-            t0 = time.perf_counter()
-            for b in batches:
-                ds.__getitems__(b)
-            rate = 256 * len(batches) / (time.perf_counter() - t0)
-            per_gb = build / (size / 1e9) if fmt != "parquet" else float("nan")
-            print(
-                f"| {fmt} | {build:.3f} s ({size / 1e6:.0f} MB) | {per_gb:.2f} | "
-                f"{np.median(lat_ms):.2f} ms | {np.percentile(lat_ms, 99):.2f} ms | {rate:,.0f} |"
-            )
+            (root / "weed").mkdir()
+            server = Seaweed(root / "weed")
+            client = server.client()
+            client.create_bucket(Bucket="bench")
+            for fmt, paths in files.items():
+                for p in paths:
+                    client.upload_file(p, "bench", Path(p).name)
+                urls = [f"s3://bench/{Path(p).name}" for p in paths]
+                size = sum(Path(p).stat().st_size for p in paths)
+                measure("s3", fmt, urls, size, server.storage_options(), rng)
     finally:
+        if server is not None:
+            server.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
