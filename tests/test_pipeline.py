@@ -293,26 +293,22 @@ def test_ranks_split_every_epoch_exactly_once(
         for rank in range(world):
             loader = sf.DataLoader(
                 sf.dataset(pattern), batch_size=batch_size, shuffle=shuffle, seed=3 if shuffle else None,
-                drop_last=drop_last, rank=rank, world_size=world,
+                drop_last=drop_last, pad=False, rank=rank, world_size=world,
             )
             loader.set_epoch(1)
             batches = list(loader)
             per_rank.append(ids_of(batches))
-            if fmt == "parquet":
-                assert len(loader) == len(batches)  # lengths are known per rank
+            assert len(loader) == len(batches)  # lengths are known per rank (JSONL by its index)
         everything = sorted(i for ids in per_rank for i in ids)
         assert len(set(everything)) == len(everything)  # nothing twice
-        if fmt == "parquet":
-            # Row counts known: contiguous shares, equal (drop_last) or within one row.
-            sizes_per_rank = [len(ids) for ids in per_rank]
-            if drop_last:
-                assert len(set(sizes_per_rank)) == 1
-                share = total // world
-                assert all(s == share - share % batch_size for s in sizes_per_rank)
-            else:
-                assert max(sizes_per_rank) - min(sizes_per_rank) <= 1
-                assert everything == list(range(total))
-        elif not drop_last:
+        # Row counts known: contiguous shares, equal (drop_last) or within one row.
+        sizes_per_rank = [len(ids) for ids in per_rank]
+        if drop_last:
+            assert len(set(sizes_per_rank)) == 1
+            share = total // world
+            assert all(s == share - share % batch_size for s in sizes_per_rank)
+        else:
+            assert max(sizes_per_rank) - min(sizes_per_rank) <= 1
             assert everything == list(range(total))
 
 

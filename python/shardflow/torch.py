@@ -7,6 +7,13 @@
   samples for torch to collate.
 - :class:`MapDataset` wraps a dataset with known row counts for torch samplers,
   ``DistributedSampler`` included.
+
+Several ranks each get the same number of batches (their shares are padded with the
+first rows again, as ``DistributedSampler`` pads, unless ``drop_last=True``), so a DDP
+step never waits on a rank that ran out. To resume on another number of ranks or
+workers, collect every worker's state from every rank (:func:`dataset_states` of each
+rank's ``StatefulDataLoader.state_dict()``) and pass the list to
+:meth:`IterableDataset.load_state_dict` before starting the new loader.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from torch.utils.data import get_worker_info
 
 import shardflow as sf
 
-__all__ = ["IterableDataset", "MapDataset"]
+__all__ = ["IterableDataset", "MapDataset", "dataset_states"]
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -167,13 +174,15 @@ class IterableDataset(_TorchIterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world = _rank_and_world(self.rank, self.world_size)
-        # Every (rank, worker) pair is one part of the epoch.
+        # Every (rank, worker) pair is one part of the epoch. Ranks must take the same
+        # number of steps, so their parts are padded; the workers of one rank need not.
         return sf.DataLoader(
             self.dataset,
             batch_size=self.batch_size or 256,
             shuffle=self.shuffle,
             seed=self.seed if self.shuffle else None,
             drop_last=self.drop_last,
+            pad=world > 1 and not self.drop_last,
             rank=rank * workers + worker,
             world_size=world * workers,
             num_threads=self.num_threads or (1 if info is not None else None),
@@ -193,10 +202,17 @@ class IterableDataset(_TorchIterableDataset):
             iteration = -1 - self._main_passes
         skip = 0
         if self._resume is not None:
-            state, self._resume = self._resume, None
-            loader.load_state_dict(state["loader"])
-            skip = state["samples_out"]
-            self._epoch.resume(iteration, state["loader"]["epoch"])
+            resume, self._resume = self._resume, None
+            if isinstance(resume, list):
+                # Every worker of every rank, saved at one step: the rest of that epoch,
+                # divided between this run's ranks and workers.
+                loader.load_state_dict([_delivered(p) for p in resume])
+                epoch = resume[0]["loader"]["epoch"]
+            else:
+                loader.load_state_dict(resume["loader"])
+                skip = resume["samples_out"]
+                epoch = resume["loader"]["epoch"]
+            self._epoch.resume(iteration, epoch)
         else:
             loader.set_epoch(self._epoch.claim(iteration))
         return self._pass(loader, skip)
@@ -213,9 +229,10 @@ class IterableDataset(_TorchIterableDataset):
                 self._position = {"loader": loader.state_dict(), "samples_out": 0}
                 yield batch
                 continue
+            positions = loader._batch_positions()
             for i in range(skip, batch.num_rows):
                 # Recorded before the sample leaves: a state taken after it counts it.
-                self._position = {"loader": before, "samples_out": i + 1}
+                self._position = {"loader": before, "samples_out": i + 1, "positions": positions}
                 yield batch.row(i)
             skip = 0
 
@@ -224,11 +241,41 @@ class IterableDataset(_TorchIterableDataset):
         under torch's workers); plain JSON-serialisable data."""
         return {"format": _STATE_FORMAT, "position": self._position}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The next pass in this process resumes at ``state``'s position."""
-        if state.get("format") != _STATE_FORMAT:
-            raise ValueError(f"not a shardflow.torch.IterableDataset state: {state.get('format')!r}")
-        self._resume = state["position"]
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """The next pass in this process resumes at ``state``'s position: this worker's
+        own state (as ``StatefulDataLoader`` passes it), or the list of every worker's
+        state from every rank, saved at one step (see :func:`dataset_states`), to resume
+        on another number of ranks or workers."""
+        states = state if isinstance(state, list) else [state]
+        for s in states:
+            if s.get("format") != _STATE_FORMAT:
+                raise ValueError(f"not a shardflow.torch.IterableDataset state: {s.get('format')!r}")
+            if s.get("position") is None:
+                raise ValueError("a state saved before its worker read anything cannot be resumed")
+        if isinstance(state, list):
+            self._resume = [s["position"] for s in states]
+        else:
+            self._resume = state["position"]
+
+
+def _delivered(position: dict[str, Any]) -> dict[str, Any]:
+    """A worker's loader state with the samples it handed out of its batch in progress
+    counted as delivered."""
+    loader = dict(position["loader"])
+    out = position["positions"][: position["samples_out"]] if "positions" in position else []
+    if out and loader.get("consumed") is not None:
+        loader["consumed"] = list(loader["consumed"]) + [v for p in out for v in (p, p + 1)]
+    return loader
+
+
+def dataset_states(loader_state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The :class:`IterableDataset` states inside a ``StatefulDataLoader.state_dict()``:
+    one per worker (one for ``num_workers=0``), in worker order."""
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is None:
+        return [loader_state["dataset_state"]]
+    workers = snapshot["_worker_snapshots"]
+    return [workers[f"worker_{i}"]["dataset_state"] for i in range(len(workers))]
 
 
 _STATE_FORMAT = "shardflow.torch.IterableDataset/1"

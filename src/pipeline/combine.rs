@@ -7,7 +7,7 @@ use arrow_schema::SchemaRef;
 use arrow_select::interleave::interleave_record_batch;
 
 use super::rng::Rng;
-use super::{BatchIter, Mix};
+use super::{BatchIter, Mix, Stopping};
 use crate::error::{Error, Result};
 
 /// Opens part `i`'s stream for this epoch, its batches already in the common schema.
@@ -71,11 +71,11 @@ struct Feed {
 pub struct Mixer {
     open: Open,
     feeds: Vec<Option<Feed>>,
-    /// Cumulative weights, for weighted draws; `None`: take parts in turn.
-    cumulative: Option<Vec<f64>>,
+    /// Relative weights, for weighted draws; `None`: take parts in turn.
+    weights: Option<Vec<f64>>,
     turn: usize,
     rng: Rng,
-    all_exhausted: bool,
+    stopping: Stopping,
     /// Which parts have run out at least once.
     exhausted: Vec<bool>,
     schema: SchemaRef,
@@ -84,25 +84,23 @@ pub struct Mixer {
     finished: bool,
 }
 
+/// What drawing from a part gave.
+enum Drawn {
+    Row(RecordBatch, usize),
+    /// The part has no rows left and is not drawn again: draw another.
+    Again,
+    End,
+}
+
 impl Mixer {
     pub fn new(open: Open, parts: usize, mix: &Mix, rng: Rng, schema: SchemaRef) -> Self {
-        let cumulative = mix.weights.as_ref().map(|weights| {
-            let mut sum = 0.0;
-            weights
-                .iter()
-                .map(|w| {
-                    sum += w;
-                    sum
-                })
-                .collect()
-        });
         Self {
             open,
             feeds: (0..parts).map(|_| None).collect(),
-            cumulative,
+            weights: mix.weights.clone(),
             turn: 0,
             rng,
-            all_exhausted: mix.all_exhausted,
+            stopping: mix.stopping,
             exhausted: vec![false; parts],
             schema,
             done: false,
@@ -110,26 +108,47 @@ impl Mixer {
         }
     }
 
+    /// Whether part `i` can still be drawn.
+    fn live(&self, i: usize) -> bool {
+        self.stopping != Stopping::AllWithoutReplacement || !self.exhausted[i]
+    }
+
     fn draw(&mut self) -> usize {
-        match &self.cumulative {
-            None => {
-                let part = self.turn % self.feeds.len();
+        let parts = self.feeds.len();
+        match &self.weights {
+            None => loop {
+                let part = self.turn % parts;
                 self.turn += 1;
-                part
-            }
-            Some(cumulative) => {
-                let total = cumulative.last().copied().unwrap_or(1.0);
+                if self.live(part) {
+                    return part;
+                }
+            },
+            Some(weights) => {
+                let live: Vec<f64> = (0..parts)
+                    .map(|i| if self.live(i) { weights[i] } else { 0.0 })
+                    .collect();
+                let total: f64 = live.iter().sum();
                 let x = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
-                cumulative
-                    .iter()
-                    .position(|&c| x < c)
-                    .unwrap_or(cumulative.len() - 1)
+                let mut sum = 0.0;
+                for (i, w) in live.iter().enumerate() {
+                    sum += w;
+                    if x < sum {
+                        return i;
+                    }
+                }
+                (0..parts).rev().find(|&i| live[i] > 0.0).unwrap_or(0)
             }
         }
     }
 
-    /// The next row of part `part` as (batch, row); `None` when the mixing ends.
-    fn next_row(&mut self, part: usize) -> Result<Option<(RecordBatch, usize)>> {
+    /// Whether any part can still be drawn: with weights, one of positive weight.
+    fn any_live(&self) -> bool {
+        (0..self.feeds.len())
+            .any(|i| self.live(i) && self.weights.as_ref().is_none_or(|w| w[i] > 0.0))
+    }
+
+    /// The next row of part `part`.
+    fn next_row(&mut self, part: usize) -> Result<Drawn> {
         loop {
             if self.feeds[part].is_none() {
                 self.feeds[part] = Some(Feed {
@@ -148,7 +167,7 @@ impl Mixer {
                 let row = feed.row - 1;
                 // With all_exhausted, the mixing ends on the row that completes the
                 // last part's pass (as in `datasets`): look ahead at each part's end.
-                if self.all_exhausted && feed.row == batch.num_rows() {
+                if self.stopping == Stopping::AllExhausted && feed.row == batch.num_rows() {
                     match feed.stream.next() {
                         Some(next) => {
                             feed.batch = Some(next?);
@@ -161,7 +180,7 @@ impl Mixer {
                         }
                     }
                 }
-                return Ok(Some((batch, row)));
+                return Ok(Drawn::Row(batch, row));
             }
             match feed.stream.next() {
                 Some(batch) => {
@@ -169,14 +188,27 @@ impl Mixer {
                     feed.row = 0;
                 }
                 None => {
-                    // This part ran out: stop, or (all_exhausted) start it over until every
-                    // part has run out once.
                     self.exhausted[part] = true;
                     let had_rows = feed.batch.is_some();
                     self.feeds[part] = None;
-                    if !self.all_exhausted || self.exhausted.iter().all(|&e| e) || !had_rows {
-                        return Ok(None);
-                    }
+                    return Ok(match self.stopping {
+                        Stopping::FirstExhausted => Drawn::End,
+                        // Start it over until every part has run out once.
+                        Stopping::AllExhausted => {
+                            if self.exhausted.iter().all(|&e| e) || !had_rows {
+                                Drawn::End
+                            } else {
+                                continue;
+                            }
+                        }
+                        Stopping::AllWithoutReplacement => {
+                            if self.any_live() {
+                                Drawn::Again
+                            } else {
+                                Drawn::End
+                            }
+                        }
+                    });
                 }
             }
         }
@@ -193,9 +225,14 @@ impl Iterator for Mixer {
         let mut batches: Vec<RecordBatch> = Vec::new();
         let mut picks: Vec<(usize, usize)> = Vec::with_capacity(MIX_BATCH_ROWS);
         while picks.len() < MIX_BATCH_ROWS {
+            if !self.any_live() {
+                self.done = true;
+                break;
+            }
             let part = self.draw();
             match self.next_row(part) {
-                Ok(Some((batch, row))) => {
+                Ok(Drawn::Again) => {}
+                Ok(Drawn::Row(batch, row)) => {
                     // Batches are shared (Arc'd) buffers: compare by identity.
                     let at = batches
                         .iter()
@@ -216,7 +253,7 @@ impl Iterator for Mixer {
                         break;
                     }
                 }
-                Ok(None) => {
+                Ok(Drawn::End) => {
                     self.done = true;
                     break;
                 }

@@ -3,7 +3,7 @@
 //! results are handed out strictly in unit order, then task order within a unit, so the
 //! batch sequence never depends on thread timing.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,14 +27,15 @@ enum Feed {
     Done,
 }
 
-/// A decode queued or running, or a marker kept in order with them.
+/// A decode queued or running, or a marker kept in order with them; `slice` indexes
+/// the decoder's slices.
 enum Pending {
     Task {
-        unit: usize,
+        slice: usize,
         rx: std_mpsc::Receiver<Result<Decoded>>,
     },
     Failed {
-        unit: usize,
+        slice: usize,
         error: Error,
     },
     UnitDone,
@@ -48,28 +49,47 @@ pub struct UnitSlice {
     pub skip: u64,
     /// Rows to keep after `skip`; `None` keeps the rest.
     pub take: Option<u64>,
+    /// The position (see `rows`) of the first row kept, when rows are tracked.
+    pub position: Option<u64>,
 }
 
-/// Rows of a partly read unit seen so far, to clip its batches to the slice.
-struct Window {
-    skip: u64,
-    take: Option<u64>,
+/// A slice being read: its rows seen so far, to clip its batches and number its rows.
+struct SliceState {
+    slice: UnitSlice,
     seen: u64,
+    /// Rows handed out so far.
+    kept: u64,
 }
 
-impl Window {
-    fn clip(&mut self, batch: RecordBatch) -> Option<RecordBatch> {
+impl SliceState {
+    fn clip(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         let start = self.seen;
         let end = start + batch.num_rows() as u64;
         self.seen = end;
-        let lo = self.skip.max(start);
-        let hi = self.take.map_or(end, |t| (self.skip + t).min(end));
-        (hi > lo).then(|| batch.slice((lo - start) as usize, (hi - lo) as usize))
+        let lo = self.slice.skip.max(start);
+        let hi = self
+            .slice
+            .take
+            .map_or(end, |t| (self.slice.skip + t).min(end));
+        if hi <= lo {
+            return Ok(None);
+        }
+        let batch = if lo == start && hi == end {
+            batch
+        } else {
+            batch.slice((lo - start) as usize, (hi - lo) as usize)
+        };
+        let batch = match self.slice.position {
+            Some(first) => super::rows::attach_run(batch, first + self.kept)?,
+            None => batch,
+        };
+        self.kept += hi - lo;
+        Ok(Some(batch))
     }
 }
 
 struct OpenUnit {
-    unit: usize,
+    slice: usize,
     rx: mpsc::Receiver<Feed>,
     /// Bytes the unit will fetch (its share of the in-flight budget).
     bytes: u64,
@@ -115,10 +135,9 @@ impl SourceCache {
 
 pub struct UnitDecoder {
     prepared: Arc<PreparedShards>,
-    /// Units (indices into `prepared.units`) not yet opened, in epoch order.
+    /// What to read, in epoch order; `order` holds the slices not yet opened.
+    slices: Vec<SliceState>,
     order: VecDeque<usize>,
-    /// Units read only in part, by unit.
-    windows: HashMap<usize, Window>,
     open: VecDeque<OpenUnit>,
     pending: VecDeque<Pending>,
     ready: VecDeque<RecordBatch>,
@@ -152,19 +171,13 @@ impl UnitDecoder {
             .map_err(|e| Error::Internal(format!("cannot start decode threads: {e}")))?;
         Ok(Self {
             prepared,
-            order: slices.iter().map(|s| s.unit).collect(),
-            windows: slices
-                .iter()
-                .filter(|s| s.skip > 0 || s.take.is_some())
-                .map(|s| {
-                    (
-                        s.unit,
-                        Window {
-                            skip: s.skip,
-                            take: s.take,
-                            seen: 0,
-                        },
-                    )
+            order: (0..slices.len()).collect(),
+            slices: slices
+                .into_iter()
+                .map(|slice| SliceState {
+                    slice,
+                    seen: 0,
+                    kept: 0,
                 })
                 .collect(),
             open: VecDeque::new(),
@@ -202,13 +215,13 @@ impl UnitDecoder {
             if full && !self.open.is_empty() {
                 return Ok(());
             }
-            let Some(unit) = self.order.pop_front() else {
+            let Some(slice) = self.order.pop_front() else {
                 return Ok(());
             };
             let (tx, rx) = mpsc::channel(2);
-            let bytes = self.start_fetch(unit, tx)?;
+            let bytes = self.start_fetch(self.slices[slice].slice.unit, tx)?;
             self.open_bytes += bytes;
-            self.open.push_back(OpenUnit { unit, rx, bytes });
+            self.open.push_back(OpenUnit { slice, rx, bytes });
         }
     }
 
@@ -284,7 +297,7 @@ impl UnitDecoder {
             let Some(front) = self.open.front_mut() else {
                 return Ok(());
             };
-            let unit = front.unit;
+            let slice = front.slice;
             let feed = if self.pending.is_empty() {
                 front.rx.blocking_recv()
             } else {
@@ -295,10 +308,10 @@ impl UnitDecoder {
                 }
             };
             match feed {
-                Some(Feed::Task(task)) => self.spawn_decode(unit, task),
+                Some(Feed::Task(task)) => self.spawn_decode(slice, task),
                 Some(Feed::Failed(error)) => {
                     self.close_front();
-                    self.pending.push_back(Pending::Failed { unit, error });
+                    self.pending.push_back(Pending::Failed { slice, error });
                     self.open_units()?;
                 }
                 Some(Feed::Done) => {
@@ -308,9 +321,9 @@ impl UnitDecoder {
                 }
                 None => {
                     self.close_front();
-                    let url = self.unit_url(unit).to_string();
+                    let url = self.slice_url(slice).to_string();
                     self.pending.push_back(Pending::Failed {
-                        unit,
+                        slice,
                         error: Error::Internal(format!(
                             "{url}: the reader stopped without finishing"
                         )),
@@ -322,10 +335,10 @@ impl UnitDecoder {
         Ok(())
     }
 
-    fn spawn_decode(&mut self, unit: usize, task: DecodeTask) {
+    fn spawn_decode(&mut self, slice: usize, task: DecodeTask) {
         let (tx, rx) = std_mpsc::sync_channel(1);
         let (stats, cancel) = (self.stats.clone(), self.cancel.clone());
-        let url = self.unit_url(unit).to_string();
+        let url = self.slice_url(slice).to_string();
         let format = self.prepared.format;
         self.pool.spawn(move || {
             if cancel.load(Ordering::Relaxed) {
@@ -345,10 +358,11 @@ impl UnitDecoder {
             Stats::add_time(&stats.decode_ns, start.elapsed());
             let _ = tx.send(result);
         });
-        self.pending.push_back(Pending::Task { unit, rx });
+        self.pending.push_back(Pending::Task { slice, rx });
     }
 
-    fn unit_url(&self, unit: usize) -> &str {
+    fn slice_url(&self, slice: usize) -> &str {
+        let unit = self.slices[slice].slice.unit;
         &self.prepared.shards[self.prepared.units[unit].shard].url
     }
 
@@ -381,29 +395,28 @@ impl UnitDecoder {
                         return Some(Err(error));
                     }
                 }
-                Pending::Task { unit, rx } => match rx.recv() {
+                Pending::Task { slice, rx } => match rx.recv() {
                     Ok(Ok(decoded)) => {
                         self.stats
                             .skipped_records
                             .fetch_add(decoded.skipped, Ordering::Relaxed);
                         for batch in decoded.batches {
-                            let batch = match self.windows.get_mut(&unit) {
-                                Some(window) => window.clip(batch),
-                                None => Some(batch),
-                            };
-                            self.ready.extend(batch.filter(|b| b.num_rows() > 0));
+                            match self.slices[slice].clip(batch) {
+                                Ok(batch) => self.ready.extend(batch),
+                                Err(e) => return Some(Err(e)),
+                            }
                         }
                     }
                     Ok(Err(error)) => {
                         if let Some(error) = self.unit_failed(error) {
                             return Some(Err(error));
                         }
-                        self.discard_unit(unit);
+                        self.discard_slice(slice);
                     }
                     Err(_) => {
                         return Some(Err(Error::Internal(format!(
                             "{}: a decode task vanished",
-                            self.unit_url(unit)
+                            self.slice_url(slice)
                         ))));
                     }
                 },
@@ -413,15 +426,15 @@ impl UnitDecoder {
 
     /// After a skipped decode failure, drops the rest of that unit: a unit is skipped
     /// from its first bad task on, and counted once.
-    fn discard_unit(&mut self, unit: usize) {
+    fn discard_slice(&mut self, slice: usize) {
         self.pending.retain(|p| match p {
-            Pending::Task { unit: u, .. } | Pending::Failed { unit: u, .. } => *u != unit,
+            Pending::Task { slice: s, .. } | Pending::Failed { slice: s, .. } => *s != slice,
             Pending::UnitDone => true,
         });
         if let Some(open) = self
             .open
             .iter()
-            .position(|o| o.unit == unit)
+            .position(|o| o.slice == slice)
             .and_then(|pos| self.open.remove(pos))
         {
             self.open_bytes -= open.bytes;

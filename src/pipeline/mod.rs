@@ -8,6 +8,7 @@ pub mod ops;
 mod prefetch;
 mod random_access;
 pub mod rng;
+pub mod rows;
 mod shuffle;
 pub mod stats;
 
@@ -26,6 +27,7 @@ pub use ops::{BatchTransform, BufferBounds, Columns, Indices, Op};
 pub use prefetch::{BatchReceiver, Received};
 pub use random_access::RandomAccess;
 use rng::Rng;
+pub use rows::{RowList, RowSet, Share};
 pub use stats::{Stats, StatsSnapshot};
 
 pub type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
@@ -97,9 +99,19 @@ pub struct Mix {
     /// Relative weights of the parts; `None` takes one row from each in turn.
     pub weights: Option<Vec<f64>>,
     pub seed: u64,
-    /// Stop when every part has run out once (parts that end early start over), rather
-    /// than when the first does.
-    pub all_exhausted: bool,
+    pub stopping: Stopping,
+}
+
+/// When an interleaving ends (the names are Hugging Face `datasets`').
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopping {
+    /// When the first part runs out.
+    FirstExhausted,
+    /// When every part has run out once; parts that end early start over.
+    AllExhausted,
+    /// When every part has run out; a part that ends is no longer drawn, so every row
+    /// of every part comes exactly once.
+    AllWithoutReplacement,
 }
 
 /// Where a dataset's rows come from before its own ops.
@@ -130,6 +142,20 @@ enum HeadKind {
     Units(Arc<PreparedShards>),
     Indexed(Arc<RandomAccess>),
     Combined(Arc<Combined>),
+}
+
+impl Combined {
+    /// How part `i` is read within `run`: split the same way (so every reader gets its
+    /// share of every part), its positions numbered from its first leaf, not batched.
+    fn part_run(&self, i: usize, run: &RunOptions) -> RunOptions {
+        let leaf = run.leaf + self.parts[..i].iter().map(Dataset::leaves).sum::<u64>();
+        RunOptions {
+            leaf,
+            batch_rows: None,
+            skip_rows: 0,
+            ..run.clone()
+        }
+    }
 }
 
 impl Dataset {
@@ -441,15 +467,16 @@ impl Dataset {
         !self.ops.iter().any(|op| matches!(op, Op::Transform(_)))
     }
 
-    /// Number of rows, when metadata and the ops make it known.
+    /// Number of rows, when metadata and the ops make it known (stream formats are not
+    /// indexed for it).
     pub fn num_rows(&self) -> Result<Option<u64>> {
-        self.rows_of_part(0, 1, false)
+        self.rows_of_part(Share::WHOLE, false)
     }
 
     /// Number of rows, indexing stream formats to count them where needed; `None` when
     /// a filter or flat_map decides them.
     pub fn len(&self) -> Result<Option<u64>> {
-        Ok(self.rows_from(&self.head(0, true)?, 0, 1, false))
+        self.rows_of_part(Share::WHOLE, true)
     }
 
     /// Where this epoch's rows come from (see [`Head`]). With `counted`, a stream
@@ -496,137 +523,206 @@ impl Dataset {
         })
     }
 
-    /// Rows one part of an epoch delivers after the ops, when that is known.
-    pub fn rows_of_part(&self, part: usize, parts: usize, even: bool) -> Result<Option<u64>> {
-        Ok(self.rows_from(&self.head(0, false)?, part, parts, even))
+    /// Leaves of this dataset: the datasets whose rows carry positions of their own
+    /// (one, unless its rows come from combined parts read as a stream).
+    pub fn leaves(&self) -> u64 {
+        if self.ops.iter().any(Op::needs_index) {
+            return 1;
+        }
+        match &self.origin {
+            Origin::Files(_) => 1,
+            Origin::Combined(c) => c.parts.iter().map(Dataset::leaves).sum(),
+        }
     }
 
-    fn rows_from(&self, head: &Head, part: usize, parts: usize, even: bool) -> Option<u64> {
+    /// Rows one part of an epoch delivers after the ops, when that is known.
+    pub fn rows_of_part(&self, share: Share, count_rows: bool) -> Result<Option<u64>> {
+        let run = RunOptions {
+            part: share.part,
+            parts: share.parts,
+            drop_last: share.even,
+            pad: share.pad,
+            count_rows,
+            ..RunOptions::default()
+        };
+        self.rows_of_run(&run)
+    }
+
+    /// Rows part `run.part` delivers after the ops in `run`'s epoch, when known.
+    pub fn rows_of_run(&self, run: &RunOptions) -> Result<Option<u64>> {
+        let head = self.head(run.epoch, run.count_rows)?;
         let ops = &self.ops[head.rest..];
-        let (rows, rest) = match split(head, ops) {
-            Split::Units => (head.rows.map(|t| part_len(t, part, parts, even)), 0),
-            Split::Window { rows, after } => (
-                Some(part_len(rows.end - rows.start, part, parts, even)),
-                after,
-            ),
+        let split = split(&head, ops);
+        let (rows, rest) = match &split {
             Split::Rows { after } => {
-                let global = rows_through(head.rows, &ops[..after]);
-                (global.map(|t| dealt_rows(t, part, parts, even)), after)
+                let global = rows_through(head.rows, &ops[..*after]);
+                let dealt = global.map(|t| dealt_rows(t, run.part, run.parts, run.drop_last));
+                (dealt, *after)
+            }
+            Split::Units | Split::Window { .. } => {
+                let rest = match split {
+                    Split::Window { after, .. } => after,
+                    _ => 0,
+                };
+                let rows = match &head.kind {
+                    HeadKind::Combined(c) => self.combined_rows(c, run)?,
+                    _ => self
+                        .part_rows(&head, &split, run)
+                        .map(|(rows, padding)| rows::list_len(&rows) + rows::list_len(&padding)),
+                };
+                (rows, rest)
             }
         };
-        rows_through(rows, &ops[rest..])
+        Ok(rows_through(rows, &ops[rest..]))
     }
 
-    /// The units part `part` of `parts` reads this epoch, in order: all units, permuted
-    /// when shuffling, then this part's share of the rows in `window` (all rows when
-    /// None). With row counts known, each part gets a contiguous range of the rows
-    /// (sizes differ by at most one; with `even`, all equal and the remainder dropped);
-    /// otherwise whole units are dealt round-robin.
-    fn epoch_plan(
+    /// Rows a part of a combined head reads: its share of every part's rows, when the
+    /// mixing reads them all.
+    fn combined_rows(&self, c: &Combined, run: &RunOptions) -> Result<Option<u64>> {
+        if c.mix
+            .as_ref()
+            .is_some_and(|m| m.stopping != Stopping::AllWithoutReplacement)
+        {
+            return Ok(None);
+        }
+        let mut total = 0;
+        for i in 0..c.parts.len() {
+            match c.parts[i].rows_of_run(&c.part_run(i, run))? {
+                Some(rows) => total += rows,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(total))
+    }
+
+    /// The rows of this dataset's head that part `run.part` reads this epoch, in order,
+    /// as head positions (untagged), and the padding that follows them; `None` when the
+    /// rows are not known. The epoch's rows are the window of a global take/skip, or all
+    /// of them, or (resuming on another number of parts) this leaf's rows still to read.
+    fn part_rows(
         &self,
-        prepared: &PreparedShards,
-        epoch: u64,
-        (part, parts, even): (usize, usize, bool),
-        window: Option<Range<u64>>,
-    ) -> Vec<UnitSlice> {
+        head: &Head,
+        split: &Split,
+        run: &RunOptions,
+    ) -> Option<(RowList, RowList)> {
+        let all: RowList = match (&run.remaining, split) {
+            (Some(remaining), _) => {
+                let base = rows::tag(run.leaf, 0);
+                remaining
+                    .within(base..rows::tag(run.leaf + 1, 0))
+                    .iter()
+                    .map(|r| r.start - base..r.end - base)
+                    .collect()
+            }
+            (None, Split::Window { rows, .. }) => vec![rows.clone()],
+            (None, _) => vec![0..head.rows?],
+        };
+        Some(run.share().of(&all))
+    }
+
+    /// The units in this epoch's order: permuted when a shuffle comes first.
+    fn unit_order(&self, prepared: &PreparedShards, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..prepared.units.len()).collect();
         if let Some(seed) = unit_shuffle_seed(&self.ops) {
             Rng::new(seed, epoch, 0).shuffle(&mut order);
         }
-        let whole = |unit| UnitSlice {
-            unit,
-            skip: 0,
-            take: None,
-        };
-        if parts <= 1 && window.is_none() {
-            return order.into_iter().map(whole).collect();
-        }
-        let rows: Option<Vec<u64>> = order.iter().map(|&u| prepared.units[u].rows).collect();
-        let Some(rows) = rows else {
-            return order
-                .into_iter()
-                .enumerate()
-                .filter(|(i, _)| i % parts == part)
-                .map(|(_, u)| whole(u))
-                .collect();
-        };
-        let window = window.unwrap_or(0..rows.iter().sum());
-        let (lo, hi) = part_range(window.end - window.start, part, parts, even);
-        let (start, end) = (window.start + lo, window.start + hi);
-        let mut slices = Vec::new();
-        let mut at = 0;
-        for (unit, n) in order.into_iter().zip(rows) {
-            let (lo, hi) = (at.max(start), (at + n).min(end));
-            if hi > lo {
-                let partial = lo > at || hi < at + n;
-                slices.push(UnitSlice {
-                    unit,
-                    skip: lo - at,
-                    take: partial.then_some(hi - lo),
-                });
-            }
-            at += n;
-        }
-        slices
+        order
     }
 
-    /// The head's rows for part `part` of `parts` (of `window` when given).
+    /// The head's rows for part `run.part` of `run.parts`.
     fn head_stream(
         &self,
         head: &Head,
+        split: &Split,
         run: &RunOptions,
-        (part, parts, even): (usize, usize, bool),
-        window: Option<Range<u64>>,
         stats: &Arc<Stats>,
     ) -> Result<BatchIter> {
+        let leaf = run.track.then_some(run.leaf);
         Ok(match &head.kind {
             HeadKind::Units(prepared) => {
                 stats.skipped_units.fetch_add(
                     prepared.skipped_shards,
                     std::sync::atomic::Ordering::Relaxed,
                 );
-                let slices = self.epoch_plan(prepared, run.epoch, (part, parts, even), window);
+                let order = self.unit_order(prepared, run.epoch);
+                let planned = self
+                    .part_rows(head, split, run)
+                    .and_then(|(rows, padding)| {
+                        Some((
+                            unit_slices(prepared, &order, &rows, leaf)?,
+                            unit_slices(prepared, &order, &padding, leaf)?,
+                        ))
+                    });
+                let (slices, padding) = match planned {
+                    Some(planned) => planned,
+                    // Rows unknown: whole units dealt round-robin, without positions.
+                    None => {
+                        if run.remaining.is_some() {
+                            return Err(Error::Internal(
+                                "resuming needs the rows of every unit".into(),
+                            ));
+                        }
+                        let slices = order
+                            .into_iter()
+                            .enumerate()
+                            .filter(|(i, _)| i % run.parts.max(1) == run.part)
+                            .map(|(_, unit)| UnitSlice {
+                                unit,
+                                skip: 0,
+                                take: None,
+                                position: None,
+                            })
+                            .collect();
+                        (slices, Vec::new())
+                    }
+                };
                 let source = self.files()?;
                 let io = Io {
                     storage: source.storage.clone(),
                     counters: stats.io.clone(),
                 };
-                Box::new(decode::UnitDecoder::new(
-                    prepared.clone(),
-                    slices,
-                    run.num_threads,
-                    source.options.on_error,
-                    io,
-                    stats.clone(),
-                )?)
+                let decoder = |slices| -> Result<BatchIter> {
+                    Ok(Box::new(decode::UnitDecoder::new(
+                        prepared.clone(),
+                        slices,
+                        run.num_threads,
+                        source.options.on_error,
+                        io.clone(),
+                        stats.clone(),
+                    )?))
+                };
+                let rows = decoder(slices)?;
+                if padding.is_empty() {
+                    rows
+                } else {
+                    let padding = ops::Padding::new(decoder(padding)?, stats.clone());
+                    Box::new(rows.chain(padding))
+                }
             }
             HeadKind::Indexed(access) => {
-                let window = window.unwrap_or(0..access.len());
-                let (lo, hi) = part_range(window.end - window.start, part, parts, even);
-                Box::new(random_access::IndexStream::new(
-                    access.clone(),
-                    window.start + lo..window.start + hi,
-                ))
+                let (rows, padding) = self
+                    .part_rows(head, split, run)
+                    .ok_or_else(|| Error::Internal("an indexed head knows its rows".into()))?;
+                let rows = random_access::IndexStream::new(access.clone(), rows, leaf);
+                let padding = random_access::IndexStream::new(access.clone(), padding, leaf);
+                Box::new(rows.chain(ops::Padding::new(Box::new(padding), stats.clone())))
             }
             HeadKind::Combined(c) => {
-                // Each part of the combined dataset is split the same way.
-                let part_run = RunOptions {
-                    part,
-                    parts,
-                    batch_rows: None,
-                    drop_last: false,
-                    skip_rows: 0,
-                    ..run.clone()
-                };
                 let open: combine::Open = {
-                    let (c, stats) = (c.clone(), stats.clone());
+                    let (c, stats, run) = (c.clone(), stats.clone(), run.clone());
                     Box::new(move |i| {
-                        let stream = c.parts[i].stream(&part_run, stats.clone())?;
-                        let schema = c.schema.clone();
-                        Ok(
-                            Box::new(stream.map(move |b| b.and_then(|b| conform(b, &schema))))
-                                as BatchIter,
-                        )
+                        let stream = c.parts[i].stream(&c.part_run(i, &run), stats.clone())?;
+                        let (schema, track) = (c.schema.clone(), run.track);
+                        Ok(Box::new(stream.map(move |b| {
+                            let (b, positions) = rows::detach(b?);
+                            let b = conform(b, &schema)?;
+                            // Parts must agree on the hidden column for their rows to mix.
+                            match positions {
+                                Some(positions) => rows::attach(b, positions),
+                                None if track => rows::attach_unknown(b),
+                                None => Ok(b),
+                            }
+                        })) as BatchIter)
                     })
                 };
                 match &c.mix {
@@ -635,7 +731,7 @@ impl Dataset {
                         open,
                         c.parts.len(),
                         mix,
-                        Rng::new(mix.seed, run.epoch, part as u64),
+                        Rng::new(mix.seed, run.epoch, run.part as u64),
                         c.schema.clone(),
                     )),
                 }
@@ -645,20 +741,27 @@ impl Dataset {
 
     /// Builds this epoch's stream of batches. Runs on the pipeline thread.
     pub fn stream(&self, run: &RunOptions, stats: Arc<Stats>) -> Result<BatchIter> {
-        let head = self.head(run.epoch, false)?;
+        let head = self.head(run.epoch, run.count_rows)?;
         let ops = &self.ops[head.rest..];
         let split = split(&head, ops);
-        let this_part = (run.part, run.parts, run.drop_last);
         let mut stream = match &split {
-            Split::Units => self.head_stream(&head, run, this_part, None, &stats)?,
-            // The window applies every take/skip up to `after`; the row-wise transforms
-            // among them still run below.
-            Split::Window { rows, .. } => {
-                self.head_stream(&head, run, this_part, Some(rows.clone()), &stats)?
+            Split::Rows { .. } => {
+                if run.remaining.is_some() {
+                    return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
+                }
+                // Every part reads the whole epoch up to the last take/skip, then keeps
+                // its own rows of it (so positions of the head mean nothing after).
+                let whole = RunOptions {
+                    part: 0,
+                    parts: 1,
+                    drop_last: false,
+                    pad: false,
+                    track: false,
+                    ..run.clone()
+                };
+                self.head_stream(&head, &split, &whole, &stats)?
             }
-            // Every part reads the whole epoch up to the last take/skip, then keeps its
-            // own rows of it.
-            Split::Rows { .. } => self.head_stream(&head, run, (0, 1, false), None, &stats)?,
+            Split::Units | Split::Window { .. } => self.head_stream(&head, &split, run, &stats)?,
         };
         for (i, op) in ops.iter().enumerate() {
             let stage = head.rest + i;
@@ -701,6 +804,51 @@ impl Dataset {
             stream = Box::new(Rebatch::new(stream, rows, run.drop_last));
         }
         Ok(stream)
+    }
+
+    /// Whether a part's delivered rows are always the first rows of its share, in order
+    /// (no shuffle buffer, filter or mixing after the split), so that one part's count
+    /// of rows delivered tells what every part has delivered.
+    pub fn lockstep(&self, count_rows: bool) -> Result<bool> {
+        let head = self.head(0, count_rows)?;
+        let ops = &self.ops[head.rest..];
+        Ok(!matches!(head.kind, HeadKind::Combined(_))
+            && head.rows.is_some()
+            && !matches!(split(&head, ops), Split::Rows { .. })
+            && ops.iter().all(|op| match op {
+                Op::Take(_) | Op::Skip(_) => true,
+                Op::Transform(t) => t.preserves_rows(),
+                Op::Shuffle { .. } | Op::Permute { .. } | Op::Select(_) => false,
+            }))
+    }
+
+    /// The rows (tagged positions) part `run.part` reads this epoch, padding included,
+    /// in order: what an epoch's rows are made of, for elastic resume.
+    pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
+        let head = self.head(run.epoch, run.count_rows)?;
+        let ops = &self.ops[head.rest..];
+        let split = split(&head, ops);
+        if matches!(split, Split::Rows { .. }) {
+            return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
+        }
+        if let HeadKind::Combined(c) = &head.kind {
+            let mut all = Vec::new();
+            for i in 0..c.parts.len() {
+                all.extend(c.parts[i].planned_rows(&c.part_run(i, run))?);
+            }
+            return Ok(all);
+        }
+        let (rows, padding) = self.part_rows(&head, &split, run).ok_or_else(|| {
+            Error::invalid_argument(
+                "the rows of this dataset are not known, so its epoch cannot be divided anew",
+            )
+        })?;
+        let base = rows::tag(run.leaf, 0);
+        Ok(rows
+            .into_iter()
+            .chain(padding)
+            .map(|r| base + r.start..base + r.end)
+            .collect())
     }
 
     /// Starts a background pipeline thread for one epoch.
@@ -917,25 +1065,52 @@ fn rows_through(mut rows: Option<u64>, ops: &[Op]) -> Option<u64> {
     rows
 }
 
-/// Rows `[start, end)` of `total` that part `part` of `parts` reads.
-fn part_range(total: u64, part: usize, parts: usize, even: bool) -> (u64, u64) {
-    let (part, parts) = (part as u128, parts.max(1) as u128);
-    let total = total as u128;
-    if even {
-        let each = total / parts;
-        ((part * each) as u64, ((part + 1) * each) as u64)
-    } else {
-        (
-            (part * total / parts) as u64,
-            ((part + 1) * total / parts) as u64,
-        )
+/// The slices of units (taken in `order`) that hold `rows` (head positions), in the
+/// order of `rows`, each numbered with its position under `leaf` when given; `None`
+/// when some unit's rows are not known.
+fn unit_slices(
+    prepared: &PreparedShards,
+    order: &[usize],
+    rows: &[Range<u64>],
+    leaf: Option<u64>,
+) -> Option<Vec<UnitSlice>> {
+    let mut starts = Vec::with_capacity(order.len() + 1);
+    let mut total = 0u64;
+    for &unit in order {
+        starts.push(total);
+        total += prepared.units[unit].rows?;
     }
+    starts.push(total);
+    let mut slices = Vec::new();
+    for range in rows {
+        let mut at = range.start;
+        // The first unit that ends after `at`.
+        let mut i = starts[1..].partition_point(|&end| end <= at);
+        while at < range.end && i < order.len() {
+            let (lo, hi) = (starts[i], starts[i + 1]);
+            if hi > at {
+                let end = hi.min(range.end);
+                let whole = at == lo && end == hi;
+                slices.push(UnitSlice {
+                    unit: order[i],
+                    skip: at - lo,
+                    take: (!whole).then_some(end - at),
+                    position: leaf.map(|leaf| rows::tag(leaf, at)),
+                });
+                at = end;
+            }
+            i += 1;
+        }
+    }
+    Some(slices)
 }
 
-fn part_len(total: u64, part: usize, parts: usize, even: bool) -> u64 {
-    let (start, end) = part_range(total, part, parts, even);
-    end - start
-}
+/// Why a pipeline whose take/skip come after a shuffle buffer, filter or flat_map can
+/// only resume on the world size that saved it.
+const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a shuffle buffer, \
+    filter or flat_map, so every rank reads the whole stream and keeps its own rows of it; \
+    such an epoch can resume only on the same number of ranks and workers (put take/skip \
+    first, or use a full shuffle, to resume on another)";
 
 /// Rows that part `part` keeps when rows are dealt round-robin (see [`ops::Deal`]).
 fn dealt_rows(total: u64, part: usize, parts: usize, even: bool) -> u64 {
@@ -982,6 +1157,31 @@ pub struct RunOptions {
     pub prefetch_bytes: u64,
     /// Rows of this part's stream to pass over first (resuming mid-epoch).
     pub skip_rows: u64,
+    /// With `drop_last` off, give shorter parts the first rows again so that every part
+    /// reads as many rows (see [`Share`]); padding rows are counted in the stats.
+    pub pad: bool,
+    /// Read stream formats through their record index, so that every unit's rows are
+    /// known: parts then get exact, equal shares, and rows have positions.
+    pub count_rows: bool,
+    /// Attach each row's position (see [`rows`]) as a hidden last column.
+    pub track: bool,
+    /// Resuming on another number of parts: the rows (tagged positions) still to read
+    /// this epoch, divided between the parts instead of the whole epoch.
+    pub remaining: Option<Arc<RowSet>>,
+    /// Number of this dataset's first leaf (a part of a combined dataset starts after
+    /// its predecessors' leaves).
+    pub leaf: u64,
+}
+
+impl RunOptions {
+    pub fn share(&self) -> Share {
+        Share {
+            part: self.part,
+            parts: self.parts,
+            even: self.drop_last,
+            pad: self.pad,
+        }
+    }
 }
 
 impl Default for RunOptions {
@@ -996,6 +1196,11 @@ impl Default for RunOptions {
             prefetch: 4,
             prefetch_bytes: DEFAULT_PREFETCH_BYTES,
             skip_rows: 0,
+            pad: false,
+            count_rows: false,
+            track: false,
+            remaining: None,
+            leaf: 0,
         }
     }
 }

@@ -5,16 +5,22 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use super::BatchIter;
 use super::batch::Rebatch;
 pub use super::shuffle::BufferBounds;
-use crate::error::Result;
+use super::{BatchIter, rows};
+use crate::error::{Error, Result};
 
 /// A user function over batches (filter, map, flat_map). The Python layer implements it;
 /// the core only calls it, in order, from the pipeline thread.
 pub trait BatchTransform: Send + Sync {
     /// Turns one batch into zero or more batches.
     fn apply(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>>;
+    /// For a filter: which rows of `batch` stay. The pipeline then selects them itself,
+    /// so that what rides along with the rows (their positions) stays with them.
+    fn keep(&self, batch: &RecordBatch) -> Option<Result<arrow_array::BooleanArray>> {
+        let _ = batch;
+        None
+    }
     /// Whether every input row gives exactly one output row, so lengths stay known.
     fn preserves_rows(&self) -> bool;
     /// Rows per call for functions that want fixed-size batches.
@@ -275,6 +281,34 @@ impl Iterator for Deal {
     }
 }
 
+/// Rows read again to give a part as many rows as the others (see `rows::Share`),
+/// counted in the stats as they pass.
+pub struct Padding {
+    upstream: BatchIter,
+    stats: Arc<super::Stats>,
+}
+
+impl Padding {
+    pub fn new(upstream: BatchIter, stats: Arc<super::Stats>) -> Self {
+        Self { upstream, stats }
+    }
+}
+
+impl Iterator for Padding {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.upstream.next()?;
+        if let Ok(batch) = &item {
+            self.stats.padded_rows.fetch_add(
+                batch.num_rows() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        Some(item)
+    }
+}
+
 /// Applies a user function batch by batch.
 pub struct Transformed {
     upstream: BatchIter,
@@ -308,13 +342,41 @@ impl Iterator for Transformed {
                 Ok(batch) => batch,
                 Err(e) => return Some(Err(e)),
             };
-            match self.transform.apply(batch) {
+            match self.run(batch) {
                 Ok(batches) => self
                     .out
                     .extend(batches.into_iter().filter(|b| b.num_rows() > 0)),
                 Err(e) => return Some(Err(e)),
             }
         }
+    }
+}
+
+impl Transformed {
+    /// The function sees the batch without its row positions; they are put back on rows
+    /// it keeps in place (a filter's, a per-row map's). After a function that makes or
+    /// reorders rows (flat_map, batched map) rows have no positions any more.
+    fn run(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        let (batch, positions) = rows::detach(batch);
+        let Some(positions) = positions else {
+            return self.transform.apply(batch);
+        };
+        if let Some(keep) = self.transform.keep(&batch) {
+            let keep = keep?;
+            let batch = rows::attach(batch, positions)?;
+            return Ok(vec![
+                arrow_select::filter::filter_record_batch(&batch, &keep)
+                    .map_err(|e| Error::Internal(format!("filtering rows: {e}")))?,
+            ]);
+        }
+        let mut out = self.transform.apply(batch)?;
+        if self.transform.preserves_rows()
+            && let [only] = &mut out[..]
+            && only.num_rows() == positions.len()
+        {
+            *only = rows::attach(only.clone(), positions)?;
+        }
+        Ok(out)
     }
 }
 

@@ -546,23 +546,24 @@ impl Files {
     }
 }
 
-/// Streams rows `range` of a random-access dataset in order, a chunk at a time: what
-/// `select` and a full-permutation `shuffle` read through.
+/// Streams rows of a random-access dataset in the order given, a chunk at a time: what
+/// `select` and a full-permutation `shuffle` read through. With `leaf`, each row carries
+/// its position (its index, tagged with the leaf).
 pub struct IndexStream {
     access: Arc<RandomAccess>,
-    next: u64,
-    end: u64,
+    rows: std::collections::VecDeque<std::ops::Range<u64>>,
+    leaf: Option<u64>,
 }
 
 /// Rows fetched per step of an [`IndexStream`].
 const STREAM_CHUNK_ROWS: u64 = 4096;
 
 impl IndexStream {
-    pub fn new(access: Arc<RandomAccess>, range: std::ops::Range<u64>) -> Self {
+    pub fn new(access: Arc<RandomAccess>, rows: super::rows::RowList, leaf: Option<u64>) -> Self {
         Self {
             access,
-            next: range.start,
-            end: range.end,
+            rows: rows.into_iter().filter(|r| r.start < r.end).collect(),
+            leaf,
         }
     }
 }
@@ -571,15 +572,22 @@ impl Iterator for IndexStream {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.next >= self.end {
-            return None;
+        let range = self.rows.front_mut()?;
+        let stop = (range.start + STREAM_CHUNK_ROWS).min(range.end);
+        let indices: Vec<u64> = (range.start..stop).collect();
+        range.start = stop;
+        if range.start >= range.end {
+            self.rows.pop_front();
         }
-        let stop = (self.next + STREAM_CHUNK_ROWS).min(self.end);
-        let indices: Vec<u64> = (self.next..stop).collect();
-        self.next = stop;
-        let out = self.access.rows(&indices);
+        let out = self
+            .access
+            .rows(&indices)
+            .and_then(|batch| match self.leaf {
+                Some(leaf) => super::rows::attach_run(batch, super::rows::tag(leaf, indices[0])),
+                None => Ok(batch),
+            });
         if out.is_err() {
-            self.next = self.end;
+            self.rows.clear();
         }
         Some(out)
     }

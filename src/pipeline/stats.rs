@@ -22,6 +22,8 @@ pub struct Stats {
     pub skipped_records: AtomicU64,
     /// Whole units or files skipped under `on_error="skip"`.
     pub skipped_units: AtomicU64,
+    /// Rows read a second time so that every part gets as many rows (`pad`).
+    pub padded_rows: AtomicU64,
     /// Rows the shuffle buffer held when its byte bound stopped it filling (the fewest
     /// seen; 0 while the row bound governs): the buffer size the shuffle really had.
     pub shuffle_buffer_rows: AtomicU64,
@@ -41,6 +43,7 @@ pub struct StatsSnapshot {
     pub decode_ns: u64,
     pub skipped_records: u64,
     pub skipped_units: u64,
+    pub padded_rows: u64,
     pub requests: u64,
     pub retries: u64,
     pub bytes_fetched: u64,
@@ -85,6 +88,7 @@ impl Stats {
             decode_ns: self.decode_ns.load(Relaxed),
             skipped_records: self.skipped_records.load(Relaxed),
             skipped_units: self.skipped_units.load(Relaxed),
+            padded_rows: self.padded_rows.load(Relaxed),
             requests: self.io.requests.load(Relaxed),
             retries: self.io.retries.load(Relaxed),
             bytes_fetched: self.io.bytes_fetched.load(Relaxed),

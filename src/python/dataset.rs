@@ -925,7 +925,9 @@ pub fn concatenate(py: Python<'_>, datasets: Vec<Bound<'_, PyDataset>>) -> PyRes
 /// `sf.interleave(datasets, probabilities=None, seed=None, stopping_strategy=...)`:
 /// rows drawn from the datasets by seeded weighted choice (in turn without
 /// `probabilities`), new each epoch. `"first_exhausted"` stops when one runs out;
-/// `"all_exhausted"` starts the ones that run out over until each has run out once.
+/// `"all_exhausted"` starts the ones that run out over until each has run out once;
+/// `"all_exhausted_without_replacement"` stops drawing from the ones that run out, so
+/// every row of every dataset comes exactly once.
 #[pyfunction]
 #[pyo3(signature = (datasets, probabilities=None, seed=None, stopping_strategy="first_exhausted"))]
 pub fn interleave(
@@ -935,12 +937,13 @@ pub fn interleave(
     seed: Option<u64>,
     stopping_strategy: &str,
 ) -> PyResult<PyDataset> {
-    let all_exhausted = match stopping_strategy {
-        "first_exhausted" => false,
-        "all_exhausted" => true,
+    let stopping = match stopping_strategy {
+        "first_exhausted" => pipeline::Stopping::FirstExhausted,
+        "all_exhausted" => pipeline::Stopping::AllExhausted,
+        "all_exhausted_without_replacement" => pipeline::Stopping::AllWithoutReplacement,
         other => {
             return Err(PyValueError::new_err(format!(
-                "stopping_strategy must be \"first_exhausted\" or \"all_exhausted\", not {other:?}"
+                "stopping_strategy must be \"first_exhausted\", \"all_exhausted\" or \"all_exhausted_without_replacement\", not {other:?}"
             )));
         }
     };
@@ -948,7 +951,7 @@ pub fn interleave(
     let mix = pipeline::Mix {
         weights: probabilities.clone(),
         seed,
-        all_exhausted,
+        stopping,
     };
     let parts: Vec<Dataset> = datasets.iter().map(|d| d.get().inner.clone()).collect();
     let inner = py.detach(|| Dataset::combine(parts, Some(mix)))?;

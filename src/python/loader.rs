@@ -14,10 +14,10 @@ use super::batch::PyRecordBatch;
 use super::dataset::{DEFAULT_SEED, PyDataset};
 use super::next_batch;
 use super::to_python::batch_to_numpy;
-use crate::pipeline::{self, BatchReceiver, Dataset, Op, RunOptions, Stats};
+use crate::pipeline::{self, BatchReceiver, Dataset, Op, RowSet, RunOptions, Stats, rows};
 
 /// Version tag of `state_dict()`'s layout.
-const STATE_FORMAT: &str = "shardflow.DataLoader/2";
+const STATE_FORMAT: &str = "shardflow.DataLoader/3";
 const DEFAULT_PREFETCH: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,10 +31,26 @@ enum Output {
 }
 
 /// Where the loader stands: the next batch it produces is batch `batches` of `epoch`.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Position {
     epoch: u64,
     batches: u64,
+    /// The rows (positions) delivered so far this epoch; `None` once a row without a
+    /// position has been delivered (a flat_map's, say).
+    consumed: Option<RowSet>,
+    /// The positions of the batch delivered last.
+    last_batch: Option<Arc<[u64]>>,
+}
+
+impl Position {
+    fn start(epoch: u64) -> Self {
+        Self {
+            epoch,
+            batches: 0,
+            consumed: Some(RowSet::new()),
+            last_batch: None,
+        }
+    }
 }
 
 #[pyclass(name = "DataLoader", module = "shardflow")]
@@ -51,16 +67,24 @@ pub struct PyDataLoader {
     prefetch: usize,
     prefetch_bytes: u64,
     output: Output,
+    /// With `drop_last` off: repeat rows so every rank reads as many (see `Share`).
+    pad: bool,
     /// Shared with the running iterator, which advances it batch by batch.
     position: Arc<Mutex<Position>>,
     /// Set by `load_state_dict`: the next iteration continues at `position` mid-epoch.
     resuming: bool,
+    /// After loading the states of another number of ranks: the loaded epoch, and its
+    /// rows still to read, divided between this loader's ranks.
+    remaining: Option<(u64, Arc<RowSet>)>,
     stats: Arc<Stats>,
 }
 
 impl PyDataLoader {
     fn position(&self) -> Position {
-        *self.position.lock().unwrap_or_else(|p| p.into_inner())
+        self.position
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn set_position(&self, position: Position) {
@@ -69,40 +93,156 @@ impl PyDataLoader {
 
     /// Starts the next epoch: the one the loader stands at, or the following one if
     /// that was left part-way; mid-epoch only right after `load_state_dict`.
-    fn start_epoch(&mut self, py: Python<'_>) -> PyResult<(BatchReceiver, Position)> {
+    fn start_epoch(&mut self, py: Python<'_>, track: bool) -> PyResult<(BatchReceiver, Position)> {
         let current = self.position();
         let at = if std::mem::take(&mut self.resuming) || current.batches == 0 {
             current
         } else {
-            Position {
-                epoch: current.epoch + 1,
-                batches: 0,
-            }
+            Position::start(current.epoch + 1)
         };
-        self.set_position(at);
-        let mut dataset = self.dataset.clone();
+        if self
+            .remaining
+            .as_ref()
+            .is_some_and(|(epoch, _)| *epoch != at.epoch)
+        {
+            // The resumed epoch is over; the next reads all its rows.
+            self.remaining = None;
+        }
+        self.set_position(at.clone());
+        let run = RunOptions {
+            // This part's row stream for (seed, epoch) is deterministic and batching is
+            // exact, so passing over whole batches' rows resumes where the state was taken.
+            skip_rows: at.batches * self.batch_size as u64,
+            track,
+            ..self.run_options(at.epoch)
+        };
+        let (dataset, stats) = (self.dataset(), self.stats.clone());
+        let receiver = py.detach(|| dataset.start(run, stats))?;
+        Ok((receiver, at))
+    }
+
+    /// The dataset as iterated: with the loader's shuffle added.
+    fn dataset(&self) -> Dataset {
         if self.shuffle {
-            dataset = dataset.with_op(Op::Shuffle {
+            self.dataset.with_op(Op::Shuffle {
                 seed: self.seed,
                 buffer: pipeline::DEFAULT_SHUFFLE_BUFFER,
-            });
+            })
+        } else {
+            self.dataset.clone()
         }
-        let run = RunOptions {
-            epoch: at.epoch,
+    }
+
+    /// How this loader reads epoch `epoch`, from its start.
+    fn run_options(&self, epoch: u64) -> RunOptions {
+        RunOptions {
+            epoch,
             part: self.rank,
             parts: self.world_size,
             batch_rows: Some(self.batch_size),
             drop_last: self.drop_last,
+            pad: self.pad,
             num_threads: self.num_threads,
             prefetch: self.prefetch,
             prefetch_bytes: self.prefetch_bytes,
-            // This part's row stream for (seed, epoch) is deterministic and batching is
-            // exact, so passing over whole batches' rows resumes where the state was taken.
-            skip_rows: at.batches * self.batch_size as u64,
+            // Rows counted exactly (stream formats through their index): ranks get equal
+            // shares, and every row has a position for an elastic resume.
+            count_rows: true,
+            remaining: self
+                .remaining
+                .as_ref()
+                .filter(|(e, _)| *e == epoch)
+                .map(|(_, rows)| rows.clone()),
+            ..RunOptions::default()
+        }
+    }
+
+    /// What a saved state says, checked against this loader (`same_ranks`: its rank and
+    /// world size too).
+    fn saved(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<Saved> {
+        let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
+            state
+                .get_item(key)?
+                .ok_or_else(|| PyKeyError::new_err(format!("state_dict has no {key:?}")))
         };
-        let stats = self.stats.clone();
-        let receiver = py.detach(|| dataset.start(run, stats))?;
-        Ok((receiver, at))
+        let format: String = get("format")?.extract()?;
+        if format != STATE_FORMAT {
+            return Err(PyValueError::new_err(format!(
+                "state_dict is {format:?}, this loader reads {STATE_FORMAT:?}"
+            )));
+        }
+        if let Some(differences) = self.state_mismatch(py, state, false)? {
+            return Err(PyValueError::new_err(format!(
+                "state_dict belongs to another loader: {differences}"
+            )));
+        }
+        let rows = |key: &str| -> PyResult<Option<RowSet>> {
+            let flat: Option<Vec<u64>> = get(key)?.extract()?;
+            Ok(flat.map(|f| RowSet::from_flat(&f)).transpose()?)
+        };
+        let saved = Saved {
+            epoch: get("epoch")?.extract()?,
+            batches: get("batches_done")?.extract()?,
+            rank: get("rank")?.extract()?,
+            world_size: get("world_size")?.extract()?,
+            remaining: rows("remaining")?,
+            consumed: rows("consumed")?,
+        };
+        if saved.world_size == 0 || saved.rank >= saved.world_size {
+            return Err(PyValueError::new_err(format!(
+                "state_dict has rank {} of world_size {}",
+                saved.rank, saved.world_size
+            )));
+        }
+        Ok(saved)
+    }
+
+    /// The rows of the saved epoch that the saving ranks had not delivered: every
+    /// rank's share (as the saving run divided the epoch) less what each delivered. That
+    /// is read from each rank's `consumed`, or, given one state of a run whose ranks
+    /// move in lockstep, worked out for every rank from its `batches_done`.
+    fn remaining_after(&self, saved: Vec<Saved>) -> crate::error::Result<RowSet> {
+        let world = saved[0].world_size;
+        let dataset = self.dataset();
+        let run = |part: usize| RunOptions {
+            part,
+            parts: world,
+            remaining: saved[0].remaining.clone().map(Arc::new),
+            ..self.run_options(saved[0].epoch)
+        };
+        let mut ranks: Vec<Option<&Saved>> = vec![None; world];
+        for s in &saved {
+            ranks[s.rank] = Some(s);
+        }
+        let lockstep = || dataset.lockstep(true);
+        let mut epoch_rows = RowSet::new();
+        let mut delivered = RowSet::new();
+        for (part, state) in ranks.iter().enumerate() {
+            let planned = dataset.planned_rows(&run(part))?;
+            epoch_rows.union(&RowSet::from_ranges(planned.iter().cloned()));
+            match state {
+                Some(Saved {
+                    consumed: Some(consumed),
+                    ..
+                }) => delivered.union(consumed),
+                _ if saved.len() == 1 && lockstep()? => {
+                    let done = saved[0].batches * self.batch_size as u64;
+                    delivered.union(&RowSet::from_ranges(rows::sublist(&planned, 0, done)));
+                }
+                Some(_) => {
+                    return Err(crate::error::Error::invalid_argument(
+                        "a state does not say which rows it delivered (a flat_map or batched map changed the rows, or a take/skip follows a shuffle buffer or filter), so its epoch can resume only on the world size that saved it",
+                    ));
+                }
+                None => {
+                    return Err(crate::error::Error::invalid_argument(format!(
+                        "resuming on world_size={} from world_size={world} needs every rank's state_dict() (saved at the same step) when ranks do not move in lockstep (a shuffle buffer, filter or interleave); rank {part}'s is missing",
+                        self.world_size
+                    )));
+                }
+            }
+        }
+        Ok(epoch_rows.difference(&delivered))
     }
 
     /// Why `state` cannot be resumed by this loader, if it cannot.
@@ -110,6 +250,7 @@ impl PyDataLoader {
         &self,
         py: Python<'_>,
         state: &Bound<'_, PyDict>,
+        same_ranks: bool,
     ) -> PyResult<Option<String>> {
         let fingerprint = self.dataset.fingerprint();
         let mut differences = Vec::new();
@@ -136,8 +277,11 @@ impl PyDataLoader {
             "drop_last",
             self.drop_last.into_pyobject(py)?.to_owned().into_any(),
         )?;
-        compare("rank", self.rank.into_pyobject(py)?.into_any())?;
-        compare("world_size", self.world_size.into_pyobject(py)?.into_any())?;
+        compare("pad", self.pad.into_pyobject(py)?.to_owned().into_any())?;
+        if same_ranks {
+            compare("rank", self.rank.into_pyobject(py)?.into_any())?;
+            compare("world_size", self.world_size.into_pyobject(py)?.into_any())?;
+        }
         Ok((!differences.is_empty()).then(|| differences.join(", ")))
     }
 }
@@ -145,7 +289,7 @@ impl PyDataLoader {
 #[pymethods]
 impl PyDataLoader {
     #[new]
-    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, num_threads=None, prefetch=None, prefetch_bytes=None, rank=None, world_size=None, output="numpy", pin_memory=false))]
+    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, pad=None, num_threads=None, prefetch=None, prefetch_bytes=None, rank=None, world_size=None, output="numpy", pin_memory=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -154,6 +298,7 @@ impl PyDataLoader {
         shuffle: bool,
         seed: Option<u64>,
         drop_last: bool,
+        pad: Option<bool>,
         num_threads: Option<usize>,
         prefetch: Option<usize>,
         prefetch_bytes: Option<u64>,
@@ -231,15 +376,18 @@ impl PyDataLoader {
             prefetch,
             prefetch_bytes,
             output,
-            position: Arc::default(),
+            // Several ranks must each take as many steps: pad unless told otherwise.
+            pad: pad.unwrap_or(world_size > 1) && !drop_last,
+            position: Arc::new(Mutex::new(Position::start(0))),
             resuming: false,
+            remaining: None,
             stats: Arc::default(),
         })
     }
 
     /// Iterates one epoch; the next iteration runs the following epoch.
     fn __iter__(&mut self, py: Python<'_>) -> PyResult<BatchIterator> {
-        let (receiver, at) = self.start_epoch(py)?;
+        let (receiver, at) = self.start_epoch(py, true)?;
         Ok(BatchIterator {
             receiver: Some(receiver),
             output: self.output,
@@ -256,7 +404,8 @@ impl PyDataLoader {
             return;
         }
         self.resuming = false;
-        self.set_position(Position { epoch, batches: 0 });
+        self.remaining = None;
+        self.set_position(Position::start(epoch));
     }
 
     #[getter]
@@ -269,16 +418,12 @@ impl PyDataLoader {
         self.batch_size
     }
 
-    /// Batches per epoch, where the dataset's length is known.
+    /// Batches this rank reads in the coming epoch, where the dataset's length is known.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        let rows = py
-            .detach(|| {
-                self.dataset
-                    .rows_of_part(self.rank, self.world_size, self.drop_last)
-            })?
-            .ok_or_else(|| {
-                PyTypeError::new_err("the number of batches is not known without reading the data")
-            })? as usize;
+        let (dataset, run) = (self.dataset(), self.run_options(self.position().epoch));
+        let rows = py.detach(|| dataset.rows_of_run(&run))?.ok_or_else(|| {
+            PyTypeError::new_err("the number of batches is not known without reading the data")
+        })? as usize;
         Ok(if self.drop_last {
             rows / self.batch_size
         } else {
@@ -288,7 +433,9 @@ impl PyDataLoader {
 
     /// Where the loader stands, as plain JSON-serialisable data, with what it belongs
     /// to: the dataset's fingerprint (shards with sizes/ETags, format, options, ops and
-    /// seeds), the rank and the batching.
+    /// seeds), the rank and the batching. `consumed` lists the rows (positions) this
+    /// rank has delivered in the epoch, as flat `[start, end)` pairs, and `remaining`
+    /// the rows the epoch was divided from after a resume on another world size.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let at = self.position();
         let fingerprint = self.dataset.fingerprint();
@@ -301,37 +448,98 @@ impl PyDataLoader {
         state.set_item("shuffle", self.shuffle)?;
         state.set_item("seed", self.seed)?;
         state.set_item("drop_last", self.drop_last)?;
+        state.set_item("pad", self.pad)?;
         state.set_item("rank", self.rank)?;
         state.set_item("world_size", self.world_size)?;
+        let remaining = self
+            .remaining
+            .as_ref()
+            .filter(|(epoch, _)| *epoch == at.epoch)
+            .map(|(_, rows)| rows.to_flat());
+        state.set_item("remaining", remaining)?;
+        state.set_item("consumed", at.consumed.map(|c| c.to_flat()))?;
         Ok(state)
     }
 
-    /// Resumes from `state_dict()`: the next iteration yields exactly the batches that
-    /// were still to come. A state of another dataset, rank or batching is refused.
-    fn load_state_dict(&mut self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
-        let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
-            state
-                .get_item(key)?
-                .ok_or_else(|| PyKeyError::new_err(format!("state_dict has no {key:?}")))
+    /// Resumes from `state_dict()`. Given this rank's own state (or the list of every
+    /// rank's, saved at the same step, on the same world size), the next iteration
+    /// yields exactly the batches that were still to come. Given the states of another
+    /// world size, the rows the saving ranks had not yet delivered are divided anew
+    /// between this loader's ranks: the rest of the epoch comes exactly once across
+    /// them. A single state is enough for that when every rank's progress follows from
+    /// it (no shuffle buffer, filter or mixing); otherwise pass every rank's. A state of
+    /// another dataset or batching is refused.
+    fn load_state_dict(&mut self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let states: Vec<Bound<'_, PyDict>> = match state.cast::<PyDict>() {
+            Ok(one) => vec![one.clone()],
+            Err(_) => state
+                .try_iter()
+                .and_then(|items| {
+                    items
+                        .map(|item| Ok(item?.cast_into::<PyDict>()?))
+                        .collect::<PyResult<Vec<_>>>()
+                })
+                .map_err(|_| {
+                    PyTypeError::new_err(
+                        "load_state_dict takes a state_dict() or a list of every rank's",
+                    )
+                })?,
         };
-        let format: String = get("format")?.extract()?;
-        if format != STATE_FORMAT {
-            return Err(PyValueError::new_err(format!(
-                "state_dict is {format:?}, this loader reads {STATE_FORMAT:?}"
-            )));
+        let Some(first) = states.first() else {
+            return Err(PyValueError::new_err("load_state_dict got no states"));
+        };
+        let saved: Vec<Saved> = states
+            .iter()
+            .map(|s| self.saved(py, s))
+            .collect::<PyResult<_>>()?;
+        let world = saved[0].world_size;
+        for (s, other) in saved.iter().zip(&states).skip(1) {
+            if (s.epoch, s.batches, s.world_size, &s.remaining)
+                != (saved[0].epoch, saved[0].batches, world, &saved[0].remaining)
+            {
+                return Err(PyValueError::new_err(format!(
+                    "the states were not saved at the same step of one run: {} and {}",
+                    first.repr()?,
+                    other.repr()?
+                )));
+            }
         }
-        if let Some(differences) = self.state_mismatch(py, state)? {
-            return Err(PyValueError::new_err(format!(
-                "state_dict belongs to another loader: {differences}"
-            )));
+        self.seed = first
+            .get_item("seed")?
+            .ok_or_else(|| PyKeyError::new_err("state_dict has no \"seed\""))?
+            .extract()?;
+        if world == self.world_size {
+            // The same split: replay this rank's own stream to where it stood.
+            let own = saved
+                .into_iter()
+                .find(|s| s.rank == self.rank)
+                .ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "no state of rank {} among the states given",
+                        self.rank
+                    ))
+                })?;
+            self.remaining = own.remaining.map(|rows| (own.epoch, Arc::new(rows)));
+            self.set_position(Position {
+                epoch: own.epoch,
+                batches: own.batches,
+                consumed: own.consumed,
+                last_batch: None,
+            });
+        } else {
+            let epoch = saved[0].epoch;
+            let remaining = py.detach(|| self.remaining_after(saved))?;
+            self.remaining = Some((epoch, Arc::new(remaining)));
+            self.set_position(Position::start(epoch));
         }
-        self.seed = get("seed")?.extract()?;
-        self.set_position(Position {
-            epoch: get("epoch")?.extract()?,
-            batches: get("batches_done")?.extract()?,
-        });
         self.resuming = true;
         Ok(())
+    }
+
+    /// The positions of the rows of the batch delivered last (`None` when rows carry
+    /// none): what the torch adapter records of a batch it hands out sample by sample.
+    fn _batch_positions(&self) -> Option<Vec<u64>> {
+        self.position().last_batch.map(|p| p.to_vec())
     }
 
     /// Counters since the loader was made: rows, batches, bytes read, files opened,
@@ -348,6 +556,7 @@ impl PyDataLoader {
         d.set_item("decode_seconds", s.decode_ns as f64 / 1e9)?;
         d.set_item("skipped_records", s.skipped_records)?;
         d.set_item("skipped_units", s.skipped_units)?;
+        d.set_item("padded_rows", s.padded_rows)?;
         d.set_item("requests", s.requests)?;
         d.set_item("retries", s.retries)?;
         d.set_item("bytes_fetched", s.bytes_fetched)?;
@@ -378,11 +587,8 @@ impl PyDataLoader {
     ) -> PyResult<Bound<'py, PyCapsule>> {
         // The protocol lets a producer ignore the request; consumers cast.
         let _ = requested_schema;
-        let (receiver, at) = self.start_epoch(py)?;
-        self.set_position(Position {
-            epoch: at.epoch + 1,
-            batches: 0,
-        });
+        let (receiver, at) = self.start_epoch(py, false)?;
+        self.set_position(Position::start(at.epoch + 1));
         let fallback = if self.dataset.keeps_source_schema() {
             Some(py.detach(|| self.dataset.source_schema())?)
         } else {
@@ -393,10 +599,11 @@ impl PyDataLoader {
 
     fn __repr__(&self) -> String {
         format!(
-            "shardflow.DataLoader(batch_size={}, shuffle={}, drop_last={}, rank={}, world_size={}, num_threads={}, prefetch={}, epoch={})",
+            "shardflow.DataLoader(batch_size={}, shuffle={}, drop_last={}, pad={}, rank={}, world_size={}, num_threads={}, prefetch={}, epoch={})",
             self.batch_size,
             self.shuffle,
             self.drop_last,
+            self.pad,
             self.rank,
             self.world_size,
             self.num_threads,
@@ -404,6 +611,17 @@ impl PyDataLoader {
             self.position().epoch
         )
     }
+}
+
+/// What a saved state says about where its rank stood.
+#[derive(Debug, Clone)]
+struct Saved {
+    epoch: u64,
+    batches: u64,
+    rank: usize,
+    world_size: usize,
+    remaining: Option<RowSet>,
+    consumed: Option<RowSet>,
 }
 
 /// Yields the batches of one epoch.
@@ -498,18 +716,28 @@ impl BatchIterator {
         let mut position = self.position.lock().unwrap_or_else(|p| p.into_inner());
         match batch {
             Some(batch) => {
+                let (batch, positions) = rows::detach(batch);
                 if position.epoch == self.epoch {
                     position.batches += 1;
+                    match positions {
+                        Some(positions) if !positions.values().contains(&rows::UNKNOWN) => {
+                            if let Some(consumed) = position.consumed.as_mut() {
+                                consumed.insert_all(positions.values());
+                            }
+                            position.last_batch = Some(positions.values().to_vec().into());
+                        }
+                        _ => {
+                            position.consumed = None;
+                            position.last_batch = None;
+                        }
+                    }
                 }
                 drop(position);
                 Ok(Some(to_output(py, batch, self.output)?))
             }
             None => {
                 if position.epoch == self.epoch {
-                    *position = Position {
-                        epoch: self.epoch + 1,
-                        batches: 0,
-                    };
+                    *position = Position::start(self.epoch + 1);
                 }
                 self.receiver = None;
                 Ok(None)

@@ -185,17 +185,26 @@ fn with_gil<T>(f: impl FnOnce(Python<'_>) -> PyResult<T>) -> Result<T> {
     })
 }
 
+impl PyTransform {
+    /// The filter's verdict on each row of `batch`.
+    fn mask(&self, py: Python<'_>, batch: &RecordBatch) -> PyResult<BooleanArray> {
+        let func = self.func.bind(py);
+        let keep = batch_to_rows(py, batch)?
+            .into_iter()
+            .map(|row| func.call1((row,))?.is_truthy())
+            .collect::<PyResult<Vec<bool>>>()?;
+        Ok(BooleanArray::from(keep))
+    }
+}
+
 impl BatchTransform for PyTransform {
     fn apply(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
         with_gil(|py| {
             let func = self.func.bind(py);
             let out = match self.kind {
                 Kind::Filter => {
-                    let keep = batch_to_rows(py, &batch)?
-                        .into_iter()
-                        .map(|row| func.call1((row,))?.is_truthy())
-                        .collect::<PyResult<Vec<bool>>>()?;
-                    filter_record_batch(&batch, &BooleanArray::from(keep))
+                    let keep = self.mask(py, &batch)?;
+                    filter_record_batch(&batch, &keep)
                         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?
                 }
                 Kind::Map => {
@@ -224,6 +233,10 @@ impl BatchTransform for PyTransform {
             Kind::Filter => Ok(vec![out]),
             _ => Ok(vec![self.conform(out)?]),
         })
+    }
+
+    fn keep(&self, batch: &RecordBatch) -> Option<Result<BooleanArray>> {
+        matches!(self.kind, Kind::Filter).then(|| with_gil(|py| self.mask(py, batch)))
     }
 
     fn preserves_rows(&self) -> bool {

@@ -1,0 +1,421 @@
+//! Row positions: where each row stands in an epoch's order, independent of how many
+//! parts (ranks x workers) read it. They let a loader say exactly which rows it has
+//! delivered, so an epoch can be resumed on another number of parts (elastic resume).
+//!
+//! A position is a row's index in its *leaf*'s epoch sequence (the units in epoch
+//! order, or the rows of an indexed head), tagged with the leaf's number in the top
+//! bits: a `concatenate` or `interleave` of several datasets has one leaf per part.
+//! Positions travel with the rows as a hidden last column from the head of the pipeline
+//! to the loader, which strips it before the user sees a batch.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt64Array};
+use arrow_schema::{DataType, Field, Schema};
+
+use crate::error::{Error, Result};
+
+/// The hidden column that carries positions through the pipeline.
+pub const POSITION_COLUMN: &str = "__shardflow_position__";
+
+/// Bits of a position that number the row within its leaf; the rest number the leaf.
+pub const LEAF_SHIFT: u32 = 48;
+
+pub fn tag(leaf: u64, row: u64) -> u64 {
+    (leaf << LEAF_SHIFT) | row
+}
+
+/// `batch` with `positions` as its last (hidden) column.
+pub fn attach(batch: RecordBatch, positions: UInt64Array) -> Result<RecordBatch> {
+    let schema = batch.schema();
+    let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(
+        POSITION_COLUMN,
+        DataType::UInt64,
+        false,
+    )));
+    let mut columns = batch.columns().to_vec();
+    columns.push(Arc::new(positions) as ArrayRef);
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(
+        Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
+        columns,
+        &options,
+    )
+    .map_err(|e| Error::Internal(format!("attaching row positions: {e}")))
+}
+
+/// The position of a row whose place is not known (it was made by a flat_map in one
+/// part of a combined dataset, say): a loader that sees one cannot resume elastically.
+pub const UNKNOWN: u64 = u64::MAX;
+
+/// `batch` with every row's position unknown.
+pub fn attach_unknown(batch: RecordBatch) -> Result<RecordBatch> {
+    let rows = batch.num_rows();
+    attach(batch, UInt64Array::from_value(UNKNOWN, rows))
+}
+
+/// Positions `start..start + rows` attached to `batch`.
+pub fn attach_run(batch: RecordBatch, start: u64) -> Result<RecordBatch> {
+    let rows = batch.num_rows() as u64;
+    attach(batch, UInt64Array::from_iter_values(start..start + rows))
+}
+
+/// `batch` without its positions, and the positions if it had them.
+pub fn detach(batch: RecordBatch) -> (RecordBatch, Option<UInt64Array>) {
+    let schema = batch.schema();
+    let last = schema.fields().len().wrapping_sub(1);
+    match schema.fields().last() {
+        Some(field) if field.name() == POSITION_COLUMN => {
+            let positions = batch
+                .column(last)
+                .as_any()
+                .downcast_ref::<UInt64Array>()
+                .cloned();
+            let mut batch = batch;
+            batch.remove_column(last);
+            (batch, positions)
+        }
+        _ => (batch, None),
+    }
+}
+
+/// Applies `f` to `batch`'s visible columns and puts the positions back on its output.
+pub fn around(
+    batch: RecordBatch,
+    f: impl FnOnce(RecordBatch) -> Result<RecordBatch>,
+) -> Result<RecordBatch> {
+    match detach(batch) {
+        (batch, Some(positions)) => attach(f(batch)?, positions),
+        (batch, None) => f(batch),
+    }
+}
+
+/// A set of positions as sorted, disjoint, non-adjacent half-open ranges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RowSet {
+    /// start -> end
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl RowSet {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn from_ranges(ranges: impl IntoIterator<Item = Range<u64>>) -> Self {
+        let mut set = Self::new();
+        for r in ranges {
+            set.insert(r);
+        }
+        set
+    }
+
+    pub fn insert(&mut self, range: Range<u64>) {
+        if range.start >= range.end {
+            return;
+        }
+        let (mut start, mut end) = (range.start, range.end);
+        // Merge with a range that starts at or before `start` and reaches it.
+        if let Some((&s, &e)) = self.ranges.range(..=start).next_back()
+            && e >= start
+        {
+            start = s;
+            end = end.max(e);
+            self.ranges.remove(&s);
+        }
+        // Absorb every range that starts inside [start, end].
+        while let Some((&s, &e)) = self.ranges.range(start..=end).next() {
+            end = end.max(e);
+            self.ranges.remove(&s);
+        }
+        self.ranges.insert(start, end);
+    }
+
+    /// Adds each position of `positions` (runs of consecutive ones at a time).
+    pub fn insert_all(&mut self, positions: &[u64]) {
+        let mut i = 0;
+        while i < positions.len() {
+            let start = positions[i];
+            let mut end = start + 1;
+            i += 1;
+            while i < positions.len() && positions[i] == end {
+                end += 1;
+                i += 1;
+            }
+            self.insert(start..end);
+        }
+    }
+
+    pub fn contains(&self, position: u64) -> bool {
+        self.ranges
+            .range(..=position)
+            .next_back()
+            .is_some_and(|(_, &e)| position < e)
+    }
+
+    pub fn len(&self) -> u64 {
+        self.ranges.iter().map(|(s, e)| e - s).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    pub fn union(&mut self, other: &RowSet) {
+        for r in other.iter() {
+            self.insert(r);
+        }
+    }
+
+    /// The positions of `self` that are not in `other`.
+    pub fn difference(&self, other: &RowSet) -> RowSet {
+        let mut out = RowSet::new();
+        for r in self.iter() {
+            let mut at = r.start;
+            for (&s, &e) in other.ranges.range(..r.end) {
+                if e <= at {
+                    continue;
+                }
+                if s > at {
+                    out.insert(at..s.min(r.end));
+                }
+                at = at.max(e);
+                if at >= r.end {
+                    break;
+                }
+            }
+            if at < r.end {
+                out.insert(at..r.end);
+            }
+        }
+        out
+    }
+
+    /// The positions within `bounds`.
+    pub fn within(&self, bounds: Range<u64>) -> RowSet {
+        RowSet::from_ranges(
+            self.iter()
+                .map(|r| r.start.max(bounds.start)..r.end.min(bounds.end))
+                .filter(|r| r.start < r.end),
+        )
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Range<u64>> + '_ {
+        self.ranges.iter().map(|(&s, &e)| s..e)
+    }
+
+    /// `[start0, end0, start1, end1, ...]`: the form a state dict carries.
+    pub fn to_flat(&self) -> Vec<u64> {
+        self.iter().flat_map(|r| [r.start, r.end]).collect()
+    }
+
+    pub fn from_flat(flat: &[u64]) -> Result<RowSet> {
+        if flat.len() % 2 != 0 || flat.chunks(2).any(|p| p[0] > p[1]) {
+            return Err(Error::invalid_argument(
+                "a row set in a state is a flat list of [start, end) pairs",
+            ));
+        }
+        Ok(RowSet::from_ranges(flat.chunks(2).map(|p| p[0]..p[1])))
+    }
+}
+
+/// Rows in a reading order: ranges read one after another.
+pub type RowList = Vec<Range<u64>>;
+
+pub fn list_len(list: &[Range<u64>]) -> u64 {
+    list.iter().map(|r| r.end - r.start).sum()
+}
+
+/// Rows `[from, to)` of `list`, counted in its order.
+pub fn sublist(list: &[Range<u64>], from: u64, to: u64) -> RowList {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for r in list {
+        let n = r.end - r.start;
+        let (lo, hi) = (from.max(at), to.min(at + n));
+        if hi > lo {
+            out.push(r.start + (lo - at)..r.start + (hi - at));
+        }
+        at += n;
+        if at >= to {
+            break;
+        }
+    }
+    out
+}
+
+/// How an epoch's rows are dealt to its parts: part `part` of `parts` gets a
+/// contiguous share of the rows in order. Shares differ by at most one row; `even`
+/// makes them equal by leaving out the remainder, `pad` by repeating the first rows
+/// in the shorter ones (as `DistributedSampler(drop_last=False)` does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub part: usize,
+    pub parts: usize,
+    pub even: bool,
+    pub pad: bool,
+}
+
+impl Share {
+    pub const WHOLE: Share = Share {
+        part: 0,
+        parts: 1,
+        even: false,
+        pad: false,
+    };
+
+    /// Rows `[start, end)` of `total` that this part reads (before any padding).
+    pub fn range(&self, total: u64) -> (u64, u64) {
+        let (part, parts, total) = (self.part as u128, self.parts.max(1) as u128, total as u128);
+        if self.even {
+            let each = total / parts;
+            ((part * each) as u64, ((part + 1) * each) as u64)
+        } else {
+            (
+                (part * total / parts) as u64,
+                ((part + 1) * total / parts) as u64,
+            )
+        }
+    }
+
+    /// This part's rows of `list`: its share, then (with `pad`) the first rows of the
+    /// list again until it has as many as the largest share. The second element is the
+    /// padding.
+    pub fn of(&self, list: &[Range<u64>]) -> (RowList, RowList) {
+        let total = list_len(list);
+        let (start, end) = self.range(total);
+        let share = sublist(list, start, end);
+        let mut padding = Vec::new();
+        if self.pad && !self.even && total > 0 {
+            let largest = total.div_ceil(self.parts.max(1) as u64);
+            let mut missing = largest - (end - start);
+            // A dataset smaller than the number of parts wraps around more than once.
+            while missing > 0 {
+                let n = missing.min(total);
+                padding.extend(sublist(list, 0, n));
+                missing -= n;
+            }
+        }
+        (share, padding)
+    }
+
+    /// Rows this part reads, padding included.
+    pub fn len(&self, total: u64) -> u64 {
+        let (start, end) = self.range(total);
+        if self.pad && !self.even && total > 0 {
+            total.div_ceil(self.parts.max(1) as u64)
+        } else {
+            end - start
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_merges_overlapping_and_adjacent_ranges() {
+        let mut s = RowSet::new();
+        s.insert(10..20);
+        s.insert(30..40);
+        s.insert(20..25);
+        s.insert(5..8);
+        assert_eq!(s.to_flat(), vec![5, 8, 10, 25, 30, 40]);
+        s.insert(7..31);
+        assert_eq!(s.to_flat(), vec![5, 40]);
+        s.insert_all(&[50, 51, 52, 60, 41, 40]);
+        assert_eq!(s.to_flat(), vec![5, 42, 50, 53, 60, 61]);
+        assert!(s.contains(41) && !s.contains(42) && s.contains(60) && !s.contains(4));
+        assert_eq!(s.len(), 37 + 3 + 1);
+    }
+
+    #[test]
+    fn difference_and_within() {
+        let all = RowSet::from_ranges([0..100, 200..300]);
+        let used = RowSet::from_ranges([0..10, 50..60, 95..210, 250..251]);
+        let left = all.difference(&used);
+        assert_eq!(left.to_flat(), vec![10, 50, 60, 95, 210, 250, 251, 300]);
+        assert_eq!(
+            left.len() + all.within(0..1000).difference(&left).len(),
+            all.len()
+        );
+        assert_eq!(
+            left.within(40..220).to_flat(),
+            vec![40, 50, 60, 95, 210, 220]
+        );
+        assert_eq!(RowSet::from_flat(&left.to_flat()).unwrap(), left);
+        assert!(RowSet::from_flat(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn shares_cover_every_row_once_or_pad_evenly() {
+        let list: RowList = vec![100..110, 0..3, 50..55];
+        for parts in 1..8 {
+            let mut seen = Vec::new();
+            for part in 0..parts {
+                let share = Share {
+                    part,
+                    parts,
+                    even: false,
+                    pad: false,
+                };
+                let (rows, pad) = share.of(&list);
+                assert!(pad.is_empty());
+                seen.extend(rows.into_iter().flatten());
+            }
+            let expected: Vec<u64> = list.iter().cloned().flatten().collect();
+            assert_eq!(seen, expected, "{parts} parts");
+            for part in 0..parts {
+                let padded = Share {
+                    part,
+                    parts,
+                    even: false,
+                    pad: true,
+                };
+                let (rows, pad) = padded.of(&list);
+                assert_eq!(
+                    list_len(&rows) + list_len(&pad),
+                    18u64.div_ceil(parts as u64)
+                );
+                assert_eq!(list_len(&rows) + list_len(&pad), padded.len(18));
+                let even = Share {
+                    even: true,
+                    ..padded
+                };
+                assert_eq!(list_len(&even.of(&list).0), 18 / parts as u64);
+            }
+        }
+        // More parts than rows: padding wraps around.
+        let tiny: RowList = vec![0..2];
+        let share = Share {
+            part: 4,
+            parts: 5,
+            even: false,
+            pad: true,
+        };
+        let (rows, pad) = share.of(&tiny);
+        assert_eq!(list_len(&rows) + list_len(&pad), 1);
+    }
+
+    #[test]
+    fn positions_ride_along_and_come_off() {
+        let batch = RecordBatch::try_from_iter([(
+            "x",
+            Arc::new(arrow_array::Int32Array::from(vec![1, 2, 3])) as ArrayRef,
+        )])
+        .unwrap();
+        let tagged = attach_run(batch.clone(), tag(2, 7)).unwrap();
+        assert_eq!(tagged.num_columns(), 2);
+        let (plain, positions) = detach(tagged);
+        assert_eq!(plain, batch);
+        assert_eq!(
+            positions.unwrap().values().to_vec(),
+            vec![tag(2, 7), tag(2, 8), tag(2, 9)]
+        );
+        assert!(detach(batch).1.is_none());
+    }
+}
