@@ -28,11 +28,10 @@ from test_fork_remote import write_tfrecord
 FORMATS = ["parquet", "arrow", "jsonl", "jsonl.gz", "csv", "tfrecord", "webdataset", "webdataset.gz", "npy", "npz", "raw"]
 
 
-def write_shards(root: Path, fmt: str, sizes: list[int]) -> list[str]:
-    """Shards of consecutive ids, written by each format's reference writer."""
+def write_shards(root: Path, fmt: str, sizes: list[int], start: int = 0) -> list[str]:
+    """Shards of consecutive ids from `start`, written by each format's reference writer."""
     root.mkdir(parents=True, exist_ok=True)
     paths = []
-    start = 0
     for k, n in enumerate(sizes):
         ids = list(range(start, start + n))
         start += n

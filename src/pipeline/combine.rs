@@ -270,7 +270,7 @@ impl Iterator for Mixer {
         Some(
             interleave_record_batch(&sources, &picks)
                 .map_err(|e| Error::Internal(format!("interleaving rows: {e}")))
-                .and_then(|b| super::conform(b, &self.schema)),
+                .and_then(|b| super::rows::around(b, |b| super::conform(b, &self.schema))),
         )
     }
 }
