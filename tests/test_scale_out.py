@@ -257,3 +257,79 @@ def test_flat_map_epochs_resume_only_on_the_same_world_size(tmp_path: Path) -> N
     again = sf.DataLoader(ds, batch_size=4, rank=1, world_size=2, pad=False)
     again.load_state_dict(states)
     assert sum(len(b["id"]) for b in again) == 30 - 4
+
+
+# ---- samplers ------------------------------------------------------------------------
+
+
+def test_weighted_sample_with_replacement_follows_a_weight_column(tmp_path: Path) -> None:
+    rows = [{"id": i, "w": [0.0, 1.0, 3.0, 6.0][i % 4]} for i in range(400)]
+    (tmp_path / "w.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ds = sf.dataset(str(tmp_path / "w.jsonl")).weighted_sample("w", num_samples=20_000, seed=4)
+    assert len(ds) == 20_000
+    loader = sf.DataLoader(ds, batch_size=1000)
+    drawn = np.concatenate([b["w"] for b in loader])
+    share = {w: float(np.mean(drawn == w)) for w in (0.0, 1.0, 3.0, 6.0)}
+    assert share[0.0] == 0.0
+    for w in (1.0, 3.0, 6.0):
+        assert abs(share[w] - w / 10) < 0.02, share
+    # The same (seed, epoch), the same draws; another epoch, other draws.
+    again = np.concatenate([b["id"] for b in sf.DataLoader(ds, batch_size=1000)])
+    first = np.concatenate([b["id"] for b in sf.DataLoader(ds, batch_size=1000)])
+    assert np.array_equal(again, first)
+    epochs = sf.DataLoader(ds, batch_size=1000)
+    one, two = ([i for b in epochs for i in b["id"].tolist()] for _ in range(2))
+    assert one != two
+    with pytest.raises(sf.SchemaError, match="nope"):
+        len(sf.dataset(str(tmp_path / "w.jsonl")).weighted_sample("nope"))
+
+
+def test_weighted_sample_without_replacement_and_per_row_weights(tmp_path: Path) -> None:
+    ds = sf.dataset(write_shards(tmp_path, "parquet", [60, 40]))
+    weights = np.where(np.arange(100) < 10, 50.0, 1.0)
+    weights[-5:] = 0.0
+    sample = ds.weighted_sample(weights, num_samples=95, replacement=False, seed=1)
+    ids = [r["id"] for r in sample]
+    assert sorted(ids) == list(range(95))  # distinct, the zero-weight rows never drawn
+    assert sum(i < 10 for i in ids[:10]) >= 7  # the heavy rows come early
+    with pytest.raises(ValueError, match="only 95 have a weight above zero"):
+        ds.weighted_sample(weights, num_samples=96, replacement=False)
+    with pytest.raises(ValueError, match="3 weights for 100 rows"):
+        ds.weighted_sample([1.0, 2.0, 3.0])
+    # Pickled by recipe, with the same draws.
+    import pickle
+
+    assert [r["id"] for r in pickle.loads(pickle.dumps(sample))] == ids
+
+
+def test_source_weights_mix_a_concatenation(tmp_path: Path) -> None:
+    small = sf.dataset(write_shards(tmp_path / "a", "jsonl", [100]))
+    large = sf.dataset(write_shards(tmp_path / "b", "parquet", [10_000], start=1000))
+    mixed = sf.concatenate([small, large]).weighted_sample(source_weights=[0.5, 0.5], num_samples=10_000, seed=2)
+    ids = np.concatenate([b["id"] for b in sf.DataLoader(mixed, batch_size=500)])
+    assert abs(float(np.mean(ids < 1000)) - 0.5) < 0.03
+    with pytest.raises(ValueError, match="source_weights"):
+        small.weighted_sample(source_weights=[1.0])
+
+
+def test_weighted_sample_splits_between_ranks_and_distributed_samplers(tmp_path: Path) -> None:
+    import torch.utils.data as tud
+
+    from shardflow.torch import MapDataset
+
+    ds = sf.dataset(write_shards(tmp_path, "tfrecord", [50, 70]), format="tfrecord", format_options={"raw": True})
+    sample = ds.weighted_sample(np.linspace(0.1, 1.0, 120), num_samples=90, seed=5)
+    whole = [json.loads(bytes(r["record"]))["id"] for r in sample]
+    # The loader's ranks split the drawn rows exactly.
+    per_rank = [[json.loads(bytes(x))["id"] for b in sf.DataLoader(sample, batch_size=7, rank=r, world_size=3) for x in b["record"]] for r in range(3)]
+    assert sum(per_rank, []) == whole
+    # torch's DistributedSampler over MapDataset reads the same drawn rows, once each.
+    mapped = MapDataset(sample)
+    seen = []
+    for rank in range(3):
+        sampler = tud.DistributedSampler(mapped, num_replicas=3, rank=rank, shuffle=False)
+        loader = tud.DataLoader(mapped, batch_size=8, sampler=sampler, collate_fn=lambda rows: rows)
+        seen += [json.loads(bytes(r["record"]))["id"] for batch in loader for r in batch]
+    assert sorted(seen) == sorted(whole)
+    mapped.set_epoch(1)
+    assert [json.loads(bytes(mapped[i]["record"]))["id"] for i in range(90)] != whole

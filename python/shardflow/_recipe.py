@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 
-def rebuild(steps: list[tuple[str, Any]]) -> Any:
+def rebuild(steps: list[tuple[str, Any]], epoch: int = 0) -> Any:
     """Replays ``dataset(**kwargs)`` (or ``from_arrow`` / ``from_dict`` / ``from_list`` /
     ``concatenate`` / ``interleave``, whose datasets pickle by their own recipes) and
-    then each op call."""
+    then each op call, and sets the dataset's epoch."""
     import shardflow
 
     (first, kwargs), *ops = steps
@@ -23,5 +23,6 @@ def rebuild(steps: list[tuple[str, Any]]) -> Any:
         raise ValueError(f"not a shardflow dataset recipe: {first!r}")
     ds = getattr(shardflow, first)(**kwargs)
     for method, args in ops:
-        ds = getattr(ds, method)(*args)
+        ds = getattr(ds, method)(**args) if isinstance(args, dict) else getattr(ds, method)(*args)
+    ds.set_epoch(epoch)
     return ds

@@ -282,15 +282,22 @@ _STATE_FORMAT = "shardflow.torch.IterableDataset/1"
 
 
 class MapDataset(_TorchDataset):
-    """A ``torch.utils.data.Dataset`` over a shardflow dataset with known row counts
-    (Parquet, NPY/NPZ in rows mode, Arrow files, raw files). Works with any sampler;
-    ``__getitems__`` lets torch fetch a whole batch of indices in one call, decoding
-    each needed part of the data once."""
+    """A ``torch.utils.data.Dataset`` over a shardflow dataset (every format: stream
+    formats through their record index). Works with any sampler, ``DistributedSampler``
+    included; ``__getitems__`` lets torch fetch a whole batch of indices in one call,
+    decoding each needed part of the data once. Weighted sampling is the dataset verb
+    ``weighted_sample``, which a ``DistributedSampler`` then splits between ranks."""
 
     def __init__(self, dataset: sf.Dataset) -> None:
         if not isinstance(dataset, sf.Dataset):
             raise TypeError("MapDataset wraps a shardflow.Dataset")
         self.dataset = dataset
+
+    def set_epoch(self, epoch: int) -> None:
+        """Chooses the epoch that a full ``shuffle`` or a ``weighted_sample`` of the
+        dataset draws for; call it with ``DistributedSampler.set_epoch``. Workers see it
+        when they start (forked or spawned), so use it with non-persistent workers."""
+        self.dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -23,7 +23,7 @@ use crate::format::{self, Format, PreparedShards, ReadOptions};
 use crate::source::{self, Io, IoCounters, ShardMeta, Storage};
 pub use batch::Rebatch;
 use decode::UnitSlice;
-pub use ops::{BatchTransform, BufferBounds, Columns, Indices, Op};
+pub use ops::{BatchTransform, BufferBounds, Columns, Indices, Op, Weights};
 pub use prefetch::{BatchReceiver, Received};
 pub use random_access::RandomAccess;
 use rng::Rng;
@@ -458,7 +458,11 @@ impl Dataset {
             && self.ops.iter().all(|op| match op {
                 Op::Shuffle { .. } => false,
                 Op::Transform(t) => t.preserves_rows(),
-                Op::Permute { .. } | Op::Take(_) | Op::Skip(_) | Op::Select(_) => true,
+                Op::Permute { .. }
+                | Op::Take(_)
+                | Op::Skip(_)
+                | Op::Select(_)
+                | Op::Sample { .. } => true,
             })
     }
 
@@ -781,7 +785,7 @@ impl Dataset {
                 Op::Take(n) => Box::new(ops::Take::new(stream, *n)),
                 Op::Skip(n) => Box::new(ops::Skip::new(stream, *n)),
                 Op::Transform(t) => Box::new(ops::Transformed::new(stream, t.clone())),
-                Op::Permute { .. } | Op::Select(_) => {
+                Op::Permute { .. } | Op::Select(_) | Op::Sample { .. } => {
                     return Err(Error::Internal(format!("{op:?} after the indexed head")));
                 }
             };
@@ -818,7 +822,9 @@ impl Dataset {
             && ops.iter().all(|op| match op {
                 Op::Take(_) | Op::Skip(_) => true,
                 Op::Transform(t) => t.preserves_rows(),
-                Op::Shuffle { .. } | Op::Permute { .. } | Op::Select(_) => false,
+                Op::Shuffle { .. } | Op::Permute { .. } | Op::Select(_) | Op::Sample { .. } => {
+                    false
+                }
             }))
     }
 
@@ -879,7 +885,9 @@ fn unit_shuffle_seed(ops: &[Op]) -> Option<u64> {
     for op in ops {
         match op {
             Op::Shuffle { seed, .. } => return Some(*seed),
-            Op::Take(_) | Op::Skip(_) | Op::Select(_) | Op::Permute { .. } => return None,
+            Op::Take(_) | Op::Skip(_) | Op::Select(_) | Op::Permute { .. } | Op::Sample { .. } => {
+                return None;
+            }
             Op::Transform(_) => {}
         }
     }
@@ -895,7 +903,7 @@ fn split(head: &Head, ops: &[Op]) -> Split {
     let in_place = ops[..=last].iter().all(|op| match op {
         Op::Take(_) | Op::Skip(_) => true,
         Op::Transform(t) => t.preserves_rows(),
-        Op::Shuffle { .. } | Op::Permute { .. } | Op::Select(_) => false,
+        Op::Shuffle { .. } | Op::Permute { .. } | Op::Select(_) | Op::Sample { .. } => false,
     });
     // Only units and indexed rows can start at a row number.
     let windows = !matches!(head.kind, HeadKind::Combined(_));
@@ -1056,6 +1064,7 @@ fn rows_through(mut rows: Option<u64>, ops: &[Op]) -> Option<u64> {
         rows = match op {
             Op::Shuffle { .. } | Op::Permute { .. } => rows,
             Op::Select(indices) => Some(indices.len()),
+            Op::Sample { num_samples, .. } => num_samples.or(rows),
             Op::Take(n) => rows.map(|r| r.min(*n)),
             Op::Skip(n) => rows.map(|r| r.saturating_sub(*n)),
             Op::Transform(t) if t.preserves_rows() => rows,

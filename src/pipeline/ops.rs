@@ -92,6 +92,57 @@ impl Indices {
     }
 }
 
+/// Where `weighted_sample` takes each row's weight from.
+#[derive(Clone)]
+pub enum Weights {
+    /// One weight per row, given by the user; the digest names them in fingerprints.
+    Rows { values: Arc<[f64]>, digest: String },
+    /// A numeric column of the rows, read once (when first needed) and kept.
+    Column {
+        name: String,
+        values: Arc<std::sync::OnceLock<Arc<[f64]>>>,
+    },
+    /// One weight per part of a concatenation: the chance that a draw comes from it.
+    Sources(Vec<f64>),
+}
+
+impl Weights {
+    pub fn rows(values: Vec<f64>) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        for v in &values {
+            hash.update(v.to_le_bytes());
+        }
+        let digest = hash.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Weights::Rows {
+            values: values.into(),
+            digest,
+        }
+    }
+
+    pub fn column(name: String) -> Self {
+        Weights::Column {
+            name,
+            values: Arc::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Weights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Weights::Rows { values, digest } => {
+                write!(f, "{} row weights, sha256 {digest}", values.len())
+            }
+            Weights::Column { name, .. } => write!(f, "column {name:?}"),
+            Weights::Sources(w) => write!(f, "source weights {w:?}"),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub enum Op {
     /// Seeded shuffle: shard/unit order (when nothing before it selects rows by position)
@@ -109,6 +160,14 @@ pub enum Op {
     Skip(u64),
     /// The rows at these positions, in this order.
     Select(Indices),
+    /// `num_samples` rows drawn by weight, new each epoch: with replacement (rows may
+    /// repeat) or without (a weighted random order of distinct rows).
+    Sample {
+        weights: Weights,
+        num_samples: Option<u64>,
+        replacement: bool,
+        seed: u64,
+    },
     Transform(Arc<dyn BatchTransform>),
 }
 
@@ -122,7 +181,7 @@ impl Op {
     /// Whether the op addresses rows by index, so the rows before it are read by
     /// random access.
     pub fn needs_index(&self) -> bool {
-        matches!(self, Op::Select(_) | Op::Permute { .. })
+        matches!(self, Op::Select(_) | Op::Permute { .. } | Op::Sample { .. })
     }
 }
 
@@ -135,6 +194,15 @@ impl std::fmt::Debug for Op {
                 buffer.rows, buffer.bytes
             ),
             Op::Permute { seed } => write!(f, "shuffle(seed={seed})"),
+            Op::Sample {
+                weights,
+                num_samples,
+                replacement,
+                seed,
+            } => write!(
+                f,
+                "weighted_sample({weights:?}, num_samples={num_samples:?}, replacement={replacement}, seed={seed})"
+            ),
             Op::Select(Indices::Range { start, len }) => {
                 write!(f, "select(range({start}, {}))", start + len)
             }

@@ -15,7 +15,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use arrow_select::interleave::interleave_record_batch;
 
-use super::ops::{BatchTransform, Indices, Op};
+use super::ops::{BatchTransform, Indices, Op, Weights};
 use super::rng::Rng;
 use crate::error::{Error, Position, Result};
 use crate::format::index::RecordAccess;
@@ -48,6 +48,83 @@ enum Rows {
         starts: Vec<u64>,
         schema: SchemaRef,
     },
+}
+
+/// Weighted draws of row numbers.
+mod sample {
+    use super::{Error, Result, Rng};
+
+    /// Uniform in [0, 1).
+    fn unit(rng: &mut Rng) -> f64 {
+        (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// `n` rows, each drawn with probability proportional to its weight.
+    pub fn with_replacement(weights: &[f64], n: u64, rng: &mut Rng) -> Vec<u64> {
+        let mut cumulative = Vec::with_capacity(weights.len());
+        let mut sum = 0.0;
+        for w in weights {
+            sum += w;
+            cumulative.push(sum);
+        }
+        (0..n)
+            .map(|_| {
+                let x = unit(rng) * sum;
+                let i = cumulative.partition_point(|&c| c <= x);
+                // Rounding at the very top lands past the end, or on a zero weight.
+                (i.min(weights.len() - 1)..weights.len())
+                    .chain((0..i).rev())
+                    .find(|&j| weights[j] > 0.0)
+                    .unwrap_or(0) as u64
+            })
+            .collect()
+    }
+
+    /// `n` distinct rows in a weighted random order (Efraimidis and Spirakis: each row's
+    /// key is an exponential draw over its weight; the smallest keys come first).
+    pub fn without_replacement(weights: &[f64], n: u64, rng: &mut Rng) -> Result<Vec<u64>> {
+        let positive = weights.iter().filter(|&&w| w > 0.0).count() as u64;
+        if n > positive {
+            return Err(Error::invalid_argument(format!(
+                "cannot draw {n} distinct rows without replacement: only {positive} have a weight above zero"
+            )));
+        }
+        let mut keyed: Vec<(f64, u64)> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (-(1.0 - unit(rng)).ln() / w, i as u64))
+            .filter(|(key, _)| key.is_finite())
+            .collect();
+        keyed.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        Ok(keyed.into_iter().take(n as usize).map(|(_, i)| i).collect())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn draws_follow_the_weights() {
+            let weights = [1.0, 0.0, 3.0, 6.0];
+            let draws = with_replacement(&weights, 100_000, &mut Rng::new(1, 0, 0));
+            let mut counts = [0u64; 4];
+            for d in draws {
+                counts[d as usize] += 1;
+            }
+            assert_eq!(counts[1], 0);
+            for (count, w) in counts.iter().zip(weights) {
+                assert!(
+                    (*count as f64 / 100_000.0 - w / 10.0).abs() < 0.01,
+                    "{counts:?}"
+                );
+            }
+            let order = without_replacement(&weights, 3, &mut Rng::new(1, 0, 0)).unwrap();
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(sorted, vec![0, 2, 3]);
+            assert!(without_replacement(&weights, 4, &mut Rng::new(1, 0, 0)).is_err());
+        }
+    }
 }
 
 /// How an op renumbers rows: output row `i` is input row `map(i)`.
@@ -152,6 +229,23 @@ impl RandomAccess {
                     Rng::new(*seed, epoch, 1 + (first_stage + stage) as u64).shuffle(&mut order);
                     self.maps.push(IndexMap::Permute(order));
                 }
+                Op::Sample {
+                    weights,
+                    num_samples,
+                    replacement,
+                    seed,
+                } => {
+                    let weights = self.weights(weights)?;
+                    let n = num_samples.unwrap_or(self.len);
+                    let mut rng = Rng::new(*seed, epoch, 1 + (first_stage + stage) as u64);
+                    let order = if *replacement {
+                        sample::with_replacement(&weights, n, &mut rng)
+                    } else {
+                        sample::without_replacement(&weights, n, &mut rng)?
+                    };
+                    self.len = n;
+                    self.maps.push(IndexMap::Permute(order));
+                }
                 Op::Transform(t) if t.preserves_rows() => {
                     if let Some(schema) = t.output_schema(&self.schema) {
                         self.schema = schema;
@@ -170,6 +264,92 @@ impl RandomAccess {
 
     pub fn len(&self) -> u64 {
         self.len
+    }
+
+    /// One weight per row, as `weights` says, checked.
+    fn weights(&self, weights: &Weights) -> Result<Arc<[f64]>> {
+        let values: Arc<[f64]> = match weights {
+            Weights::Rows { values, .. } => values.clone(),
+            Weights::Column { name, values } => match values.get() {
+                Some(v) => v.clone(),
+                None => {
+                    let read = self.column_values(name)?;
+                    values.get_or_init(|| read).clone()
+                }
+            },
+            Weights::Sources(per_source) => {
+                let Rows::Concat { starts, .. } = &self.rows else {
+                    return Err(Error::invalid_argument(
+                        "source_weights need a dataset made by sf.concatenate (one weight per dataset)",
+                    ));
+                };
+                if !self.maps.is_empty() || per_source.len() + 1 != starts.len() {
+                    return Err(Error::invalid_argument(format!(
+                        "source_weights has {} weights, but weighted_sample follows a concatenation of {} datasets only when nothing is between them",
+                        per_source.len(),
+                        starts.len() - 1
+                    )));
+                }
+                // A draw picks a source by its weight, then a row of it uniformly.
+                let mut rows = Vec::with_capacity(self.len as usize);
+                for (i, w) in per_source.iter().enumerate() {
+                    let n = starts[i + 1] - starts[i];
+                    rows.extend(std::iter::repeat_n(w / n.max(1) as f64, n as usize));
+                }
+                rows.into()
+            }
+        };
+        if values.len() as u64 != self.len {
+            return Err(Error::invalid_argument(format!(
+                "{} weights for {} rows",
+                values.len(),
+                self.len
+            )));
+        }
+        if values.iter().any(|w| !w.is_finite() || *w < 0.0) || values.iter().sum::<f64>() <= 0.0 {
+            return Err(Error::invalid_argument(
+                "weights must be finite, non-negative and not all zero",
+            ));
+        }
+        Ok(values)
+    }
+
+    /// Every row's value of numeric column `name`, as floats.
+    fn column_values(&self, name: &str) -> Result<Arc<[f64]>> {
+        use arrow_array::Array;
+        const CHUNK: u64 = 65_536;
+        let mut out = Vec::with_capacity(self.len as usize);
+        let mut start = 0;
+        while start < self.len {
+            let end = (start + CHUNK).min(self.len);
+            let batch = self.rows(&(start..end).collect::<Vec<_>>())?;
+            let column = batch.column_by_name(name).ok_or_else(|| Error::Schema {
+                url: String::new(),
+                message: format!(
+                    "no column {name:?} to take weights from; the columns are {:?}",
+                    crate::format::field_names(&batch.schema())
+                ),
+            })?;
+            let floats =
+                arrow_cast::cast(column, &arrow_schema::DataType::Float64).map_err(|e| {
+                    Error::Schema {
+                        url: String::new(),
+                        message: format!("weights column {name:?}: {e}"),
+                    }
+                })?;
+            if floats.null_count() > 0 {
+                return Err(Error::invalid_argument(format!(
+                    "weights column {name:?} has nulls"
+                )));
+            }
+            let floats = floats
+                .as_any()
+                .downcast_ref::<arrow_array::Float64Array>()
+                .ok_or_else(|| Error::Internal("a cast to float64 gave another type".into()))?;
+            out.extend_from_slice(floats.values());
+            start = end;
+        }
+        Ok(out.into())
     }
 
     pub fn is_empty(&self) -> bool {

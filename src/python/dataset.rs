@@ -16,7 +16,9 @@ use super::transform::{Kind, PyTransform};
 use crate::format::example::{FeatureSpec, Kind as ExampleKind, Missing, Shape, Values};
 use crate::format::{OnError, ReadOptions};
 use crate::options::{OptionValue, Options};
-use crate::pipeline::{self, BatchReceiver, Dataset, Indices, Op, RandomAccess, RunOptions, Stats};
+use crate::pipeline::{
+    self, BatchReceiver, Dataset, Indices, Op, RandomAccess, RunOptions, Stats, Weights,
+};
 use crate::source::{Storage, StorageOptions};
 
 /// Rows per call of a batched `map` when the user gives no `batch_size` (as in
@@ -31,7 +33,9 @@ pub struct PyDataset {
     /// the dataset from it; the footers are read again there).
     recipe: Vec<(&'static str, Py<PyAny>)>,
     /// Set up on the first `ds[i]`.
-    access: std::sync::OnceLock<Arc<RandomAccess>>,
+    access: std::sync::Mutex<Option<(u64, Arc<RandomAccess>)>>,
+    /// The epoch that `ds[i]` and `iter(ds)` read (see `set_epoch`).
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 /// Paths given as str, os.PathLike or a list of them.
@@ -118,6 +122,7 @@ pub fn dataset(
         inner,
         recipe: vec![("dataset", kwargs.into_any().unbind())],
         access: Default::default(),
+        epoch: Default::default(),
     })
 }
 
@@ -133,6 +138,7 @@ fn in_memory(
         inner,
         recipe: vec![(recipe_step.0, recipe_step.1.into_any().unbind())],
         access: Default::default(),
+        epoch: Default::default(),
     }
 }
 
@@ -338,12 +344,23 @@ impl PyDataset {
         Ok(self.with(Op::Transform(Arc::new(verb)), method, args))
     }
 
+    /// Random access as in the dataset's current epoch, set up once per epoch. The lock
+    /// is not held while setting up (that reads data, with the GIL released).
     fn random_access(&self, py: Python<'_>) -> PyResult<Arc<RandomAccess>> {
-        if let Some(access) = self.access.get() {
+        let epoch = self.current_epoch();
+        let cached = || self.access.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((e, access)) = cached().as_ref()
+            && *e == epoch
+        {
             return Ok(access.clone());
         }
-        let access = Arc::new(py.detach(|| self.inner.random_access(0))?);
-        Ok(self.access.get_or_init(|| access).clone())
+        let access = Arc::new(py.detach(|| self.inner.random_access(epoch))?);
+        *cached() = Some((epoch, access.clone()));
+        Ok(access)
+    }
+
+    fn current_epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A dataset object for internal use (no recipe: it is never pickled).
@@ -352,26 +369,29 @@ impl PyDataset {
             inner,
             recipe: Vec::new(),
             access: Default::default(),
+            epoch: Default::default(),
         }
     }
 
     /// This dataset with `op` added; `method(*args)` is how the recipe replays it.
     fn with(&self, op: Op, method: &'static str, args: Bound<'_, PyTuple>) -> PyDataset {
-        self.derived(self.inner.with_op(op), method, args)
+        self.derived(self.inner.with_op(op), method, args.into_any())
     }
 
-    /// `inner`, made from this dataset by `method(*args)`.
-    fn derived(&self, inner: Dataset, method: &'static str, args: Bound<'_, PyTuple>) -> PyDataset {
+    /// `inner`, made from this dataset by `method(*args)` (`method(**args)` when `args`
+    /// is a dict).
+    fn derived(&self, inner: Dataset, method: &'static str, args: Bound<'_, PyAny>) -> PyDataset {
         let mut recipe: Vec<_> = self
             .recipe
             .iter()
             .map(|(m, a)| (*m, a.clone_ref(args.py())))
             .collect();
-        recipe.push((method, args.into_any().unbind()));
+        recipe.push((method, args.unbind()));
         PyDataset {
             inner,
             recipe,
             access: Default::default(),
+            epoch: Default::default(),
         }
     }
 
@@ -391,7 +411,10 @@ impl PyDataset {
 
     /// Starts one pass over the dataset's records, in decoded batches.
     pub fn start(&self, py: Python<'_>) -> PyResult<BatchReceiver> {
-        let run = RunOptions::default();
+        let run = RunOptions {
+            epoch: self.current_epoch(),
+            ..RunOptions::default()
+        };
         let ds = self.inner.clone();
         Ok(py.detach(|| ds.start(run, Arc::new(Stats::default())))?)
     }
@@ -430,6 +453,72 @@ impl PyDataset {
         }
         let args = (seed, buffer.rows, buffer.bytes).into_pyobject(py)?;
         Ok(self.with(Op::Shuffle { seed, buffer }, "shuffle", args))
+    }
+
+    /// `num_samples` rows (all rows' count by default) drawn by weight, new each epoch
+    /// and the same for the same (seed, epoch): `weights` is a numeric column's name or
+    /// one weight per row (a list or numpy array); `source_weights` gives each dataset
+    /// of a `sf.concatenate` its chance of being drawn from. With `replacement` a row can
+    /// come more than once (as torch's `WeightedRandomSampler`); without, rows come once
+    /// each, heavier ones likelier first. Ranks and workers split the drawn rows.
+    #[pyo3(signature = (weights=None, num_samples=None, *, source_weights=None, replacement=true, seed=None))]
+    fn weighted_sample(
+        &self,
+        py: Python<'_>,
+        weights: Option<&Bound<'_, PyAny>>,
+        num_samples: Option<u64>,
+        source_weights: Option<Vec<f64>>,
+        replacement: bool,
+        seed: Option<u64>,
+    ) -> PyResult<PyDataset> {
+        let seed = seed.unwrap_or(DEFAULT_SEED);
+        let (chosen, arg): (Weights, Py<PyAny>) = match (weights, source_weights) {
+            (Some(w), None) => match w.extract::<String>() {
+                Ok(name) => (Weights::column(name), w.clone().unbind()),
+                Err(_) => {
+                    let values: Vec<f64> = w
+                        .try_iter()?
+                        .map(|v| v?.extract::<f64>())
+                        .collect::<PyResult<_>>()
+                        .map_err(|_| {
+                            PyTypeError::new_err(
+                                "weights is a column name or a sequence of numbers, one per row",
+                            )
+                        })?;
+                    let arg = PyList::new(py, &values)?.into_any().unbind();
+                    (Weights::rows(values), arg)
+                }
+            },
+            (None, Some(per_source)) => (Weights::Sources(per_source), py.None()),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give weights= (a column or one per row) or source_weights=, not both",
+                ));
+            }
+        };
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("weights", arg)?;
+        kwargs.set_item("num_samples", num_samples)?;
+        if let Weights::Sources(w) = &chosen {
+            kwargs.set_item("source_weights", w.clone())?;
+        }
+        kwargs.set_item("replacement", replacement)?;
+        kwargs.set_item("seed", seed)?;
+        let op = Op::Sample {
+            weights: chosen,
+            num_samples,
+            replacement,
+            seed,
+        };
+        let dataset = self.derived(self.inner.with_op(op), "weighted_sample", kwargs.into_any());
+        if !dataset.inner.addressable() {
+            return Err(PyValueError::new_err(
+                "weighted_sample needs random access to the rows, so it cannot follow a filter, flat_map, buffered shuffle or interleave",
+            ));
+        }
+        // Weights that do not fit the rows are refused now, not on first iteration.
+        py.detach(|| dataset.inner.random_access(0))?;
+        Ok(dataset)
     }
 
     /// The rows at `indices` (a range, slice, list or numpy integer array), in that
@@ -592,7 +681,7 @@ impl PyDataset {
         let names = name_list(names)?;
         let args = PyTuple::new(py, [PyList::new(py, &names)?])?;
         if let Some(projected) = self.inner.with_columns(&names) {
-            let dataset = self.derived(projected, "select_columns", args);
+            let dataset = self.derived(projected, "select_columns", args.into_any());
             // Check now that the columns exist, as the verb does without push-down.
             py.detach(|| dataset.inner.source_schema())?;
             return Ok(dataset);
@@ -748,17 +837,32 @@ impl PyDataset {
         self.transform(func, Kind::FlatMap, "flat_map", args, schema)
     }
 
-    /// Pickles as its recipe: the `dataset(...)` call and the ops, seeds included.
+    /// Chooses the epoch that `ds[i]`, `ds.__getitems__` and `iter(ds)` read: what a
+    /// full shuffle or a weighted sample draws depends on it (as Hugging Face's
+    /// `IterableDataset.set_epoch`). A `DataLoader` keeps its own epoch.
+    fn set_epoch(&self, epoch: u64) {
+        self.epoch
+            .store(epoch, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The epoch that `ds[i]` and `iter(ds)` read (see `set_epoch`).
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.current_epoch()
+    }
+
+    /// Pickles as its recipe (the `dataset(...)` call and the ops, seeds included) and
+    /// its epoch.
     fn __reduce__<'py>(
         &self,
         py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyList>,))> {
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyList>, u64))> {
         let rebuild = py.import("shardflow._recipe")?.getattr("rebuild")?;
         let steps = PyList::empty(py);
         for (method, args) in &self.recipe {
             steps.append((*method, args.bind(py)))?;
         }
-        Ok((rebuild, (steps,)))
+        Ok((rebuild, (steps, self.current_epoch())))
     }
 
     /// Number of samples; stream formats are indexed to count them. A filter or
@@ -919,6 +1023,7 @@ pub fn concatenate(py: Python<'_>, datasets: Vec<Bound<'_, PyDataset>>) -> PyRes
         inner,
         recipe: vec![("concatenate", kwargs.into_any().unbind())],
         access: Default::default(),
+        epoch: Default::default(),
     })
 }
 
@@ -964,6 +1069,7 @@ pub fn interleave(
         inner,
         recipe: vec![("interleave", kwargs.into_any().unbind())],
         access: Default::default(),
+        epoch: Default::default(),
     })
 }
 
