@@ -462,7 +462,7 @@ impl PyDataLoader {
     }
 
     /// Resumes from `state_dict()`. Given this rank's own state (or the list of every
-    /// rank's, saved at the same step, on the same world size), the next iteration
+    /// rank's, saved at one checkpoint, on the same world size), the next iteration
     /// yields exactly the batches that were still to come. Given the states of another
     /// world size, the rows the saving ranks had not yet delivered are divided anew
     /// between this loader's ranks: the rest of the epoch comes exactly once across
@@ -493,12 +493,13 @@ impl PyDataLoader {
             .map(|s| self.saved(py, s))
             .collect::<PyResult<_>>()?;
         let world = saved[0].world_size;
+        // Ranks (and a rank's workers) may stand at different batches; they must share
+        // the epoch and how it was divided.
         for (s, other) in saved.iter().zip(&states).skip(1) {
-            if (s.epoch, s.batches, s.world_size, &s.remaining)
-                != (saved[0].epoch, saved[0].batches, world, &saved[0].remaining)
+            if (s.epoch, s.world_size, &s.remaining) != (saved[0].epoch, world, &saved[0].remaining)
             {
                 return Err(PyValueError::new_err(format!(
-                    "the states were not saved at the same step of one run: {} and {}",
+                    "the states are not of one checkpoint of one run (their epochs, world sizes or divisions of the epoch differ): {} and {}",
                     first.repr()?,
                     other.repr()?
                 )));
