@@ -136,11 +136,13 @@ from test_scale_out import build, batch_ids, id_format
 spec = json.loads(sys.argv[1])
 ds = build(spec)
 states = json.load(open(spec["states"]))
-out = []
-for rank in range(spec["world"]):
-    loader = sf.DataLoader(ds, batch_size=spec["batch_size"], rank=rank, world_size=spec["world"], pad=False)
-    loader.load_state_dict(states)
-    out.append([batch_ids(id_format(spec), b) for b in loader])
+out = {{}}
+for world in spec["worlds"]:
+    out[world] = []
+    for rank in range(world):
+        loader = sf.DataLoader(ds, batch_size=spec["batch_size"], rank=rank, world_size=world, pad=False)
+        loader.load_state_dict(states)
+        out[world].append([batch_ids(id_format(spec), b) for b in loader])
 print(json.dumps(out))
 """
 
@@ -192,11 +194,10 @@ def test_four_ranks_resume_on_three_and_on_six(tmp_path: Path, kind: str, shuffl
         states.append(loader.state_dict())
     (tmp_path / "states.json").write_text(json.dumps(states))
     script = RESUME.format(tests=str(Path(__file__).parent))
-    for world in (3, 6):
-        run = {**spec, "world": world, "states": str(tmp_path / "states.json")}
-        out = subprocess.run([sys.executable, "-c", script, json.dumps(run)], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        per_rank = json.loads(out.stdout)
+    run = {**spec, "worlds": [3, 6], "states": str(tmp_path / "states.json")}
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(run)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for per_rank in json.loads(out.stdout).values():
         after = [i for batches in per_rank for b in batches for i in b]
         assert len(before) + len(after) == len(set(before) | set(after)), "a row came twice"
         assert set(before) | set(after) == expected
