@@ -810,6 +810,76 @@ impl Dataset {
         Ok(stream)
     }
 
+    /// How `parallelism` readers (at most one per unit) would divide one epoch, for
+    /// engines that schedule the reading themselves (Ray Data): each reader's rows after
+    /// the ops, the files it opens and the bytes of them it reads (in proportion to its
+    /// rows of each file), where known.
+    pub fn read_plan(&self, parallelism: usize) -> Result<Vec<PartPlan>> {
+        let head = self.head(0, true)?;
+        let ops = &self.ops[head.rest..];
+        let split = split(&head, ops);
+        let units = match &head.kind {
+            HeadKind::Units(prepared) => prepared.units.len(),
+            _ => parallelism,
+        };
+        let parts = parallelism.min(units).max(1);
+        let mut plans = Vec::with_capacity(parts);
+        for part in 0..parts {
+            let run = RunOptions {
+                part,
+                parts,
+                count_rows: true,
+                ..RunOptions::default()
+            };
+            let rows = self.rows_of_run(&run)?;
+            let reads = match &head.kind {
+                HeadKind::Units(prepared) => {
+                    self.part_rows(&head, &split, &run).and_then(|(r, _)| {
+                        unit_slices(prepared, &self.unit_order(prepared, 0), &r, None)
+                            .map(|slices| (prepared.clone(), slices))
+                    })
+                }
+                _ => None,
+            };
+            let plan = match reads {
+                Some((prepared, slices)) => {
+                    let mut shard_rows: Vec<u64> = vec![0; prepared.shards.len()];
+                    for unit in &prepared.units {
+                        shard_rows[unit.shard] += unit.rows.unwrap_or(0);
+                    }
+                    let mut read: std::collections::BTreeMap<usize, u64> = Default::default();
+                    for slice in &slices {
+                        let unit = &prepared.units[slice.unit];
+                        let n = slice.take.unwrap_or(unit.rows.unwrap_or(0) - slice.skip);
+                        *read.entry(unit.shard).or_default() += n;
+                    }
+                    let bytes = read
+                        .iter()
+                        .map(|(&shard, &n)| {
+                            let size = prepared.shards[shard].size?;
+                            Some(size * n / shard_rows[shard].max(1))
+                        })
+                        .sum();
+                    PartPlan {
+                        rows,
+                        files: read
+                            .keys()
+                            .map(|&s| prepared.shards[s].url.clone())
+                            .collect(),
+                        bytes,
+                    }
+                }
+                None => PartPlan {
+                    rows,
+                    files: self.shards().into_iter().map(|s| s.url).collect(),
+                    bytes: None,
+                },
+            };
+            plans.push(plan);
+        }
+        Ok(plans)
+    }
+
     /// Whether a part's delivered rows are always the first rows of its share, in order
     /// (no shuffle buffer, filter or mixing after the split), so that one part's count
     /// of rows delivered tells what every part has delivered.
@@ -1145,6 +1215,14 @@ pub fn batch_bytes(batch: &RecordBatch) -> u64 {
                 .unwrap_or_else(|_| data.get_buffer_memory_size()) as u64
         })
         .sum()
+}
+
+/// One reader's part of an epoch (see [`Dataset::read_plan`]).
+#[derive(Debug, Clone)]
+pub struct PartPlan {
+    pub rows: Option<u64>,
+    pub files: Vec<String>,
+    pub bytes: Option<u64>,
 }
 
 /// How one epoch is run.

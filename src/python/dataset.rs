@@ -934,6 +934,39 @@ impl PyDataset {
         })
     }
 
+    /// How `parallelism` readers would divide an epoch (at most one per work unit): for
+    /// each, its rows, the files it opens and the bytes it reads of them (None where not
+    /// known). What `shardflow.ray` makes its read tasks from.
+    fn _read_plan<'py>(
+        &self,
+        py: Python<'py>,
+        parallelism: usize,
+    ) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let plans = py.detach(|| self.inner.read_plan(parallelism.max(1)))?;
+        plans
+            .into_iter()
+            .map(|plan| {
+                let d = PyDict::new(py);
+                d.set_item("rows", plan.rows)?;
+                d.set_item("files", plan.files)?;
+                d.set_item("bytes", plan.bytes)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// This dataset as a `ray.data.Dataset` (see `shardflow.ray`).
+    #[pyo3(signature = (**read_args))]
+    fn to_ray<'py>(
+        slf: &Bound<'py, Self>,
+        read_args: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("shardflow.ray")?
+            .getattr("from_dataset")?
+            .call((slf,), read_args)
+    }
+
     /// The shard files, in read order before shuffling.
     #[getter]
     fn shards(&self) -> Vec<String> {
