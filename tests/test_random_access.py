@@ -265,3 +265,19 @@ def test_pickled_verbs_rebuild() -> None:
     ds = sf.concatenate([a.select([3, 1]), a.skip(8)]).rename_columns({"id": "k"})
     again = pickle.loads(pickle.dumps(ds))
     assert [r["k"] for r in again] == [r["k"] for r in ds] == [3, 1, 8, 9]
+
+
+def test_remote_indexes_are_kept_in_the_user_cache(tmp_path: Path, seaweed, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    write_shards(tmp_path / "up", "tfrecord", [30, 12])
+    seaweed.upload_tree(tmp_path / "up", "indexed")
+    monkeypatch.setenv("SHARDFLOW_CACHE_DIR", str(tmp_path / "user-cache"))
+    options = {"format_options": {"raw": True}, "storage_options": seaweed.storage_options()}
+    assert sf.dataset("s3://indexed/*.tfrecord", **options).index() == 42
+    assert len(list((tmp_path / "user-cache" / "index").glob("*.sfindex"))) == 2
+    # Another process finds them there: it does not index the shards again (which would
+    # write each file anew).
+    files = {p: p.stat().st_ino for p in (tmp_path / "user-cache" / "index").glob("*.sfindex")}
+    script = "import sys, json, shardflow as sf; print(len(sf.dataset('s3://indexed/*.tfrecord', **json.loads(sys.argv[1]))))"
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(options)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["42"]
+    assert {p: p.stat().st_ino for p in files} == files

@@ -5,7 +5,7 @@
 //!
 //! An index is kept in memory for the process, and persisted in `cache_dir/index/` when
 //! the dataset has a cache, else beside a local shard (`.NAME.sfindex`) where that
-//! directory is writable. Each is keyed by the shard's URL, size and modification time
+//! directory is writable, else (remote shards) in the user's cache folder. Each is keyed by the shard's URL, size and modification time
 //! (local) or ETag (remote); a key that no longer matches the shard makes the index stale,
 //! and a stale index is rebuilt, never read.
 
@@ -159,21 +159,35 @@ fn memory() -> &'static Mutex<HashMap<String, Arc<ShardIndex>>> {
     INDEXES.get_or_init(Default::default)
 }
 
-/// Where the index of `shard` is persisted: the dataset's cache, else beside a local file.
+/// Where the index of `shard` is persisted: the dataset's cache, else beside a local
+/// file, else (a remote shard) in the user's cache folder, so that other processes (a
+/// loader's spawned workers, the next run) need not read the shard again to index it.
 fn persisted_path(shard: &ShardMeta, io: &Io) -> Option<PathBuf> {
     use sha2::{Digest, Sha256};
+    let digest = || -> String {
+        Sha256::digest(shard.url.as_bytes())[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
     if let Some(cache) = &io.storage.cache {
-        let digest = Sha256::digest(shard.url.as_bytes());
-        let name: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        return Some(cache.dir().join("index").join(format!("{name}.sfindex")));
+        return Some(cache.dir().join("index").join(format!("{}.sfindex", digest())));
     }
     let url = shard.url.as_str();
-    let path = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
     if url.contains("://") && !url.starts_with("file://") {
-        return None;
+        return Some(user_cache_dir()?.join("index").join(format!("{}.sfindex", digest())));
     }
+    let path = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
     let name = path.file_name()?.to_string_lossy();
     Some(path.with_file_name(format!(".{name}.sfindex")))
+}
+
+/// `$SHARDFLOW_CACHE_DIR`, else `$XDG_CACHE_HOME/shardflow`, else `~/.cache/shardflow`.
+fn user_cache_dir() -> Option<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    var("SHARDFLOW_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("shardflow")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("shardflow")))
 }
 
 fn load(path: &PathBuf, key: &str) -> Option<ShardIndex> {
