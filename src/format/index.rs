@@ -171,11 +171,20 @@ fn persisted_path(shard: &ShardMeta, io: &Io) -> Option<PathBuf> {
             .collect()
     };
     if let Some(cache) = &io.storage.cache {
-        return Some(cache.dir().join("index").join(format!("{}.sfindex", digest())));
+        return Some(
+            cache
+                .dir()
+                .join("index")
+                .join(format!("{}.sfindex", digest())),
+        );
     }
     let url = shard.url.as_str();
     if url.contains("://") && !url.starts_with("file://") {
-        return Some(user_cache_dir()?.join("index").join(format!("{}.sfindex", digest())));
+        return Some(
+            user_cache_dir()?
+                .join("index")
+                .join(format!("{}.sfindex", digest())),
+        );
     }
     let path = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
     let name = path.file_name()?.to_string_lossy();
@@ -184,7 +193,11 @@ fn persisted_path(shard: &ShardMeta, io: &Io) -> Option<PathBuf> {
 
 /// `$SHARDFLOW_CACHE_DIR`, else `$XDG_CACHE_HOME/shardflow`, else `~/.cache/shardflow`.
 fn user_cache_dir() -> Option<PathBuf> {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     var("SHARDFLOW_CACHE_DIR")
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("shardflow")))
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("shardflow")))
