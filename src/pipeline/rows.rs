@@ -222,6 +222,46 @@ impl RowSet {
     }
 }
 
+/// The rows a loader has delivered, recorded batch by batch. Positions are kept as they
+/// come and merged into ranges a chunk at a time: a shuffled batch's positions are
+/// scattered, but a chunk of many batches' positions mostly joins up.
+#[derive(Debug, Clone, Default)]
+pub struct Delivered {
+    merged: RowSet,
+    pending: Vec<u64>,
+}
+
+/// Positions collected before they are merged.
+const MERGE_EVERY: usize = 1 << 16;
+
+impl Delivered {
+    pub fn new(set: RowSet) -> Self {
+        Self {
+            merged: set,
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, positions: &[u64]) {
+        self.pending.extend_from_slice(positions);
+        if self.pending.len() >= MERGE_EVERY {
+            self.merge();
+        }
+    }
+
+    fn merge(&mut self) {
+        self.pending.sort_unstable();
+        self.pending.dedup();
+        self.merged.insert_all(&self.pending);
+        self.pending.clear();
+    }
+
+    pub fn into_set(mut self) -> RowSet {
+        self.merge();
+        self.merged
+    }
+}
+
 /// Rows in a reading order: ranges read one after another.
 pub type RowList = Vec<Range<u64>>;
 

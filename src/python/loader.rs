@@ -14,6 +14,7 @@ use super::batch::PyRecordBatch;
 use super::dataset::{DEFAULT_SEED, PyDataset};
 use super::next_batch;
 use super::to_python::batch_to_numpy;
+use crate::pipeline::rows::Delivered;
 use crate::pipeline::{self, BatchReceiver, Dataset, Op, RowSet, RunOptions, Stats, rows};
 
 /// Version tag of `state_dict()`'s layout.
@@ -37,7 +38,7 @@ struct Position {
     batches: u64,
     /// The rows (positions) delivered so far this epoch; `None` once a row without a
     /// position has been delivered (a flat_map's, say).
-    consumed: Option<RowSet>,
+    consumed: Option<Delivered>,
     /// The positions of the batch delivered last.
     last_batch: Option<Arc<[u64]>>,
 }
@@ -47,7 +48,7 @@ impl Position {
         Self {
             epoch,
             batches: 0,
-            consumed: Some(RowSet::new()),
+            consumed: Some(Delivered::default()),
             last_batch: None,
         }
     }
@@ -457,7 +458,7 @@ impl PyDataLoader {
             .filter(|(epoch, _)| *epoch == at.epoch)
             .map(|(_, rows)| rows.to_flat());
         state.set_item("remaining", remaining)?;
-        state.set_item("consumed", at.consumed.map(|c| c.to_flat()))?;
+        state.set_item("consumed", at.consumed.map(|c| c.into_set().to_flat()))?;
         Ok(state)
     }
 
@@ -524,7 +525,7 @@ impl PyDataLoader {
             self.set_position(Position {
                 epoch: own.epoch,
                 batches: own.batches,
-                consumed: own.consumed,
+                consumed: own.consumed.map(Delivered::new),
                 last_batch: None,
             });
         } else {
@@ -723,7 +724,7 @@ impl BatchIterator {
                     match positions {
                         Some(positions) if !positions.values().contains(&rows::UNKNOWN) => {
                             if let Some(consumed) = position.consumed.as_mut() {
-                                consumed.insert_all(positions.values());
+                                consumed.add(positions.values());
                             }
                             position.last_batch = Some(positions.values().to_vec().into());
                         }
