@@ -46,17 +46,23 @@ pub enum Indices {
     List { rows: Arc<[u64]>, digest: String },
 }
 
+/// A short SHA-256 digest of values a user gave (row numbers, weights), for a dataset's
+/// fingerprint.
+fn digest_of<const N: usize>(values: impl Iterator<Item = [u8; N]>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for v in values {
+        hash.update(v);
+    }
+    hash.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 impl Indices {
     pub fn list(rows: Vec<u64>) -> Self {
-        use sha2::{Digest, Sha256};
-        let mut hash = Sha256::new();
-        for row in &rows {
-            hash.update(row.to_le_bytes());
-        }
-        let digest = hash.finalize()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = digest_of(rows.iter().map(|r| r.to_le_bytes()));
         Indices::List {
             rows: rows.into(),
             digest,
@@ -108,15 +114,7 @@ pub enum Weights {
 
 impl Weights {
     pub fn rows(values: Vec<f64>) -> Self {
-        use sha2::{Digest, Sha256};
-        let mut hash = Sha256::new();
-        for v in &values {
-            hash.update(v.to_le_bytes());
-        }
-        let digest = hash.finalize()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = digest_of(values.iter().map(|v| v.to_le_bytes()));
         Weights::Rows {
             values: values.into(),
             digest,
