@@ -126,6 +126,19 @@ def test_padding_is_counted_and_can_be_turned_off(tmp_path: Path) -> None:
         sf.DataLoader(ds, pad="yes")  # type: ignore[arg-type]
 
 
+def test_a_take_after_a_shuffle_buffer_is_padded_too(tmp_path: Path) -> None:
+    # Every rank reads the shuffled stream and keeps its own rows of the first 50.
+    ds = sf.dataset(write_shards(tmp_path, "jsonl", [40, 30])).shuffle(seed=2, buffer_size=20).take(50)
+    loaders = [sf.DataLoader(ds, batch_size=4, rank=r, world_size=4) for r in range(4)]
+    rows = [[i for b in loader for i in b["id"].tolist()] for loader in loaders]
+    assert [len(r) for r in rows] == [13, 13, 13, 13]
+    assert [len(loader) for loader in loaders] == [4, 4, 4, 4]
+    assert len({i for r in rows for i in r}) == 50
+    assert sum(loader.stats()["padded_rows"] for loader in loaders) == 2
+    exact = [[i for b in sf.DataLoader(ds, batch_size=4, rank=r, world_size=4, pad=False) for i in b["id"].tolist()] for r in range(4)]
+    assert [len(r) for r in exact] == [13, 13, 12, 12]
+
+
 # ---- elastic resume ------------------------------------------------------------------
 
 RESUME = """

@@ -560,7 +560,13 @@ impl Dataset {
         let (rows, rest) = match &split {
             Split::Rows { after } => {
                 let global = rows_through(head.rows, &ops[..*after]);
-                let dealt = global.map(|t| dealt_rows(t, run.part, run.parts, run.drop_last));
+                let dealt = global.map(|t| {
+                    if run.pad && !run.drop_last && t > 0 {
+                        t.div_ceil(run.parts.max(1) as u64)
+                    } else {
+                        dealt_rows(t, run.part, run.parts, run.drop_last)
+                    }
+                });
                 (dealt, *after)
             }
             Split::Units | Split::Window { .. } => {
@@ -798,7 +804,15 @@ impl Dataset {
                     (true, Some(rows)) => Some(rows / run.parts as u64 * run.parts as u64),
                     _ => None,
                 };
-                stream = Box::new(ops::Deal::new(stream, run.part, run.parts, limit));
+                // Padded, every part gets as many rows as the first parts are dealt.
+                let pad_to = global
+                    .filter(|&rows| run.pad && !run.drop_last && rows > 0)
+                    .map(|rows| rows.div_ceil(run.parts as u64));
+                let mut deal = ops::Deal::new(stream, run.part, run.parts, limit);
+                if let Some(target) = pad_to {
+                    deal = deal.padded_to(target, stats.clone());
+                }
+                stream = Box::new(deal);
             }
         }
         if run.skip_rows > 0 {

@@ -291,7 +291,8 @@ impl Iterator for Skip {
 }
 
 /// Part `part` of `parts`' rows of a stream that every part reads whole: rows `part`,
-/// `part + parts`, ... (dealt like cards), of the first `limit` rows when given.
+/// `part + parts`, ... (dealt like cards), of the first `limit` rows when given; with
+/// padding, a part dealt one row fewer than `pad_to` ends with the stream's first row.
 pub struct Deal {
     upstream: Option<BatchIter>,
     part: u64,
@@ -299,6 +300,10 @@ pub struct Deal {
     /// Position in the whole stream of the next upstream row.
     at: u64,
     limit: Option<u64>,
+    pad_to: Option<(u64, Arc<super::Stats>)>,
+    /// The stream's first row, kept for padding.
+    first: Option<RecordBatch>,
+    dealt: u64,
 }
 
 impl Deal {
@@ -309,7 +314,29 @@ impl Deal {
             parts: parts.max(1) as u64,
             at: 0,
             limit,
+            pad_to: None,
+            first: None,
+            dealt: 0,
         }
+    }
+
+    pub fn padded_to(mut self, rows: u64, stats: Arc<super::Stats>) -> Self {
+        self.pad_to = Some((rows, stats));
+        self
+    }
+
+    /// The padding row, once the stream is dealt, if this part is short of it.
+    fn pad(&mut self) -> Option<Result<RecordBatch>> {
+        let (target, stats) = self.pad_to.take()?;
+        let first = self.first.take()?;
+        if self.dealt >= target {
+            return None;
+        }
+        stats
+            .padded_rows
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.dealt += 1;
+        Some(Ok(first))
     }
 }
 
@@ -320,12 +347,21 @@ impl Iterator for Deal {
         loop {
             if self.limit.is_some_and(|limit| self.at >= limit) {
                 self.upstream = None;
-                return None;
             }
-            let batch = match self.upstream.as_mut()?.next()? {
-                Ok(batch) => batch,
-                Err(e) => return Some(Err(e)),
+            let Some(upstream) = self.upstream.as_mut() else {
+                return self.pad();
             };
+            let batch = match upstream.next() {
+                Some(Ok(batch)) => batch,
+                Some(Err(e)) => return Some(Err(e)),
+                None => {
+                    self.upstream = None;
+                    continue;
+                }
+            };
+            if self.at == 0 && self.pad_to.is_some() && batch.num_rows() > 0 {
+                self.first = Some(batch.slice(0, 1));
+            }
             let mut rows = batch.num_rows() as u64;
             if let Some(limit) = self.limit {
                 rows = rows.min(limit - self.at);
@@ -337,11 +373,11 @@ impl Iterator for Deal {
             if mine.is_empty() {
                 continue;
             }
+            self.dealt += mine.len() as u64;
             let indices = arrow_array::UInt64Array::from(mine);
             return Some(
-                arrow_select::take::take_record_batch(&batch, &indices).map_err(|e| {
-                    crate::error::Error::Internal(format!("cannot select this part's rows: {e}"))
-                }),
+                arrow_select::take::take_record_batch(&batch, &indices)
+                    .map_err(|e| Error::Internal(format!("cannot select this part's rows: {e}"))),
             );
         }
     }
