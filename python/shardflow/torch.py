@@ -220,7 +220,8 @@ class IterableDataset(_TorchIterableDataset):
     def _pass(self, loader: sf.DataLoader, skip: int) -> Iterator[Any]:
         batches = iter(loader)
         while True:
-            before = loader.state_dict()
+            # Handed out sample by sample, a batch is resumed from the state before it.
+            before = None if self.batch_size else loader.state_dict()
             batch = next(batches, None)
             if batch is None:
                 self._position = {"loader": loader.state_dict(), "samples_out": 0}

@@ -214,14 +214,17 @@ fn block_range(block: &Block, size: u64) -> std::result::Result<std::ops::Range<
     }
 }
 
-/// Rows of the record batch at `block`, read from its message header (a few hundred
-/// bytes), so lengths are known without fetching bodies.
-async fn batch_rows(source: &dyn Source, block: &Block) -> Result<u64> {
+/// Rows of the record batch at `block` (checked by `block_range`), read from its
+/// message header (a few hundred bytes), so lengths are known without fetching bodies.
+async fn batch_rows(source: &dyn Source, block: &Block, size: u64) -> Result<u64> {
     let url = source.url();
-    let start = block.offset() as u64;
-    let corrupt = |m: String| Error::decode(url, FORMAT, Position::Byte(start), m);
-    let meta_len = u64::try_from(block.metaDataLength()).unwrap_or(0);
-    let meta = source.read_range(start..start + meta_len).await?;
+    let corrupt = |at: u64, m: String| Error::decode(url, FORMAT, Position::Byte(at), m);
+    let range = block_range(block, size).map_err(|m| corrupt(0, m))?;
+    let meta_len = block.metaDataLength().max(0) as u64;
+    let meta = source
+        .read_range(range.start..range.start + meta_len)
+        .await?;
+    let corrupt = |m: String| corrupt(range.start, m);
     let flatbuffer = message_flatbuffer(&meta).map_err(corrupt)?;
     let message =
         arrow_ipc::root_as_message(flatbuffer).map_err(|e| corrupt(format!("bad message: {e}")))?;
@@ -273,7 +276,7 @@ async fn read_footer(source: Arc<dyn Source>, size: u64) -> Result<IpcFile> {
     let mut headers = tokio::task::JoinSet::new();
     for (i, block) in batches.iter().enumerate() {
         let (source, block) = (source.clone(), *block);
-        headers.spawn(async move { (i, batch_rows(source.as_ref(), &block).await) });
+        headers.spawn(async move { (i, batch_rows(source.as_ref(), &block, size).await) });
     }
     let mut batch_rows = vec![0; batches.len()];
     while let Some(joined) = headers.join_next().await {

@@ -73,6 +73,9 @@ pub struct Mixer {
     feeds: Vec<Option<Feed>>,
     /// Relative weights, for weighted draws; `None`: take parts in turn.
     weights: Option<Vec<f64>>,
+    /// Running sums of the weights of the parts still drawn (recomputed when one is
+    /// retired), so a draw is a search, not a sum.
+    cumulative: Vec<f64>,
     turn: usize,
     rng: Rng,
     stopping: Stopping,
@@ -94,10 +97,11 @@ enum Drawn {
 
 impl Mixer {
     pub fn new(open: Open, parts: usize, mix: &Mix, rng: Rng, schema: SchemaRef) -> Self {
-        Self {
+        let mut mixer = Self {
             open,
             feeds: (0..parts).map(|_| None).collect(),
             weights: mix.weights.clone(),
+            cumulative: Vec::new(),
             turn: 0,
             rng,
             stopping: mix.stopping,
@@ -105,7 +109,22 @@ impl Mixer {
             schema,
             done: false,
             finished: false,
-        }
+        };
+        mixer.reweigh();
+        mixer
+    }
+
+    fn reweigh(&mut self) {
+        let Some(weights) = &self.weights else { return };
+        let mut sum = 0.0;
+        self.cumulative = (0..weights.len())
+            .map(|i| {
+                if self.live(i) {
+                    sum += weights[i];
+                }
+                sum
+            })
+            .collect();
     }
 
     /// Whether part `i` can still be drawn.
@@ -123,28 +142,30 @@ impl Mixer {
                     return part;
                 }
             },
-            Some(weights) => {
-                let live: Vec<f64> = (0..parts)
-                    .map(|i| if self.live(i) { weights[i] } else { 0.0 })
-                    .collect();
-                let total: f64 = live.iter().sum();
+            Some(_) => {
+                let total = self.cumulative.last().copied().unwrap_or(0.0);
                 let x = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
-                let mut sum = 0.0;
-                for (i, w) in live.iter().enumerate() {
-                    sum += w;
-                    if x < sum {
-                        return i;
-                    }
+                let i = self.cumulative.partition_point(|&c| c <= x);
+                if i < parts {
+                    return i;
                 }
-                (0..parts).rev().find(|&i| live[i] > 0.0).unwrap_or(0)
+                // Rounding at the very top lands past the end: the last part with weight.
+                (0..parts)
+                    .rev()
+                    .find(|&j| {
+                        self.cumulative[j] > if j > 0 { self.cumulative[j - 1] } else { 0.0 }
+                    })
+                    .unwrap_or(parts - 1)
             }
         }
     }
 
     /// Whether any part can still be drawn: with weights, one of positive weight.
     fn any_live(&self) -> bool {
-        (0..self.feeds.len())
-            .any(|i| self.live(i) && self.weights.as_ref().is_none_or(|w| w[i] > 0.0))
+        match &self.weights {
+            Some(_) => self.cumulative.last().is_some_and(|&total| total > 0.0),
+            None => (0..self.feeds.len()).any(|i| self.live(i)),
+        }
     }
 
     /// The next row of part `part`.
@@ -202,6 +223,7 @@ impl Mixer {
                             }
                         }
                         Stopping::AllWithoutReplacement => {
+                            self.reweigh();
                             if self.any_live() {
                                 Drawn::Again
                             } else {

@@ -560,14 +560,7 @@ impl Dataset {
         let (rows, rest) = match &split {
             Split::Rows { after } => {
                 let global = rows_through(head.rows, &ops[..*after]);
-                let dealt = global.map(|t| {
-                    if run.pad && !run.drop_last && t > 0 {
-                        t.div_ceil(run.parts.max(1) as u64)
-                    } else {
-                        dealt_rows(t, run.part, run.parts, run.drop_last)
-                    }
-                });
-                (dealt, *after)
+                (global.map(|t| dealt_rows(t, run.share())), *after)
             }
             Split::Units | Split::Window { .. } => {
                 let rest = match split {
@@ -658,12 +651,11 @@ impl Dataset {
                 let planned = self
                     .part_rows(head, split, run)
                     .and_then(|(rows, padding)| {
-                        Some((
-                            unit_slices(prepared, &order, &rows, leaf)?,
-                            unit_slices(prepared, &order, &padding, leaf)?,
-                        ))
+                        let share = rows::list_len(&rows);
+                        let all: RowList = rows.into_iter().chain(padding).collect();
+                        Some((unit_slices(prepared, &order, &all, leaf)?, share))
                     });
-                let (slices, padding) = match planned {
+                let (slices, share) = match planned {
                     Some(planned) => planned,
                     // Rows unknown: whole units dealt round-robin, without positions.
                     None => {
@@ -683,7 +675,7 @@ impl Dataset {
                                 position: None,
                             })
                             .collect();
-                        (slices, Vec::new())
+                        (slices, u64::MAX)
                     }
                 };
                 let source = self.files()?;
@@ -691,31 +683,24 @@ impl Dataset {
                     storage: source.storage.clone(),
                     counters: stats.io.clone(),
                 };
-                let decoder = |slices| -> Result<BatchIter> {
-                    Ok(Box::new(decode::UnitDecoder::new(
-                        prepared.clone(),
-                        slices,
-                        run.num_threads,
-                        source.options.on_error,
-                        io.clone(),
-                        stats.clone(),
-                    )?))
-                };
-                let rows = decoder(slices)?;
-                if padding.is_empty() {
-                    rows
-                } else {
-                    let padding = ops::Padding::new(decoder(padding)?, stats.clone());
-                    Box::new(rows.chain(padding))
-                }
+                let decoder = decode::UnitDecoder::new(
+                    prepared.clone(),
+                    slices,
+                    run.num_threads,
+                    source.options.on_error,
+                    io,
+                    stats.clone(),
+                )?;
+                Box::new(ops::Padding::new(Box::new(decoder), share, stats.clone()))
             }
             HeadKind::Indexed(access) => {
                 let (rows, padding) = self
                     .part_rows(head, split, run)
                     .ok_or_else(|| Error::Internal("an indexed head knows its rows".into()))?;
-                let rows = random_access::IndexStream::new(access.clone(), rows, leaf);
-                let padding = random_access::IndexStream::new(access.clone(), padding, leaf);
-                Box::new(rows.chain(ops::Padding::new(Box::new(padding), stats.clone())))
+                let share = rows::list_len(&rows);
+                let all = rows.into_iter().chain(padding).collect();
+                let stream = random_access::IndexStream::new(access.clone(), all, leaf);
+                Box::new(ops::Padding::new(Box::new(stream), share, stats.clone()))
             }
             HeadKind::Combined(c) => {
                 let open: combine::Open = {
@@ -804,10 +789,9 @@ impl Dataset {
                     (true, Some(rows)) => Some(rows / run.parts as u64 * run.parts as u64),
                     _ => None,
                 };
-                // Padded, every part gets as many rows as the first parts are dealt.
                 let pad_to = global
-                    .filter(|&rows| run.pad && !run.drop_last && rows > 0)
-                    .map(|rows| rows.div_ceil(run.parts as u64));
+                    .filter(|_| run.pad && !run.drop_last)
+                    .map(|rows| dealt_rows(rows, run.share()));
                 let mut deal = ops::Deal::new(stream, run.part, run.parts, limit);
                 if let Some(target) = pad_to {
                     deal = deal.padded_to(target, stats.clone());
@@ -837,6 +821,10 @@ impl Dataset {
             _ => parallelism,
         };
         let parts = parallelism.min(units).max(1);
+        let order = match &head.kind {
+            HeadKind::Units(prepared) => Some(self.unit_order(prepared, 0)),
+            _ => None,
+        };
         let mut plans = Vec::with_capacity(parts);
         for part in 0..parts {
             let run = RunOptions {
@@ -846,10 +834,10 @@ impl Dataset {
                 ..RunOptions::default()
             };
             let rows = self.rows_of_run(&run)?;
-            let reads = match &head.kind {
-                HeadKind::Units(prepared) => {
+            let reads = match (&head.kind, &order) {
+                (HeadKind::Units(prepared), Some(order)) => {
                     self.part_rows(&head, &split, &run).and_then(|(r, _)| {
-                        unit_slices(prepared, &self.unit_order(prepared, 0), &r, None)
+                        unit_slices(prepared, order, &r, None)
                             .map(|slices| (prepared.clone(), slices))
                     })
                 }
@@ -1205,11 +1193,14 @@ const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a shuf
     such an epoch can resume only on the same number of ranks and workers (put take/skip \
     first, or use a full shuffle, to resume on another)";
 
-/// Rows that part `part` keeps when rows are dealt round-robin (see [`ops::Deal`]).
-fn dealt_rows(total: u64, part: usize, parts: usize, even: bool) -> u64 {
-    let parts = parts.max(1) as u64;
+/// Rows that a part keeps when rows are dealt round-robin (see [`ops::Deal`]); padded,
+/// as many as the first parts are dealt.
+fn dealt_rows(total: u64, share: Share) -> u64 {
+    let parts = share.parts.max(1) as u64;
     let each = total / parts;
-    if even || (part as u64) >= total % parts {
+    if share.pad && !share.even {
+        total.div_ceil(parts)
+    } else if share.even || (share.part as u64) >= total % parts {
         each
     } else {
         each + 1

@@ -383,16 +383,22 @@ impl Iterator for Deal {
     }
 }
 
-/// Rows read again to give a part as many rows as the others (see `rows::Share`),
-/// counted in the stats as they pass.
+/// Counts the rows after a part's first `share` rows: those read again to give the
+/// part as many rows as the others (see `rows::Share`), in the stats.
 pub struct Padding {
     upstream: BatchIter,
+    /// Rows still to pass before the padding starts.
+    share_left: u64,
     stats: Arc<super::Stats>,
 }
 
 impl Padding {
-    pub fn new(upstream: BatchIter, stats: Arc<super::Stats>) -> Self {
-        Self { upstream, stats }
+    pub fn new(upstream: BatchIter, share: u64, stats: Arc<super::Stats>) -> Self {
+        Self {
+            upstream,
+            share_left: share,
+            stats,
+        }
     }
 }
 
@@ -402,10 +408,14 @@ impl Iterator for Padding {
     fn next(&mut self) -> Option<Self::Item> {
         let item = self.upstream.next()?;
         if let Ok(batch) = &item {
-            self.stats.padded_rows.fetch_add(
-                batch.num_rows() as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            let rows = batch.num_rows() as u64;
+            let padded = rows.saturating_sub(self.share_left);
+            self.share_left = self.share_left.saturating_sub(rows);
+            if padded > 0 {
+                self.stats
+                    .padded_rows
+                    .fetch_add(padded, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         Some(item)
     }

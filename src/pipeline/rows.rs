@@ -341,16 +341,6 @@ impl Share {
         }
         (share, padding)
     }
-
-    /// Rows this part reads, padding included.
-    pub fn len(&self, total: u64) -> u64 {
-        let (start, end) = self.range(total);
-        if self.pad && !self.even && total > 0 {
-            total.div_ceil(self.parts.max(1) as u64)
-        } else {
-            end - start
-        }
-    }
 }
 
 #[cfg(test)]
@@ -421,7 +411,6 @@ mod tests {
                     list_len(&rows) + list_len(&pad),
                     18u64.div_ceil(parts as u64)
                 );
-                assert_eq!(list_len(&rows) + list_len(&pad), padded.len(18));
                 let even = Share {
                     even: true,
                     ..padded

@@ -39,8 +39,8 @@ struct Position {
     /// The rows (positions) delivered so far this epoch; `None` once a row without a
     /// position has been delivered (a flat_map's, say).
     consumed: Option<Delivered>,
-    /// The positions of the batch delivered last.
-    last_batch: Option<Arc<[u64]>>,
+    /// The positions of the batch delivered last (shared with the batch, not copied).
+    last_batch: Option<arrow_array::UInt64Array>,
 }
 
 impl Position {
@@ -82,10 +82,13 @@ pub struct PyDataLoader {
 
 impl PyDataLoader {
     fn position(&self) -> Position {
-        self.position
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.with_position(Position::clone)
+    }
+
+    /// Reads the position under its lock without copying it (its delivered rows can be
+    /// many).
+    fn with_position<T>(&self, f: impl FnOnce(&Position) -> T) -> T {
+        f(&self.position.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn set_position(&self, position: Position) {
@@ -215,7 +218,8 @@ impl PyDataLoader {
         for s in &saved {
             ranks[s.rank] = Some(s);
         }
-        let lockstep = || dataset.lockstep(true);
+        // One state stands for every rank only when their progress follows from it.
+        let lockstep = saved.len() == 1 && dataset.lockstep(true)?;
         let mut epoch_rows = RowSet::new();
         let mut delivered = RowSet::new();
         for (part, state) in ranks.iter().enumerate() {
@@ -226,7 +230,7 @@ impl PyDataLoader {
                     consumed: Some(consumed),
                     ..
                 }) => delivered.union(consumed),
-                _ if saved.len() == 1 && lockstep()? => {
+                _ if lockstep => {
                     let done = saved[0].batches * self.batch_size as u64;
                     delivered.union(&RowSet::from_ranges(rows::sublist(&planned, 0, done)));
                 }
@@ -401,7 +405,7 @@ impl PyDataLoader {
     /// `load_state_dict`, the loaded epoch keeps its loaded position (so a training loop
     /// that calls `set_epoch` each epoch resumes mid-epoch); another epoch starts fresh.
     fn set_epoch(&mut self, epoch: u64) {
-        if self.resuming && self.position().epoch == epoch {
+        if self.resuming && self.with_position(|p| p.epoch) == epoch {
             return;
         }
         self.resuming = false;
@@ -411,7 +415,7 @@ impl PyDataLoader {
 
     #[getter]
     fn epoch(&self) -> u64 {
-        self.position().epoch
+        self.with_position(|p| p.epoch)
     }
 
     #[getter]
@@ -421,7 +425,10 @@ impl PyDataLoader {
 
     /// Batches this rank reads in the coming epoch, where the dataset's length is known.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        let (dataset, run) = (self.dataset(), self.run_options(self.position().epoch));
+        let (dataset, run) = (
+            self.dataset(),
+            self.run_options(self.with_position(|p| p.epoch)),
+        );
         let rows = py.detach(|| dataset.rows_of_run(&run))?.ok_or_else(|| {
             PyTypeError::new_err("the number of batches is not known without reading the data")
         })? as usize;
@@ -541,7 +548,7 @@ impl PyDataLoader {
     /// The positions of the rows of the batch delivered last (`None` when rows carry
     /// none): what the torch adapter records of a batch it hands out sample by sample.
     fn _batch_positions(&self) -> Option<Vec<u64>> {
-        self.position().last_batch.map(|p| p.to_vec())
+        self.with_position(|p| p.last_batch.as_ref().map(|b| b.values().to_vec()))
     }
 
     /// Counters since the loader was made: rows, batches, bytes read, files opened,
@@ -610,7 +617,7 @@ impl PyDataLoader {
             self.world_size,
             self.num_threads,
             self.prefetch,
-            self.position().epoch
+            self.with_position(|p| p.epoch)
         )
     }
 }
@@ -726,7 +733,7 @@ impl BatchIterator {
                             if let Some(consumed) = position.consumed.as_mut() {
                                 consumed.add(positions.values());
                             }
-                            position.last_batch = Some(positions.values().to_vec().into());
+                            position.last_batch = Some(positions);
                         }
                         _ => {
                             position.consumed = None;
