@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything the tests need, then runs the whole suite: Rust unit and
-# integration tests, the Python tests, and a check that the type stubs match the
-# extension. Exits non-zero on any failure.
+# Installs everything the tests need and builds the wheel, then runs the whole suite:
+# Rust unit and integration tests, the Python tests (among them, the wheel installed
+# into a fresh venv), and a check that the type stubs match the extension. Exits
+# non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,10 @@ fi
 
 echo "== installing shardflow (editable, release build) and test dependencies"
 "$PYTHON" -m pip install --quiet --editable ".[test]"
+
+echo "== building the wheel users install (the Python tests install it into a fresh venv)"
+export SHARDFLOW_WHEEL_DIR="${SHARDFLOW_WHEEL_DIR:-$HOME/.cache/shardflow/wheels}"
+bash scripts/build-wheel.sh
 
 echo "== Rust tests"
 cargo test --release --locked

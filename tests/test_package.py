@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import shardflow as sf
@@ -41,3 +43,13 @@ def test_inspect_and_bench(tmp_path: Path) -> None:
     assert len(re.findall(r"^epoch \d: 2 samples in", out.stdout, re.MULTILINE)) == 2
     out = run("-m", "shardflow", "inspect", str(tmp_path / "*.parquet"))
     assert out.returncode != 0 and "no files match" in out.stderr
+
+
+def test_versions_agree() -> None:
+    """Cargo.toml holds the version; pyproject.toml takes it from there (maturin copies
+    it), the installed metadata carries it, and the extension reports it compiled in."""
+    root = Path(__file__).resolve().parents[1]
+    cargo = tomllib.loads((root / "Cargo.toml").read_text())["package"]["version"]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert sf.__version__ == sf._native.__version__ == metadata.version("shardflow") == cargo

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from shardflow._batch import Batch
 from shardflow._native import (
+    __version__,
     BatchIterator,
     DataLoader,
     Dataset,
@@ -40,7 +41,6 @@ from shardflow.errors import (
     ShardflowError,
 )
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AccessDeniedError",

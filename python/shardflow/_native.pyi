@@ -14,6 +14,7 @@ __all__ = [
     "SampleIterator",
     "Schema",
     "_ArrowBuffer",
+    "__version__",
     "_redact",
     "concatenate",
     "dataset",
@@ -24,6 +25,8 @@ __all__ = [
 ]
 
 _Source = str | PathLike[str] | list[str | PathLike[str]] | tuple[str | PathLike[str], ...]
+
+__version__: str
 
 def _redact(text: str) -> str: ...
 

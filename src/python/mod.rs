@@ -65,4 +65,13 @@ mod _native {
     use super::loader::{BatchIterator, PyDataLoader};
     #[pymodule_export]
     use super::to_python::ArrowBufferOwner;
+
+    use pyo3::prelude::*;
+
+    /// `__version__` is the crate's version, compiled in, so the Python package reports
+    /// the version of the extension that is really loaded.
+    #[pymodule_init]
+    fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
+        module.add("__version__", env!("CARGO_PKG_VERSION"))
+    }
 }

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds what users install, into $SHARDFLOW_WHEEL_DIR (default: dist/):
+#   - the sdist, shardflow-<version>.tar.gz;
+#   - from that sdist (which proves that it builds), the wheel:
+#     shardflow-<version>-cp311-abi3-manylinux_2_17_x86_64.whl, one file for every
+#     CPython >= 3.11 on any x86_64 Linux with glibc 2.17 or later.
+# zig links it against glibc 2.17's symbols, so no manylinux container is needed; the
+# `dist` profile (Cargo.toml) strips it and builds it with LTO. The wheel is then checked
+# three ways: maturin's own manylinux audit, `auditwheel show`, and a look at the
+# extension's ELF sections (no debug info, no symbol table).
+#
+# Needs a Rust toolchain and Python >= 3.11; the build tools (maturin, ziglang,
+# auditwheel) are installed, at fixed versions, into a venv of their own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shardflow/target}"
+PYTHON="${PYTHON:-python3}"
+OUT="${SHARDFLOW_WHEEL_DIR:-dist}"
+TOOLS="${SHARDFLOW_WHEEL_TOOLS:-$HOME/.cache/shardflow/wheel-tools}"
+PLATFORM=manylinux_2_17_x86_64
+
+if [ ! -x "$TOOLS/bin/python" ]; then
+    "$PYTHON" -m venv "$TOOLS"
+fi
+"$TOOLS/bin/python" -m pip install --quiet --disable-pip-version-check \
+    maturin==1.16.0 ziglang==0.17.1 auditwheel==6.8.2
+# maturin runs zig as `python -m ziglang`, with the first python on PATH.
+export PATH="$TOOLS/bin:$PATH"
+
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)"
+wheel="$OUT/shardflow-$version-cp311-abi3-$PLATFORM.whl"
+mkdir -p "$OUT"
+rm -f "$wheel" "$OUT/shardflow-$version.tar.gz"
+
+echo "== building the sdist, and the wheel from it (profile dist: LTO, stripped)"
+start=$SECONDS
+maturin build --sdist --profile dist --zig --compatibility manylinux_2_17 \
+    --auditwheel check --interpreter "$PYTHON" --out "$OUT"
+build_seconds=$((SECONDS - start))
+if [ ! -f "$wheel" ]; then
+    echo "expected $wheel; the build wrote:" >&2
+    ls -l "$OUT" >&2
+    exit 1
+fi
+
+echo "== checking the wheel"
+auditwheel show "$wheel" | tee "$OUT/auditwheel-show.txt"
+# auditwheel names the most compatible tag the wheel's symbols and libraries allow: it
+# must be the tag the wheel carries (or an older, more portable one that implies it).
+if ! grep -Eq "consistent with the following platform tag: \"(manylinux_2_(5|12|17)_x86_64|manylinux1_x86_64|manylinux2010_x86_64|manylinux2014_x86_64)\"" "$OUT/auditwheel-show.txt"; then
+    echo "auditwheel does not find $wheel consistent with $PLATFORM" >&2
+    exit 1
+fi
+"$TOOLS/bin/python" - "$wheel" <<'EOF'
+"""The extension carries no debug info and no symbol table (the dist profile strips it)."""
+import io
+import sys
+import zipfile
+
+from elftools.elf.elffile import ELFFile
+
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    (name,) = [n for n in wheel.namelist() if n.endswith(".so")]
+    data = wheel.read(name)
+sections = [s.name for s in ELFFile(io.BytesIO(data)).iter_sections()]
+extra = [s for s in sections if s.startswith(".debug") or s == ".symtab"]
+if extra:
+    sys.exit(f"{name} is not stripped: it has {extra}")
+print(f"{name}: {len(data) / 2**20:.1f} MiB, stripped")
+EOF
+echo "wheel: $wheel ($(du -m "$wheel" | cut -f1) MB), built in ${build_seconds} s"
+echo "sdist: $OUT/shardflow-$version.tar.gz"
