@@ -35,7 +35,7 @@ def wheel() -> Path:
     assert WHEEL_DIR
     found = sorted(Path(WHEEL_DIR).glob(f"shardflow-{VERSION}-*.whl"))
     assert len(found) == 1, f"expected one shardflow {VERSION} wheel in {WHEEL_DIR}, found {found}"
-    return found[0]
+    return found[0].resolve()
 
 
 def without_rust() -> dict[str, str]:
@@ -77,13 +77,16 @@ def run_in(venv: tuple[Path, dict[str, str]], cwd: Path, *args: str) -> subproce
 def test_wheel_tags_and_metadata(wheel: Path) -> None:
     name, version, python_tag, abi_tag, platform_tag = wheel.stem.split("-")
     assert (name, version, python_tag, abi_tag) == ("shardflow", VERSION, "cp311", "abi3")
-    assert platform_tag.startswith("manylinux_") and platform_tag.endswith("_x86_64")
+    # maturin writes the legacy alias too: manylinux2014_x86_64.manylinux_2_17_x86_64
+    platforms = platform_tag.split(".")
+    assert "manylinux_2_17_x86_64" in platforms
+    assert all(p.startswith("manylinux") and p.endswith("_x86_64") for p in platforms)
     with zipfile.ZipFile(wheel) as archive:
         info = f"shardflow-{VERSION}.dist-info"
         tags = Parser().parsestr(archive.read(f"{info}/WHEEL").decode())
         meta = Parser().parsestr(archive.read(f"{info}/METADATA").decode())
         names = archive.namelist()
-    assert tags.get_all("Tag") == [f"cp311-abi3-{platform_tag}"] and tags["Root-Is-Purelib"] == "false"
+    assert tags.get_all("Tag") == [f"cp311-abi3-{p}" for p in platforms] and tags["Root-Is-Purelib"] == "false"
     assert meta["Version"] == VERSION and meta["Requires-Python"] == ">=3.11"
     assert any(r.startswith("numpy") for r in meta.get_all("Requires-Dist"))
     # The package's Python files, its type information, and one extension module.
