@@ -73,6 +73,15 @@ def all_types_table(n: int = N) -> pa.Table:
                 [[(f"k{j}", j) for j in range(i % 3)] for i in range(n)], pa.map_(pa.string(), pa.int32())
             ),
             "fixed_list": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * 3).astype(np.float32)), 3),
+            "large_list_struct": pa.array(
+                with_nulls([[{"role": "user", "content": f"m{i}-{j}"} for j in range(i % 4)] for i in range(n)]),
+                pa.large_list(pa.struct([("role", pa.string()), ("content", pa.string())])),
+            ),
+            "list_map": pa.array(
+                [[[(f"k{j}", j)] * (j % 2) for j in range(i % 3)] for i in range(n)],
+                pa.list_(pa.map_(pa.string(), pa.int32())),
+            ),
+            "fixed_list_str": pa.array([[f"a{i}", f"b{i}"] for i in range(n)], pa.list_(pa.string(), 2)),
         }
     )
 

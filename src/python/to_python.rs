@@ -5,6 +5,8 @@
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
+use std::sync::Arc;
+
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
@@ -289,22 +291,11 @@ fn null_mask<'py>(py: Python<'py>, array: &dyn Array) -> Bound<'py, PyArray1<boo
 
 /// Lists of numbers as 1-D numpy views into one shared values buffer (None for null lists).
 fn ragged_views(py: Python<'_>, array: &dyn Array) -> PyResult<Option<Vec<Py<PyAny>>>> {
-    let (values, offsets): (ArrayRef, Vec<usize>) = match array.data_type() {
-        DataType::List(_) => {
-            let list = array.as_list::<i32>();
-            (
-                list.values().clone(),
-                list.value_offsets().iter().map(|&o| o as usize).collect(),
-            )
-        }
-        DataType::LargeList(_) => {
-            let list = array.as_list::<i64>();
-            (
-                list.values().clone(),
-                list.value_offsets().iter().map(|&o| o as usize).collect(),
-            )
-        }
-        _ => return Ok(None),
+    if !matches!(array.data_type(), DataType::List(_) | DataType::LargeList(_)) {
+        return Ok(None);
+    }
+    let Some((values, offsets)) = list_parts(array) else {
+        return Ok(None);
     };
     let Some(dtype) = numpy_dtype(values.data_type()) else {
         return Ok(None);
@@ -324,6 +315,43 @@ fn ragged_views(py: Python<'_>, array: &dyn Array) -> PyResult<Option<Vec<Py<PyA
         })
         .collect::<PyResult<Vec<_>>>()
         .map(Some)
+}
+
+/// The child values of a list or map column, cut to the span its rows use, and each
+/// row's bounds in them (`offsets[i]..offsets[i + 1]`, counted from 0). A batch is a
+/// slice of its row group, and slicing a list or map array keeps the parent's whole
+/// child array; without the cut, converting a batch would cost its whole row group.
+fn list_parts(array: &dyn Array) -> Option<(ArrayRef, Vec<usize>)> {
+    fn cut(values: ArrayRef, offsets: Vec<usize>) -> (ArrayRef, Vec<usize>) {
+        let start = offsets.first().copied().unwrap_or(0);
+        let end = offsets.last().copied().unwrap_or(start);
+        let rebased = offsets.iter().map(|o| o - start).collect();
+        (values.slice(start, end - start), rebased)
+    }
+    match array.data_type() {
+        DataType::List(_) => {
+            let list = array.as_list::<i32>();
+            let o = list.value_offsets().iter().map(|&o| o as usize).collect();
+            Some(cut(list.values().clone(), o))
+        }
+        DataType::LargeList(_) => {
+            let list = array.as_list::<i64>();
+            let o = list.value_offsets().iter().map(|&o| o as usize).collect();
+            Some(cut(list.values().clone(), o))
+        }
+        DataType::Map(_, _) => {
+            let map = array.as_map();
+            let o = map.value_offsets().iter().map(|&o| o as usize).collect();
+            Some(cut(Arc::new(map.entries().clone()), o))
+        }
+        // Slicing a fixed-size list slices its values too.
+        DataType::FixedSizeList(_, size) => {
+            let size = *size as usize;
+            let o = (0..=array.len()).map(|i| i * size).collect();
+            Some((array.as_fixed_size_list().values().clone(), o))
+        }
+        _ => None,
+    }
 }
 
 fn object_array<'py>(py: Python<'py>, values: Vec<Py<PyAny>>) -> PyResult<Bound<'py, PyAny>> {
@@ -632,28 +660,18 @@ pub fn column_to_py(py: Python<'_>, array: &dyn Array) -> PyResult<Vec<Py<PyAny>
                 })
                 .collect()
         }
-        DataType::List(_) => {
-            let list = array.as_list::<i32>();
-            lists_to_py(
-                py,
-                array,
-                list.values().as_ref(),
-                list.value_offsets().iter().map(|&o| o as usize),
-            )
-        }
-        DataType::LargeList(_) => {
-            let list = array.as_list::<i64>();
-            lists_to_py(
-                py,
-                array,
-                list.values().as_ref(),
-                list.value_offsets().iter().map(|&o| o as usize),
-            )
-        }
-        DataType::FixedSizeList(_, size) => {
-            let list = array.as_fixed_size_list();
-            let size = *size as usize;
-            lists_to_py(py, array, list.values().as_ref(), (0..=n).map(|i| i * size))
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) => {
+            let (values, offsets) = list_parts(array).ok_or_else(|| to_type_error("not a list"))?;
+            let items = column_to_py(py, values.as_ref())?;
+            (0..n)
+                .map(|i| {
+                    if array.is_null(i) {
+                        return Ok(py.None());
+                    }
+                    let row = items[offsets[i]..offsets[i + 1]].iter().map(|v| v.bind(py));
+                    Ok(PyList::new(py, row)?.into_any().unbind())
+                })
+                .collect()
         }
         DataType::Struct(fields) => {
             let s = array.as_struct();
@@ -678,16 +696,16 @@ pub fn column_to_py(py: Python<'_>, array: &dyn Array) -> PyResult<Vec<Py<PyAny>
                 .collect()
         }
         DataType::Map(_, _) => {
-            let map = array.as_map();
-            let keys = column_to_py(py, map.keys().as_ref())?;
-            let values = column_to_py(py, map.values().as_ref())?;
-            let offsets = map.value_offsets();
+            let (entries, offsets) = list_parts(array).ok_or_else(|| to_type_error("not a list"))?;
+            let entries = entries.as_struct();
+            let keys = column_to_py(py, entries.column(0).as_ref())?;
+            let values = column_to_py(py, entries.column(1).as_ref())?;
             (0..n)
                 .map(|i| {
-                    if map.is_null(i) {
+                    if array.is_null(i) {
                         return Ok(py.None());
                     }
-                    let pairs = (offsets[i] as usize..offsets[i + 1] as usize)
+                    let pairs = (offsets[i]..offsets[i + 1])
                         .map(|j| PyTuple::new(py, [keys[j].bind(py), values[j].bind(py)]))
                         .collect::<PyResult<Vec<_>>>()?;
                     Ok(PyList::new(py, pairs)?.into_any().unbind())
@@ -702,25 +720,6 @@ pub fn column_to_py(py: Python<'_>, array: &dyn Array) -> PyResult<Vec<Py<PyAny>
             "Arrow type {other} has no Python conversion in shardflow; use output=\"arrow\""
         ))),
     }
-}
-
-fn lists_to_py(
-    py: Python<'_>,
-    array: &dyn Array,
-    values: &dyn Array,
-    offsets: impl Iterator<Item = usize>,
-) -> PyResult<Vec<Py<PyAny>>> {
-    let items = column_to_py(py, values)?;
-    let offsets: Vec<usize> = offsets.collect();
-    (0..array.len())
-        .map(|i| {
-            if array.is_null(i) {
-                return Ok(py.None());
-            }
-            let row = items[offsets[i]..offsets[i + 1]].iter().map(|v| v.bind(py));
-            Ok(PyList::new(py, row)?.into_any().unbind())
-        })
-        .collect()
 }
 
 fn timestamps_to_py(
