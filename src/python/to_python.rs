@@ -291,7 +291,10 @@ fn null_mask<'py>(py: Python<'py>, array: &dyn Array) -> Bound<'py, PyArray1<boo
 
 /// Lists of numbers as 1-D numpy views into one shared values buffer (None for null lists).
 fn ragged_views(py: Python<'_>, array: &dyn Array) -> PyResult<Option<Vec<Py<PyAny>>>> {
-    if !matches!(array.data_type(), DataType::List(_) | DataType::LargeList(_)) {
+    if !matches!(
+        array.data_type(),
+        DataType::List(_) | DataType::LargeList(_)
+    ) {
         return Ok(None);
     }
     let Some((values, offsets)) = list_parts(array) else {
@@ -696,7 +699,8 @@ pub fn column_to_py(py: Python<'_>, array: &dyn Array) -> PyResult<Vec<Py<PyAny>
                 .collect()
         }
         DataType::Map(_, _) => {
-            let (entries, offsets) = list_parts(array).ok_or_else(|| to_type_error("not a list"))?;
+            let (entries, offsets) =
+                list_parts(array).ok_or_else(|| to_type_error("not a list"))?;
             let entries = entries.as_struct();
             let keys = column_to_py(py, entries.column(0).as_ref())?;
             let values = column_to_py(py, entries.column(1).as_ref())?;
