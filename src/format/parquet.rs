@@ -30,7 +30,7 @@ const FOOTER_GUESS: u64 = 64 * 1024;
 /// than another request, but a wide gap would read unprojected columns.
 const COALESCE_GAP: u64 = 64 * 1024;
 /// Decoded batches aim at about this many bytes, so wide rows give short batches.
-const TARGET_BATCH_BYTES: u64 = 8 * 1024 * 1024;
+const TARGET_BATCH_BYTES: u64 = 1024 * 1024;
 const MAX_BATCH_ROWS: u64 = 64 * 1024;
 
 pub struct Parquet;
