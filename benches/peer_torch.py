@@ -5,7 +5,8 @@ a 28x28 uint8 image and a label, as Fashion-MNIST): samples/s of
 - torch.utils.data.DataLoader over shardflow.torch.IterableDataset, shardflow batching
   (batch_size=None), with 0 and 2 workers,
 - the same with torch collating samples (batch_size=256), 2 workers,
-- torch.utils.data.DataLoader over shardflow.torch.MapDataset with a RandomSampler.
+- torch.utils.data.DataLoader over shardflow.torch.MapDataset with a RandomSampler,
+- a Python ``map`` per sample (pure Python work, under the GIL) with 0 and 2 workers.
 
     python benches/peer_torch.py [--repeats 5]
 """
@@ -42,6 +43,12 @@ def write(directory: str) -> str:
     return os.path.join(directory, "train-*.parquet")
 
 
+def python_work(row: dict) -> dict:
+    """About 15 us of pure Python per sample, like a small tokenizer or augmentation."""
+    pixels = row["image"][:256].tolist()
+    return {"label": row["label"], "brightness": sum(p * p for p in pixels) / len(pixels)}
+
+
 def count(batches) -> int:  # noqa: ANN001
     return sum(len(b["label"]) for b in batches)
 
@@ -66,6 +73,14 @@ def main() -> None:
                 TorchLoader(IterableDataset(ds, shuffle=True), batch_size=BATCH, num_workers=2, multiprocessing_context="fork")
             ),
             "MapDataset + RandomSampler, 0 workers": lambda: count(TorchLoader(MapDataset(ds), batch_size=BATCH, shuffle=True)),
+            # Python work per sample, which holds the GIL: here workers pay off.
+            "Python map per sample, 0 workers": lambda: count(
+                TorchLoader(IterableDataset(ds.map(python_work), batch_size=BATCH, shuffle=True), batch_size=None)
+            ),
+            "Python map per sample, 2 workers": lambda: count(
+                TorchLoader(IterableDataset(ds.map(python_work), batch_size=BATCH, shuffle=True), batch_size=None,
+                            num_workers=2, multiprocessing_context="fork")
+            ),
         }
         times: dict[str, list[float]] = {name: [] for name in runners}
         for _ in range(args.repeats):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
+import sys
 import warnings
 from pathlib import Path
 
@@ -165,3 +167,30 @@ def test_training_an_epoch_lowers_the_loss(fashion_parquet: str, context: str) -
         losses.append(loss.item())
     assert len(losses) == 2 * (5000 // 64)  # each worker's share, full batches only
     assert np.mean(losses[-20:]) < 0.6 * np.mean(losses[:20])
+
+
+def double(row: dict) -> dict:
+    return {"id": row["id"] * 2}
+
+
+@pytest.mark.parametrize("transform", [False, True])
+def test_workers_without_python_work_get_a_hint_once(ids: str, transform: bool, capfd: pytest.CaptureFixture[str]) -> None:
+    ds = sf.dataset(ids, columns=["id"])
+    if transform:
+        ds = ds.map(double)
+    loader = TorchLoader(IterableDataset(ds, batch_size=64), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    # The hint goes to the "shardflow" logger; under pytest the root logger's handler is
+    # pytest's own, which a forked worker cannot report back, so print it here.
+    handler = logging.StreamHandler(sys.stderr)
+    logging.getLogger("shardflow").addHandler(handler)
+    try:
+        for _ in range(2):
+            assert sorted(read_ids(loader)) == [i * (2 if transform else 1) for i in range(TOTAL)]
+    finally:
+        logging.getLogger("shardflow").removeHandler(handler)
+    hints = capfd.readouterr().err.count("torch DataLoader workers read this dataset, but it runs no Python")
+    # Workers started afresh each epoch are new processes: once per epoch at most.
+    assert hints == (0 if transform else 2)
+    # In the main process (0 workers) there is nothing to say.
+    read_ids(TorchLoader(IterableDataset(sf.dataset(ids), batch_size=64), batch_size=None))
+    assert "torch DataLoader workers" not in capfd.readouterr().err

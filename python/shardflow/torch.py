@@ -18,9 +18,10 @@ rank's ``StatefulDataLoader.state_dict()``) and pass the list to
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -118,6 +119,27 @@ class _SharedEpoch:
         self._lock, self._values, self._seen = state["lock"], state["values"], None
 
 
+_log = logging.getLogger("shardflow")
+_workers_hinted = False
+
+
+def _hint_workers_cost() -> None:
+    """Says once per worker process (the first worker's) that torch's workers slow
+    shardflow down when they have no Python work to share."""
+    global _workers_hinted
+    if _workers_hinted:
+        return
+    _workers_hinted = True
+    _log.warning(
+        "shardflow: torch DataLoader workers read this dataset, but it runs no Python "
+        "map/filter. shardflow already decodes on its own threads, and each worker's "
+        "batches are copied to the main process: expect a fraction of the speed of "
+        "num_workers=0 (benches/peer_torch.py: 0.3x with 2 workers). Use num_workers=0 "
+        "unless a Python transform or collate_fn needs the processes; see the README's "
+        "PyTorch section."
+    )
+
+
 def _spawning() -> bool:
     from multiprocessing import context
 
@@ -161,9 +183,11 @@ class IterableDataset(_TorchIterableDataset):
         self.num_threads = num_threads
         self.prefetch = prefetch
         self._epoch = _SharedEpoch(0)
-        # The pass in progress in this process: the loader's state before the batch being
-        # yielded, and how many of that batch's samples are out.
-        self._position: dict[str, Any] | None = None
+        # Where the pass in progress in this process stands, worked out when asked: the
+        # loader's state before the batch being yielded, and how many of its samples are
+        # out. (Taking a loader's state costs about as much as making a batch, and
+        # torch's loop asks for it only when saving.)
+        self._position: Callable[[], dict[str, Any]] | None = None
         self._resume: dict[str, Any] | None = None
         self._main_passes = 0
 
@@ -173,6 +197,8 @@ class IterableDataset(_TorchIterableDataset):
     def _loader(self) -> sf.DataLoader:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None and worker == 0 and not self.dataset._runs_python():
+            _hint_workers_cost()
         rank, world = _rank_and_world(self.rank, self.world_size)
         # Every (rank, worker) pair is one part of the epoch. Ranks must take the same
         # number of steps, so their parts are padded; the workers of one rank need not.
@@ -224,23 +250,27 @@ class IterableDataset(_TorchIterableDataset):
             before = None if self.batch_size else loader.state_dict()
             batch = next(batches, None)
             if batch is None:
-                self._position = {"loader": loader.state_dict(), "samples_out": 0}
+                end = {"loader": loader.state_dict(), "samples_out": 0}
+                self._position = lambda: end
                 return
             if self.batch_size:
-                self._position = {"loader": loader.state_dict(), "samples_out": 0}
+                # While this generator waits at `yield`, the loader stands right after
+                # the batch, so its state can be taken then.
+                self._position = lambda: {"loader": loader.state_dict(), "samples_out": 0}
                 yield batch
                 continue
             positions = loader._batch_positions()
             for i in range(skip, batch.num_rows):
                 # Recorded before the sample leaves: a state taken after it counts it.
-                self._position = {"loader": before, "samples_out": i + 1, "positions": positions}
+                sample = {"loader": before, "samples_out": i + 1, "positions": positions}
+                self._position = lambda sample=sample: sample
                 yield batch.row(i)
             skip = 0
 
     def state_dict(self) -> dict[str, Any]:
         """Where the pass in progress in this process stands (one state per worker
         under torch's workers); plain JSON-serialisable data."""
-        return {"format": _STATE_FORMAT, "position": self._position}
+        return {"format": _STATE_FORMAT, "position": self._position() if self._position else None}
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """The next pass in this process resumes at ``state``'s position: this worker's

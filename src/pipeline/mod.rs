@@ -258,6 +258,19 @@ impl Dataset {
         &self.ops
     }
 
+    /// Whether reading it runs Python code: a `map`, `filter` or `flat_map` here or in a
+    /// dataset it combines.
+    pub fn runs_python(&self) -> bool {
+        let here = self.ops.iter().any(|op| match op {
+            Op::Transform(t) => t.runs_python(),
+            _ => false,
+        });
+        here || match &self.origin {
+            Origin::Files(_) => false,
+            Origin::Combined(c) => c.parts.iter().any(Dataset::runs_python),
+        }
+    }
+
     pub fn with_op(&self, op: Op) -> Self {
         let mut ds = self.clone();
         ds.ops.push(op);

@@ -30,6 +30,10 @@ pub trait BatchTransform: Send + Sync {
     /// What the transform is, for people and for a dataset's fingerprint
     /// (e.g. `map(train.normalize)`).
     fn describe(&self) -> String;
+    /// Whether it runs Python code (and so holds the GIL while it works).
+    fn runs_python(&self) -> bool {
+        false
+    }
     /// The schema of its output for input of `input`, where that is known without
     /// running it.
     fn output_schema(&self, input: &SchemaRef) -> Option<SchemaRef> {

@@ -978,6 +978,12 @@ impl PyDataset {
         self.inner.format_name()
     }
 
+    /// Whether reading it runs Python code (a map, filter or flat_map, here or in a
+    /// dataset it combines).
+    fn _runs_python(&self) -> bool {
+        self.inner.runs_python()
+    }
+
     /// Column names of the records (before any map/flat_map changes them).
     #[getter]
     fn column_names(&self, py: Python<'_>) -> PyResult<Vec<String>> {

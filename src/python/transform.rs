@@ -253,4 +253,8 @@ impl BatchTransform for PyTransform {
     fn describe(&self) -> String {
         self.name.clone()
     }
+
+    fn runs_python(&self) -> bool {
+        true
+    }
 }
