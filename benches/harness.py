@@ -1,0 +1,448 @@
+"""The peer table: every loader on every workload it supports, each run in a fresh
+process, loaders alternating, the median of the repeats.
+
+    python benches/harness.py [--repeats 3] [--scale 1.0] [--only parquet,chat,...]
+
+Data is generated once (seeded) under ``--data`` (default ``~/.cache/shardflow/bench-data``)
+and reused. Each run is ``python benches/harness.py --child WORKLOAD LOADER DATA``, which
+reads one epoch in batches of 256 and reports, as JSON, its samples, the time to its first
+batch, its wall time and its CPU time (its own and its reaped children's: torch workers
+included). The parent samples the PSS of the child and all its descendants every 20 ms
+and keeps the peak of the sum. Results go to ``benches/results/<machine>.md`` (and a PNG
+chart beside it when matplotlib is installed).
+
+Metrics: samples/s, MB/s (the workload's bytes on disk / wall time), CPU seconds per GB
+on disk, peak PSS (MB, summed over worker processes), time to first batch (ms), and the
+speed of each loader relative to shardflow's on the same workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+BATCH = 256
+HERE = Path(__file__).resolve().parent
+
+
+# -- workloads: data ----------------------------------------------------------------
+
+
+def make_parquet(directory: Path, scale: float) -> None:
+    from rss_epochs import write
+
+    write(directory, int(200_000 * scale))
+
+
+def make_chat(directory: Path, scale: float) -> None:
+    from peer_chat import write_shards
+
+    write_shards(str(directory), 16, int(10_000 * scale))
+
+
+def make_tfrecord(directory: Path, scale: float) -> None:
+    from peer_formats import write_tfrecord
+
+    for shard in range(4):
+        write_tfrecord(str(directory / f"part-{shard}.tfrecord"), int(25_000 * scale))
+
+
+def make_tar(directory: Path, scale: float) -> None:
+    from peer_formats import write_tar
+
+    for shard in range(4):
+        write_tar(str(directory / f"part-{shard}.tar"), int(5_000 * scale))
+
+
+def make_npz(directory: Path, scale: float) -> None:
+    """One sample per file, as an NPZ dataset of images usually is."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for i in range(int(10_000 * scale)):
+        np.savez(directory / f"sample-{i:06d}.npz", image=rng.integers(0, 255, (28, 28), np.uint8), label=np.int64(i % 10))
+
+
+# -- loaders: one epoch each, in batches (dicts of columns, or tuples) ---------------
+
+
+def sf_loader(pattern: str, **dataset_args: object) -> Callable[[Path], Iterable]:
+    def run(data: Path) -> Iterable:
+        import shardflow as sf
+
+        return sf.DataLoader(sf.dataset(str(data / pattern), **dataset_args), batch_size=BATCH)
+
+    return run
+
+
+def sf_tfrecord(data: Path) -> Iterable:
+    import shardflow as sf
+
+    features = {"image": sf.FixedLen((), "bytes"), "label": sf.FixedLen((), "int64")}
+    return sf.DataLoader(sf.dataset(str(data / "part-*.tfrecord"), features=features), batch_size=BATCH)
+
+
+def sf_chat(data: Path) -> Iterable:
+    import shardflow as sf
+
+    ds = sf.dataset(sorted(str(p) for p in data.glob("chat-*"))).shuffle(seed=7, buffer_size=10_000)
+    return sf.DataLoader(ds, batch_size=BATCH)
+
+
+def pyarrow_parquet(data: Path) -> Iterable:
+    import pyarrow.parquet as pq
+
+    for path in sorted(data.glob("part-*.parquet")):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH):
+            image = batch.column("image")
+            yield {"image": image.flatten().to_numpy().reshape(len(image), -1), "label": batch.column("label").to_numpy()}
+
+
+def polars_parquet(data: Path) -> Iterable:
+    import polars as pl
+
+    frame = pl.scan_parquet(str(data / "part-*.parquet")).collect()
+    for chunk in frame.iter_slices(BATCH):
+        yield {"image": chunk["image"].to_numpy(), "label": chunk["label"].to_numpy()}
+
+
+def torch_loader(make: Callable[[Path], object], workers: int, batch_size: int | None = None) -> Callable[[Path], Iterable]:
+    def run(data: Path) -> Iterable:
+        import torch.utils.data as tud
+
+        context = "fork" if workers else None
+        return tud.DataLoader(make(data), batch_size=batch_size, num_workers=workers, multiprocessing_context=context)
+
+    return run
+
+
+def parquet_for_torch(data: Path) -> object:
+    """Row groups read with pyarrow, split between torch's workers by file."""
+    import torch.utils.data as tud
+
+    files = sorted(data.glob("part-*.parquet"))
+
+    class Parquet(tud.IterableDataset):
+        def __iter__(self):  # noqa: ANN204
+            info = tud.get_worker_info()
+            mine = files[info.id :: info.num_workers] if info else files
+            for path in mine:
+                yield from pyarrow_parquet_file(path)
+
+    return Parquet()
+
+
+def pyarrow_parquet_file(path: Path) -> Iterable:
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH):
+        image = batch.column("image")
+        yield {"image": image.flatten().to_numpy().reshape(len(image), -1), "label": batch.column("label").to_numpy()}
+
+
+def hf_streaming(data: Path) -> Iterable:
+    from datasets import load_dataset
+
+    files = sorted(str(p) for p in data.glob("chat-*"))
+    ds = load_dataset("json", data_files=files, split="train", streaming=True)
+    return ds.shuffle(seed=7, buffer_size=10_000).batch(BATCH)
+
+
+def hf_map_style(data: Path) -> Iterable:
+    from datasets import load_dataset
+
+    files = sorted(str(p) for p in data.glob("chat-*"))
+    # The Arrow cache is built on the first run and reused (as users do).
+    ds = load_dataset("json", data_files=files, split="train", cache_dir=str(data / ".hf-cache"))
+    return ds.shuffle(seed=7).iter(batch_size=BATCH)
+
+
+def tf_data(data: Path) -> Iterable:
+    import tensorflow as tf
+
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    files = sorted(str(p) for p in data.glob("part-*.tfrecord"))
+    ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE).batch(BATCH)
+    ds = ds.map(lambda x: tf.io.parse_example(x, spec), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+
+
+def webdataset_for_torch(data: Path) -> object:
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in data.glob("part-*.tar"))
+    return wds.WebDataset(urls, shardshuffle=False, workersplitter=wds.split_by_worker).decode().to_tuple("jpg", "cls", "json").batched(BATCH)
+
+
+def npz_files_for_torch(data: Path) -> object:
+    import numpy as np
+    import torch.utils.data as tud
+
+    files = sorted(data.glob("sample-*.npz"))
+
+    class Npz(tud.Dataset):
+        def __len__(self) -> int:
+            return len(files)
+
+        def __getitem__(self, i: int) -> dict:
+            with np.load(files[i]) as archive:
+                return {"image": archive["image"], "label": archive["label"]}
+
+    return Npz()
+
+
+def batch_rows(batch: object) -> int:
+    if isinstance(batch, dict):
+        return len(next(iter(batch.values())))
+    if isinstance(batch, (tuple, list)):  # webdataset's (jpg, cls, json) batches
+        return len(batch[1])
+    raise TypeError(type(batch))
+
+
+# What each loader (by the first word of its name) imports, done before the clock starts.
+IMPORTS = {
+    "shardflow": ["shardflow"],
+    "pyarrow": ["pyarrow.parquet"],
+    "polars": ["polars"],
+    "torch": ["torch.utils.data", "pyarrow.parquet"],
+    "datasets": ["datasets"],
+    "tf.data": ["tensorflow"],
+    "webdataset": ["webdataset", "torch.utils.data"],
+    "np.load": ["torch.utils.data"],
+}
+
+WORKLOADS: dict[str, dict] = {
+    "parquet": {
+        "title": "Parquet: 784-byte image + label + caption, 8 files, row groups of 10k",
+        "make": make_parquet,
+        "files": "part-*.parquet",
+        "loaders": {
+            "shardflow": sf_loader("part-*.parquet"),
+            "pyarrow iter_batches+to_numpy": pyarrow_parquet,
+            "polars read+iter_slices": polars_parquet,
+            "torch DataLoader(0) + pyarrow": torch_loader(parquet_for_torch, 0),
+            "torch DataLoader(2) + pyarrow": torch_loader(parquet_for_torch, 2),
+        },
+    },
+    "chat": {
+        "title": "chat JSONL (messages: list<struct>), 16 shards, half gzip, shuffle buffer 10k",
+        "make": make_chat,
+        "files": "chat-*",
+        "loaders": {
+            "shardflow": sf_chat,
+            "datasets streaming": hf_streaming,
+            "datasets map-style (cached)": hf_map_style,
+        },
+    },
+    "tfrecord": {
+        "title": "TFRecord of tf.train.Example {image: 784 bytes, label}, 4 files",
+        "make": make_tfrecord,
+        "files": "part-*.tfrecord",
+        "loaders": {
+            "shardflow": sf_tfrecord,
+            "tf.data": tf_data,
+        },
+    },
+    "tar": {
+        "title": "WebDataset tar {jpg: 8 KB, cls, json}, 4 shards",
+        "make": make_tar,
+        "files": "part-*.tar",
+        "loaders": {
+            "shardflow": sf_loader("part-*.tar", columns=["jpg", "cls", "json"]),
+            "webdataset in torch DataLoader(0)": torch_loader(webdataset_for_torch, 0),
+            "webdataset in torch DataLoader(2)": torch_loader(webdataset_for_torch, 2),
+        },
+    },
+    "npz": {
+        "title": "NPZ, one 28x28 image + label per file",
+        "make": make_npz,
+        "files": "sample-*.npz",
+        "loaders": {
+            "shardflow": sf_loader("sample-*.npz"),
+            "np.load in torch DataLoader(0)": torch_loader(npz_files_for_torch, 0, BATCH),
+            "np.load in torch DataLoader(2)": torch_loader(npz_files_for_torch, 2, BATCH),
+        },
+    },
+}
+
+
+# -- the child: one epoch --------------------------------------------------------------
+
+
+def cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def child(workload: str, loader: str, data: Path) -> None:
+    sys.path.insert(0, str(HERE))
+    run = WORKLOADS[workload]["loaders"][loader]
+    # Imports are not part of the timing: a training script has them done already.
+    for module in ["numpy", *IMPORTS.get(loader.split(" ")[0], [])]:
+        importlib.import_module(module)
+
+    cpu, start = cpu_seconds(), time.perf_counter()
+    first = None
+    samples = 0
+    for batch in run(data):
+        if first is None:
+            first = time.perf_counter() - start
+        samples += batch_rows(batch)
+    wall = time.perf_counter() - start
+    print(json.dumps({"samples": samples, "first": first, "wall": wall, "cpu": cpu_seconds() - cpu}))
+
+
+# -- the parent ------------------------------------------------------------------------
+
+
+def tree_pss_mb(root: int) -> float:
+    """PSS of `root` and its descendants, summed (MB)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    tree, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        for child_pid, parent in parents.items():
+            if parent == pid and child_pid not in tree:
+                tree.add(child_pid)
+                frontier.append(child_pid)
+    total = 0
+    for pid in tree:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def run_once(workload: str, loader: str, data: Path) -> dict:
+    proc = subprocess.Popen([sys.executable, __file__, "--child", workload, loader, str(data)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0.0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, tree_pss_mb(proc.pid))
+            done.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{workload}/{loader} failed:\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["pss"] = peak
+    return result
+
+
+def prepare(data_root: Path, workload: str, scale: float) -> Path:
+    directory = data_root / f"{workload}-{scale:g}"
+    marker = directory / ".complete"
+    if not marker.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        WORKLOADS[workload]["make"](directory, scale)
+        marker.write_text("")
+    return directory
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", nargs=3, metavar=("WORKLOAD", "LOADER", "DATA"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scale", type=float, default=1.0, help="data size relative to the default")
+    parser.add_argument("--only", default=",".join(WORKLOADS))
+    parser.add_argument("--data", default=str(Path.home() / ".cache/shardflow/bench-data"))
+    parser.add_argument("--out", default=str(HERE / "results" / f"{platform.node() or 'machine'}.md"))
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], args.child[1], Path(args.child[2]))
+        return
+    sys.path.insert(0, str(HERE))
+    lines = [
+        f"# shardflow and its peers on {platform.node()}",
+        "",
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, batch {BATCH}, "
+        f"median of {args.repeats} runs, each loader in a fresh process, loaders alternating. "
+        f"Made by `python benches/harness.py --repeats {args.repeats} --scale {args.scale:g}`.",
+        "",
+    ]
+    chart: dict[str, dict[str, float]] = {}
+    for workload in args.only.split(","):
+        spec = WORKLOADS[workload]
+        data = prepare(Path(args.data), workload, args.scale)
+        size_mb = sum(p.stat().st_size for p in data.glob(spec["files"])) / 1e6
+        runs: dict[str, list[dict]] = {name: [] for name in spec["loaders"]}
+        for _ in range(args.repeats):
+            for name in spec["loaders"]:
+                runs[name].append(run_once(workload, name, data))
+        samples = {r["samples"] for rs in runs.values() for r in rs}
+        assert len(samples) == 1, f"{workload}: loaders disagree on the sample count: {samples}"
+        n = samples.pop()
+        med = {name: {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu", "first", "pss")} for name, rs in runs.items()}
+        base = med["shardflow"]["wall"]
+        lines += [f"## {spec['title']}", "", f"{n:,} samples, {size_mb:.0f} MB on disk.", "",
+                  "| loader | samples/s | MB/s | CPU s/GB | peak PSS MB | first batch ms | shardflow is |",
+                  "|---|---|---|---|---|---|---|"]
+        chart[workload] = {}
+        for name, m in med.items():
+            ratio = "" if name == "shardflow" else f"{m['wall'] / base:.1f}x faster"
+            lines.append(f"| {name} | {n / m['wall']:,.0f} | {size_mb / m['wall']:.0f} | {m['cpu'] / (size_mb / 1e3):.1f} | "
+                         f"{m['pss']:.0f} | {m['first'] * 1e3:.0f} | {ratio} |")
+            chart[workload][name] = n / m["wall"]
+        lines.append("")
+        print("\n".join(lines[-len(med) - 7 :]), flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    print(f"wrote {out}")
+    try:
+        write_chart(chart, out.with_suffix(".png"))
+        print(f"wrote {out.with_suffix('.png')}")
+    except ImportError:
+        print("matplotlib is not installed: no chart")
+
+
+def write_chart(chart: dict[str, dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(chart), figsize=(4 * len(chart), 4), squeeze=False)
+    for ax, (workload, rates) in zip(axes[0], chart.items()):
+        names = list(rates)
+        ax.barh(names, [rates[n] / 1e3 for n in names], color=["tab:blue" if n == "shardflow" else "tab:gray" for n in names])
+        ax.set_title(workload)
+        ax.set_xlabel("thousand samples/s")
+        ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
