@@ -101,12 +101,8 @@ def sf_chat(data: Path) -> Iterable:
 
 
 def pyarrow_parquet(data: Path) -> Iterable:
-    import pyarrow.parquet as pq
-
     for path in sorted(data.glob("part-*.parquet")):
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH):
-            image = batch.column("image")
-            yield {"image": image.flatten().to_numpy().reshape(len(image), -1), "label": batch.column("label").to_numpy()}
+        yield from pyarrow_parquet_file(path)
 
 
 def polars_parquet(data: Path) -> Iterable:
