@@ -3,10 +3,10 @@
 //! `(rows, *shape)` tensors the same way. Everything else becomes Python objects with
 //! the values `pyarrow`'s `to_pylist()` gives.
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::*;
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::*;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
