@@ -429,8 +429,10 @@ def write_chart(chart: dict[str, dict[str, float]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(chart), figsize=(4 * len(chart), 4), squeeze=False)
-    for ax, (workload, rates) in zip(axes[0], chart.items()):
+    heights = [len(rates) for rates in chart.values()]
+    fig, axes = plt.subplots(len(chart), 1, figsize=(9, 1.2 * len(chart) + 0.4 * sum(heights)),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    for ax, (workload, rates) in zip(axes[:, 0], chart.items()):
         names = list(rates)
         ax.barh(names, [rates[n] / 1e3 for n in names], color=["tab:blue" if n == "shardflow" else "tab:gray" for n in names])
         ax.set_title(workload)
