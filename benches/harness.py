@@ -11,6 +11,10 @@ included). The parent samples the PSS of the child and all its descendants every
 and keeps the peak of the sum. Results go to ``benches/results/<machine>.md`` (and a PNG
 chart beside it when matplotlib is installed).
 
+Workloads: Parquet, chat JSONL, TFRecord, WebDataset tar and NPZ on local disk, and
+small objects on S3: a SeaweedFS started on this machine, read directly (with wrk's
+ceiling beside it) and through a proxy that adds 25 ms to every request.
+
 Metrics: samples/s, MB/s (the workload's bytes on disk / wall time), CPU seconds per GB
 on disk, peak PSS (MB, summed over worker processes), time to first batch (ms), and the
 speed of each loader relative to shardflow's on the same workload.
@@ -19,21 +23,27 @@ speed of each loader relative to shardflow's on the same workload.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import platform
+import random
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 BATCH = 256
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from servers import S3_KEY, S3_SECRET  # noqa: E402
 
 
 # -- workloads: data ----------------------------------------------------------------
@@ -198,11 +208,81 @@ def npz_files_for_torch(data: Path) -> object:
     return Npz()
 
 
+# -- S3: small objects on a local SeaweedFS (see `serve_s3`) -------------------------
+
+S3_OBJECT_BYTES = 100 * 1024
+# Objects per prefix: fewer where latency is added, as the slower peers take minutes.
+S3_PREFIXES = {"small": 2_000, "slow": 500}
+
+
+def s3_endpoint() -> str:
+    return os.environ["SHARDFLOW_BENCH_S3"]
+
+
+def s3_prefix() -> str:
+    return os.environ["SHARDFLOW_BENCH_S3_PREFIX"]
+
+
+def sf_s3(data: Path) -> Iterable:
+    import shardflow as sf
+
+    options = {"endpoint_url": s3_endpoint(), "access_key_id": S3_KEY, "secret_access_key": S3_SECRET, "region": "us-east-1"}
+    return sf.DataLoader(sf.dataset(f"s3://bench/{s3_prefix()}/", format="raw", storage_options=options), batch_size=BATCH, output="arrow")
+
+
+def s3torchconnector_loader(workers: int) -> Callable[[Path], Iterable]:
+    def run(data: Path) -> Iterable:
+        import torch.utils.data as tud
+        from s3torchconnector import S3ClientConfig, S3IterableDataset
+
+        ds = S3IterableDataset.from_prefix(
+            f"s3://bench/{s3_prefix()}/", region="us-east-1", endpoint=s3_endpoint(),
+            s3client_config=S3ClientConfig(force_path_style=True), transform=read_s3_object, enable_sharding=True,
+        )
+        return tud.DataLoader(ds, batch_size=BATCH, num_workers=workers, multiprocessing_context="fork" if workers else None,
+                              collate_fn=list)
+
+    return run
+
+
+def read_s3_object(reader: object) -> bytes:
+    return reader.read()  # type: ignore[attr-defined]
+
+
+def boto3_for_torch(data: Path) -> object:
+    import torch.utils.data as tud
+
+    class Objects(tud.Dataset):
+        """One object per sample; each worker makes its own client."""
+
+        client = None
+
+        def __init__(self) -> None:
+            self.keys = [f"{s3_prefix()}/{i:05d}.bin" for i in range(S3_PREFIXES[s3_prefix()])]
+
+        def __len__(self) -> int:
+            return len(self.keys)
+
+        def __getitem__(self, i: int) -> bytes:
+            if self.client is None:
+                import boto3
+
+                self.client = boto3.client("s3", endpoint_url=s3_endpoint(), aws_access_key_id=S3_KEY,
+                                           aws_secret_access_key=S3_SECRET, region_name="us-east-1")
+            return self.client.get_object(Bucket="bench", Key=self.keys[i])["Body"].read()
+
+    return Objects()
+
+
 def batch_rows(batch: object) -> int:
     if isinstance(batch, dict):
         return len(next(iter(batch.values())))
-    if isinstance(batch, (tuple, list)):  # webdataset's (jpg, cls, json) batches
+    if isinstance(batch, tuple):  # webdataset's (jpg, cls, json) batches
         return len(batch[1])
+    if isinstance(batch, list):  # torch batches of objects' bytes
+        return len(batch)
+    if hasattr(batch, "num_rows"):
+        return batch.num_rows
     raise TypeError(type(batch))
 
 
@@ -216,6 +296,8 @@ IMPORTS = {
     "tf.data": ["tensorflow"],
     "webdataset": ["webdataset", "torch.utils.data"],
     "np.load": ["torch.utils.data"],
+    "s3torchconnector": ["s3torchconnector", "torch.utils.data"],
+    "boto3": ["boto3", "torch.utils.data"],
 }
 
 WORKLOADS: dict[str, dict] = {
@@ -271,6 +353,23 @@ WORKLOADS: dict[str, dict] = {
         },
     },
 }
+S3_LOADERS = {
+    "shardflow": sf_s3,
+    "s3torchconnector in torch DataLoader(0)": s3torchconnector_loader(0),
+    "s3torchconnector in torch DataLoader(2)": s3torchconnector_loader(2),
+    "boto3 in torch DataLoader(0)": torch_loader(boto3_for_torch, 0, BATCH),
+    "boto3 in torch DataLoader(2)": torch_loader(boto3_for_torch, 2, BATCH),
+}
+for latency_ms in (0, 25):
+    added = f", +{latency_ms} ms per request" if latency_ms else ""
+    prefix = "slow" if latency_ms else "small"
+    WORKLOADS[f"s3+{latency_ms}ms" if latency_ms else "s3"] = {
+        "title": f"S3 (SeaweedFS on this machine{added}): "
+        f"{S3_PREFIXES[prefix]:,} objects of {S3_OBJECT_BYTES // 1024} KB, one object = one sample",
+        "latency": latency_ms / 1000,
+        "prefix": prefix,
+        "loaders": S3_LOADERS,
+    }
 
 
 # -- the child: one epoch --------------------------------------------------------------
@@ -356,6 +455,31 @@ def run_once(workload: str, loader: str, data: Path) -> dict:
     return result
 
 
+@contextlib.contextmanager
+def serve_s3(directory: Path) -> Iterator[tuple[str, object]]:
+    """A SeaweedFS on this machine holding the small objects, and a fault proxy in
+    front of it (for added latency): yields (server URL, proxy)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from faultproxy import FaultProxy
+    from servers import Seaweed
+
+    # No auth, so wrk's unsigned GETs are served like the loaders' signed ones.
+    server = Seaweed(directory, auth=False)
+    proxy = FaultProxy("127.0.0.1", server.ports["s3"])
+    try:
+        client = server.client()
+        client.create_bucket(Bucket="bench")
+        payload = random.Random(0).randbytes(S3_OBJECT_BYTES)
+        keys = [f"{prefix}/{i:05d}.bin" for prefix, n in S3_PREFIXES.items() for i in range(n)]
+        with ThreadPoolExecutor(32) as pool:
+            list(pool.map(lambda key: client.put_object(Bucket="bench", Key=key, Body=payload), keys))
+        yield server.s3_url, proxy
+    finally:
+        proxy.close()
+        server.stop()
+
+
 def prepare(data_root: Path, workload: str, scale: float) -> Path:
     directory = data_root / f"{workload}-{scale:g}"
     marker = directory / ".complete"
@@ -388,31 +512,66 @@ def main() -> None:
         "",
     ]
     chart: dict[str, dict[str, float]] = {}
-    for workload in args.only.split(","):
-        spec = WORKLOADS[workload]
+    workloads = args.only.split(",")
+    with contextlib.ExitStack() as stack:
+        s3 = None
+        if any("latency" in WORKLOADS[w] for w in workloads):
+            s3 = stack.enter_context(serve_s3(Path(stack.enter_context(tempfile.TemporaryDirectory()))))
+        for workload in workloads:
+            lines += measure_workload(workload, args, s3, chart)
+    write_report(lines, chart, Path(args.out))
+
+
+def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, object] | None,
+                     chart: dict[str, dict[str, float]]) -> list[str]:
+    """Runs every loader of `workload` `args.repeats` times, alternating; its table."""
+    spec = WORKLOADS[workload]
+    ceiling = None
+    if "latency" in spec:
+        url, proxy = s3
+        proxy.set_faults(latency=spec["latency"])  # type: ignore[attr-defined]
+        # The children read the endpoint from here, and s3torchconnector its credentials.
+        os.environ["SHARDFLOW_BENCH_S3"] = proxy.url if spec["latency"] else url  # type: ignore[attr-defined]
+        os.environ.update(SHARDFLOW_BENCH_S3_PREFIX=spec["prefix"], AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET)
+        data = Path(args.data)
+        objects = S3_PREFIXES[spec["prefix"]]
+        size_mb = objects * S3_OBJECT_BYTES / 1e6
+        from peer_s3 import wrk_requests_per_second
+
+        paths = [f"bench/{spec['prefix']}/{i:05d}.bin" for i in range(objects)]
+        ceiling = wrk_requests_per_second(os.environ["SHARDFLOW_BENCH_S3"], paths)
+    else:
         data = prepare(Path(args.data), workload, args.scale)
         size_mb = sum(p.stat().st_size for p in data.glob(spec["files"])) / 1e6
-        runs: dict[str, list[dict]] = {name: [] for name in spec["loaders"]}
-        for _ in range(args.repeats):
-            for name in spec["loaders"]:
-                runs[name].append(run_once(workload, name, data))
-        samples = {r["samples"] for rs in runs.values() for r in rs}
-        assert len(samples) == 1, f"{workload}: loaders disagree on the sample count: {samples}"
-        n = samples.pop()
-        med = {name: {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu", "first", "pss")} for name, rs in runs.items()}
-        base = med["shardflow"]["wall"]
-        lines += [f"## {spec['title']}", "", f"{n:,} samples, {size_mb:.0f} MB on disk.", "",
-                  "| loader | samples/s | MB/s | CPU s/GB | peak PSS MB | first batch ms | shardflow is |",
-                  "|---|---|---|---|---|---|---|"]
-        chart[workload] = {}
-        for name, m in med.items():
-            ratio = "" if name == "shardflow" else f"{m['wall'] / base:.1f}x faster"
-            lines.append(f"| {name} | {n / m['wall']:,.0f} | {size_mb / m['wall']:.0f} | {m['cpu'] / (size_mb / 1e3):.1f} | "
-                         f"{m['pss']:.0f} | {m['first'] * 1e3:.0f} | {ratio} |")
-            chart[workload][name] = n / m["wall"]
-        lines.append("")
-        print("\n".join(lines[-len(med) - 7 :]), flush=True)
-    out = Path(args.out)
+    runs: dict[str, list[dict]] = {name: [] for name in spec["loaders"]}
+    for _ in range(args.repeats):
+        for name in spec["loaders"]:
+            runs[name].append(run_once(workload, name, data))
+    samples = {r["samples"] for rs in runs.values() for r in rs}
+    assert len(samples) == 1, f"{workload}: loaders disagree on the sample count: {samples}"
+    n = samples.pop()
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu", "first", "pss")} for name, rs in runs.items()}
+    base = med["shardflow"]["wall"]
+    lines = [f"## {spec['title']}", "", f"{n:,} samples, {size_mb:.0f} MB.", "",
+             "| loader | samples/s | MB/s | CPU s/GB | peak PSS MB | first batch ms | shardflow is |",
+             "|---|---|---|---|---|---|---|"]
+    chart[workload] = {}
+    for name, m in med.items():
+        ratio = "" if name == "shardflow" else f"{m['wall'] / base:.1f}x faster"
+        lines.append(f"| {name} | {n / m['wall']:,.0f} | {size_mb / m['wall']:.0f} | {m['cpu'] / (size_mb / 1e3):.1f} | "
+                     f"{m['pss']:.0f} | {m['first'] * 1e3:.0f} | {ratio} |")
+        chart[workload][name] = n / m["wall"]
+    if ceiling is not None:
+        lines.append(f"| server ceiling (wrk, 64 connections) | {ceiling:,.0f} | {ceiling * S3_OBJECT_BYTES / 1e6:.0f} | | | | "
+                     f"at {n / base / ceiling:.0%} of it |")
+    elif "latency" in spec:
+        lines.append("| server ceiling | wrk is not installed | | | | | |")
+    lines.append("")
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def write_report(lines: list[str], chart: dict[str, dict[str, float]], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
     print(f"wrote {out}")

@@ -62,18 +62,26 @@ def report(name: str, result: tuple) -> None:
     print(f"  {name:44s} {objects / t:10,.0f} objects/s {size / t / 1e6:9.1f} MB/s {cpu_per_gb:7.2f} CPU s/GB")
 
 
-def wrk_ceiling(endpoint: str, keys: list[str], size: int, latency_note: str) -> None:
+def wrk_requests_per_second(endpoint: str, paths: list[str]) -> float | None:
+    """GETs per second that wrk (2 threads, 64 connections, 8 s) gets from `endpoint`,
+    cycling through `paths`; None when wrk is not installed."""
     if not shutil.which("wrk"):
-        print("  wrk not installed (apt-get install wrk): no server ceiling")
-        return
+        return None
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write("paths = {" + ",".join(f'"/{k}"' for k in keys) + "}\n")
+        script.write("paths = {" + ",".join(f'"/{p}"' for p in paths) + "}\n")
         script.write("i = 0\nrequest = function()\n  i = i % #paths + 1\n  return wrk.format('GET', paths[i])\nend\n")
     out = subprocess.run(
         ["wrk", "-t2", "-c64", "-d8s", "-s", script.name, endpoint], capture_output=True, text=True, check=True
     ).stdout
     os.unlink(script.name)
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+
+def wrk_ceiling(endpoint: str, keys: list[str], size: int, latency_note: str) -> None:
+    rps = wrk_requests_per_second(endpoint, keys)
+    if rps is None:
+        print("  wrk not installed (apt-get install wrk): no server ceiling")
+        return
     print(f"  {'server ceiling (wrk, 64 connections)' + latency_note:44s} {rps:10,.0f} objects/s {rps * size / 1e6:9.1f} MB/s")
 
 

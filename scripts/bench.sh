@@ -11,6 +11,16 @@ VENV="${SHARDFLOW_BENCH_VENV:-$HOME/.cache/shardflow/bench-venv}"
 if [ ! -x "$VENV/bin/python" ]; then
     "${PYTHON:-python3}" -m venv "$VENV"
 fi
-# The test extra holds every reference reader the harness compares against.
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ".[test]" "matplotlib>=3.8"
+# The test extra holds the reference readers and the S3 server (SeaweedFS); the peers
+# that only the benchmark uses come on top.
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ".[test]" \
+    "matplotlib>=3.8" "s3torchconnector>=1.4"
+# wrk measures the S3 server's own ceiling.
+if ! command -v wrk >/dev/null; then
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+    $SUDO apt-get install -y -q wrk >/dev/null \
+        || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q wrk >/dev/null; }
+fi
+# The venv's own tools (SeaweedFS's `weed`) come first.
+export PATH="$VENV/bin:$PATH"
 exec "$VENV/bin/python" benches/harness.py "$@"
