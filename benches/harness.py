@@ -123,12 +123,14 @@ def polars_parquet(data: Path) -> Iterable:
         yield {"image": chunk["image"].to_numpy(), "label": chunk["label"].to_numpy()}
 
 
-def torch_loader(make: Callable[[Path], object], workers: int, batch_size: int | None = None) -> Callable[[Path], Iterable]:
+def torch_loader(make: Callable[[Path], object], workers: int, batch_size: int | None = None,
+                 collate: Callable | None = None) -> Callable[[Path], Iterable]:
     def run(data: Path) -> Iterable:
         import torch.utils.data as tud
 
         context = "fork" if workers else None
-        return tud.DataLoader(make(data), batch_size=batch_size, num_workers=workers, multiprocessing_context=context)
+        return tud.DataLoader(make(data), batch_size=batch_size, num_workers=workers, multiprocessing_context=context,
+                              collate_fn=collate)
 
     return run
 
@@ -240,9 +242,13 @@ def s3torchconnector_loader(workers: int) -> Callable[[Path], Iterable]:
             s3client_config=S3ClientConfig(force_path_style=True), transform=read_s3_object, enable_sharding=True,
         )
         return tud.DataLoader(ds, batch_size=BATCH, num_workers=workers, multiprocessing_context="fork" if workers else None,
-                              collate_fn=list)
+                              collate_fn=collate_objects)
 
     return run
+
+
+def collate_objects(objects: list[bytes]) -> dict[str, list[bytes]]:
+    return {"bytes": objects}
 
 
 def read_s3_object(reader: object) -> bytes:
@@ -277,10 +283,8 @@ def boto3_for_torch(data: Path) -> object:
 def batch_rows(batch: object) -> int:
     if isinstance(batch, dict):
         return len(next(iter(batch.values())))
-    if isinstance(batch, tuple):  # webdataset's (jpg, cls, json) batches
+    if isinstance(batch, (tuple, list)):  # webdataset's [jpg, cls, json] columns
         return len(batch[1])
-    if isinstance(batch, list):  # torch batches of objects' bytes
-        return len(batch)
     if hasattr(batch, "num_rows"):
         return batch.num_rows
     raise TypeError(type(batch))
@@ -357,8 +361,8 @@ S3_LOADERS = {
     "shardflow": sf_s3,
     "s3torchconnector in torch DataLoader(0)": s3torchconnector_loader(0),
     "s3torchconnector in torch DataLoader(2)": s3torchconnector_loader(2),
-    "boto3 in torch DataLoader(0)": torch_loader(boto3_for_torch, 0, BATCH),
-    "boto3 in torch DataLoader(2)": torch_loader(boto3_for_torch, 2, BATCH),
+    "boto3 in torch DataLoader(0)": torch_loader(boto3_for_torch, 0, BATCH, collate_objects),
+    "boto3 in torch DataLoader(2)": torch_loader(boto3_for_torch, 2, BATCH, collate_objects),
 }
 for latency_ms in (0, 25):
     added = f", +{latency_ms} ms per request" if latency_ms else ""
