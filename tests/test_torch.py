@@ -194,3 +194,16 @@ def test_workers_without_python_work_get_a_hint_once(ids: str, transform: bool, 
     # In the main process (0 workers) there is nothing to say.
     read_ids(TorchLoader(IterableDataset(sf.dataset(ids), batch_size=64), batch_size=None))
     assert "torch DataLoader workers" not in capfd.readouterr().err
+
+
+def test_state_is_taken_when_asked_and_survives_pickling(ids: str) -> None:
+    ds = IterableDataset(sf.dataset(ids, columns=["id"]), batch_size=100)
+    batches = iter(ds)
+    seen = [next(batches)["id"].tolist() for _ in range(3)]
+    state = ds.state_dict()
+    assert state == pickle.loads(pickle.dumps(ds)).state_dict()
+    # The state taken between batches resumes right after the third.
+    resumed = IterableDataset(sf.dataset(ids, columns=["id"]), batch_size=100)
+    resumed.load_state_dict(state)
+    rest = [i for b in resumed for i in b["id"].tolist()]
+    assert sorted(sum(seen, []) + rest) == list(range(TOTAL))

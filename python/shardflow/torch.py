@@ -119,6 +119,16 @@ class _SharedEpoch:
         self._lock, self._values, self._seen = state["lock"], state["values"], None
 
 
+class _Known:
+    """A position already worked out (unlike the live one, it pickles)."""
+
+    def __init__(self, position: dict[str, Any]) -> None:
+        self.position = position
+
+    def __call__(self) -> dict[str, Any]:
+        return self.position
+
+
 _log = logging.getLogger("shardflow")
 _workers_hinted = False
 
@@ -250,8 +260,7 @@ class IterableDataset(_TorchIterableDataset):
             before = None if self.batch_size else loader.state_dict()
             batch = next(batches, None)
             if batch is None:
-                end = {"loader": loader.state_dict(), "samples_out": 0}
-                self._position = lambda: end
+                self._position = _Known({"loader": loader.state_dict(), "samples_out": 0})
                 return
             if self.batch_size:
                 # While this generator waits at `yield`, the loader stands right after
@@ -262,10 +271,16 @@ class IterableDataset(_TorchIterableDataset):
             positions = loader._batch_positions()
             for i in range(skip, batch.num_rows):
                 # Recorded before the sample leaves: a state taken after it counts it.
-                sample = {"loader": before, "samples_out": i + 1, "positions": positions}
-                self._position = lambda sample=sample: sample
+                self._position = _Known({"loader": before, "samples_out": i + 1, "positions": positions})
                 yield batch.row(i)
             skip = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled (for spawned workers, or a copy), the position is worked out now.
+        state = self.__dict__.copy()
+        if self._position is not None:
+            state["_position"] = _Known(self._position())
+        return state
 
     def state_dict(self) -> dict[str, Any]:
         """Where the pass in progress in this process stands (one state per worker
