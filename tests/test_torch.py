@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import DistributedSampler
 
 import shardflow as sf
+import shardflow.torch
 from shardflow.torch import IterableDataset, MapDataset
 
 
@@ -174,7 +175,12 @@ def double(row: dict) -> dict:
 
 
 @pytest.mark.parametrize("transform", [False, True])
-def test_workers_without_python_work_get_a_hint_once(ids: str, transform: bool, capfd: pytest.CaptureFixture[str]) -> None:
+def test_workers_without_python_work_get_a_hint_once(
+    ids: str, transform: bool, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Forked workers inherit this process's "already said" flag; tests that run worker
+    # code in this process (test_scale_out simulates workers) set it.
+    monkeypatch.setattr(shardflow.torch, "_workers_hinted", False)
     ds = sf.dataset(ids, columns=["id"])
     if transform:
         ds = ds.map(double)
