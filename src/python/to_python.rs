@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, ArrayRef, RecordBatch};
-use arrow_buffer::Buffer;
+use arrow_buffer::{ArrowNativeType, Buffer};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{DataType, Field, TimeUnit};
 use numpy::npyffi::{self, NPY_ARRAY_WRITEABLE, PY_ARRAY_API, npy_intp};
@@ -291,13 +291,12 @@ fn null_mask<'py>(py: Python<'py>, array: &dyn Array) -> Bound<'py, PyArray1<boo
 
 /// Lists of numbers as 1-D numpy views into one shared values buffer (None for null lists).
 fn ragged_views(py: Python<'_>, array: &dyn Array) -> PyResult<Option<Vec<Py<PyAny>>>> {
-    if !matches!(
+    // Fixed-size lists are tensors and maps are pairs: only variable-length lists.
+    let ragged = matches!(
         array.data_type(),
         DataType::List(_) | DataType::LargeList(_)
-    ) {
-        return Ok(None);
-    }
-    let Some((values, offsets)) = list_parts(array) else {
+    );
+    let Some((values, offsets)) = list_parts(array).filter(|_| ragged) else {
         return Ok(None);
     };
     let Some(dtype) = numpy_dtype(values.data_type()) else {
@@ -325,27 +324,27 @@ fn ragged_views(py: Python<'_>, array: &dyn Array) -> PyResult<Option<Vec<Py<PyA
 /// slice of its row group, and slicing a list or map array keeps the parent's whole
 /// child array; without the cut, converting a batch would cost its whole row group.
 fn list_parts(array: &dyn Array) -> Option<(ArrayRef, Vec<usize>)> {
-    fn cut(values: ArrayRef, offsets: Vec<usize>) -> (ArrayRef, Vec<usize>) {
-        let start = offsets.first().copied().unwrap_or(0);
-        let end = offsets.last().copied().unwrap_or(start);
-        let rebased = offsets.iter().map(|o| o - start).collect();
+    fn cut<O: ArrowNativeType>(values: &ArrayRef, offsets: &[O]) -> (ArrayRef, Vec<usize>) {
+        let start = offsets.first().map_or(0, |o| o.as_usize());
+        let end = offsets.last().map_or(start, |o| o.as_usize());
+        let rebased = offsets.iter().map(|o| o.as_usize() - start).collect();
         (values.slice(start, end - start), rebased)
     }
     match array.data_type() {
         DataType::List(_) => {
             let list = array.as_list::<i32>();
-            let o = list.value_offsets().iter().map(|&o| o as usize).collect();
-            Some(cut(list.values().clone(), o))
+            Some(cut(list.values(), list.value_offsets()))
         }
         DataType::LargeList(_) => {
             let list = array.as_list::<i64>();
-            let o = list.value_offsets().iter().map(|&o| o as usize).collect();
-            Some(cut(list.values().clone(), o))
+            Some(cut(list.values(), list.value_offsets()))
         }
         DataType::Map(_, _) => {
             let map = array.as_map();
-            let o = map.value_offsets().iter().map(|&o| o as usize).collect();
-            Some(cut(Arc::new(map.entries().clone()), o))
+            Some(cut(
+                &(Arc::new(map.entries().clone()) as ArrayRef),
+                map.value_offsets(),
+            ))
         }
         // Slicing a fixed-size list slices its values too.
         DataType::FixedSizeList(_, size) => {
@@ -664,7 +663,8 @@ pub fn column_to_py(py: Python<'_>, array: &dyn Array) -> PyResult<Vec<Py<PyAny>
                 .collect()
         }
         DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..) => {
-            let (values, offsets) = list_parts(array).ok_or_else(|| to_type_error("not a list"))?;
+            let (values, offsets) =
+                list_parts(array).ok_or_else(|| to_type_error("not a list or map"))?;
             let items = column_to_py(py, values.as_ref())?;
             (0..n)
                 .map(|i| {
@@ -700,7 +700,7 @@ pub fn column_to_py(py: Python<'_>, array: &dyn Array) -> PyResult<Vec<Py<PyAny>
         }
         DataType::Map(_, _) => {
             let (entries, offsets) =
-                list_parts(array).ok_or_else(|| to_type_error("not a list"))?;
+                list_parts(array).ok_or_else(|| to_type_error("not a list or map"))?;
             let entries = entries.as_struct();
             let keys = column_to_py(py, entries.column(0).as_ref())?;
             let values = column_to_py(py, entries.column(1).as_ref())?;
