@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod format;
+pub mod fuzz;
 pub mod options;
 pub mod pipeline;
 pub mod source;
@@ -18,8 +19,9 @@ pub use error::{Error, Result};
 /// pages fragment, so RSS crept up epoch after epoch (539 MB to 766 MB over 30 epochs
 /// of one workload), and every large buffer was a fresh `mmap` and page faults.
 /// mimalloc reuses freed memory across threads and keeps RSS flat. (Miri runs Rust code
-/// only, so it keeps the system allocator.)
-#[cfg(not(miri))]
+/// only, and the fuzzer's sanitizers and allocation limits watch the system allocator,
+/// so both keep it.)
+#[cfg(not(any(miri, fuzzing)))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub use pipeline::{Dataset, RunOptions, Stats};

@@ -56,7 +56,7 @@ impl ShardIndex {
         !self.offsets.is_empty()
     }
 
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(32 + self.key.len() + self.offsets.len() * 8);
         out.extend_from_slice(MAGIC);
         for part in [self.key.as_bytes(), &self.header] {
@@ -72,7 +72,7 @@ impl ShardIndex {
     }
 
     /// Parses a persisted index; `None` for anything that is not a whole, valid one.
-    fn decode(mut data: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(mut data: &[u8]) -> Option<Self> {
         fn take<'a>(data: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
             if data.len() < n {
                 return None;
@@ -153,9 +153,50 @@ fn current_key(shard: &ShardMeta) -> Option<String> {
     Some(format!("{url}\0{:?}\0{etag}", shard.size))
 }
 
-/// Indexes of this process, by key.
-fn memory() -> &'static Mutex<HashMap<String, Arc<ShardIndex>>> {
-    static INDEXES: OnceLock<Mutex<HashMap<String, Arc<ShardIndex>>>> = OnceLock::new();
+/// The indexes this process holds, one per shard URL (with the version it describes),
+/// bounded in bytes: a shard that changed replaces its old index, and past the bound the
+/// oldest go (to be loaded from disk again if needed). A long-running process that reads
+/// many shards, or one shard rewritten many times, does not grow without end.
+#[derive(Default)]
+struct KnownIndexes {
+    by_url: HashMap<String, (String, Arc<ShardIndex>)>,
+    /// URLs, oldest first.
+    order: std::collections::VecDeque<String>,
+    bytes: usize,
+}
+
+/// Bytes of record offsets held in memory at most: 64M records' worth.
+const KNOWN_INDEX_BYTES: usize = 512 << 20;
+
+fn index_bytes(index: &ShardIndex) -> usize {
+    index.offsets.len() * 8 + index.header.len() + index.key.len()
+}
+
+impl KnownIndexes {
+    fn get(&self, url: &str, key: &str) -> Option<Arc<ShardIndex>> {
+        let (known_key, index) = self.by_url.get(url)?;
+        (known_key == key).then(|| index.clone())
+    }
+
+    fn insert(&mut self, url: &str, key: String, index: Arc<ShardIndex>) {
+        self.bytes += index_bytes(&index);
+        match self.by_url.insert(url.to_string(), (key, index)) {
+            Some((_, old)) => self.bytes -= index_bytes(&old),
+            None => self.order.push_back(url.to_string()),
+        }
+        while self.bytes > KNOWN_INDEX_BYTES && self.order.len() > 1 {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, old)) = self.by_url.remove(&oldest) {
+                self.bytes -= index_bytes(&old);
+            }
+        }
+    }
+}
+
+fn memory() -> &'static Mutex<KnownIndexes> {
+    static INDEXES: OnceLock<Mutex<KnownIndexes>> = OnceLock::new();
     INDEXES.get_or_init(Default::default)
 }
 
@@ -228,8 +269,7 @@ fn shard_index(shard: &ShardMeta, codec: &dyn RecordCodec, io: &Io) -> Result<Ar
         let known = memory()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .cloned();
+            .get(&shard.url, key);
         if let Some(index) = known {
             return Ok(index);
         }
@@ -255,7 +295,7 @@ fn shard_index(shard: &ShardMeta, codec: &dyn RecordCodec, io: &Io) -> Result<Ar
         memory()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, index.clone());
+            .insert(&shard.url, key, index.clone());
     }
     Ok(index)
 }

@@ -31,6 +31,9 @@ use crate::source::{Io, ShardMeta};
 pub const FORMAT: &str = "NPY";
 /// Field metadata telling the numpy conversion to view float pairs as complex numbers.
 pub const COMPLEX_KEY: &str = "shardflow.complex";
+/// Field metadata keeping a fixed-width `S`/`U` dtype (Arrow holds the values as
+/// variable-length bytes and text), so the numpy conversion gives numpy's dtype back.
+pub const FIXED_WIDTH_KEY: &str = "shardflow.numpy_dtype";
 /// Rows mode cuts arrays into units of about this many bytes.
 const UNIT_BYTES: u64 = 8 * 1024 * 1024;
 const MAGIC: &[u8] = b"\x93NUMPY";
@@ -187,14 +190,15 @@ impl Header {
             dims.push(2);
         }
         let field = tensor_field(name, self.elem.leaf(), &dims, false);
-        match self.elem {
-            Elem::Complex(n) => {
-                let mut metadata = field.metadata().clone();
-                metadata.insert(COMPLEX_KEY.to_string(), format!("complex{}", n * 8));
-                field.with_metadata(metadata)
-            }
-            _ => field,
-        }
+        let (key, value) = match self.elem {
+            Elem::Complex(n) => (COMPLEX_KEY, format!("complex{}", n * 8)),
+            Elem::Bytes(n) => (FIXED_WIDTH_KEY, format!("S{n}")),
+            Elem::Unicode(n) => (FIXED_WIDTH_KEY, format!("U{n}")),
+            _ => return field,
+        };
+        let mut metadata = field.metadata().clone();
+        metadata.insert(key.to_string(), value);
+        field.with_metadata(metadata)
     }
 }
 

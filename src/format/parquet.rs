@@ -76,6 +76,8 @@ impl Format for Parquet {
         let mut kept_shards = Vec::new();
         let mut files = Vec::new();
         let mut skipped_shards = 0;
+        // With every file skipped there is nothing to read: the first file's error says why.
+        let mut first_error = None;
         for (shard, footer) in shards.into_iter().zip(footers) {
             let file = footer.and_then(|(size, metadata)| {
                 // The parquet crate asserts on some corrupt metadata; that is the file's
@@ -98,15 +100,14 @@ impl Format for Parquet {
                     files.push(Arc::new(file));
                 }
                 Err(e) if options.on_error == OnError::Skip && e.is_data_error() => {
-                    skipped_shards += 1
+                    skipped_shards += 1;
+                    first_error.get_or_insert(e);
                 }
                 Err(e) => return Err(e),
             }
         }
         if files.is_empty() {
-            return Err(Error::invalid_argument(
-                "every Parquet file was unreadable and skipped",
-            ));
+            return Err(first_error.unwrap_or_else(|| Error::invalid_argument("no Parquet files")));
         }
         // Files without rows add nothing, so their (often degenerate) schema is not held
         // against the others.

@@ -4,7 +4,6 @@
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-use arrow_select::interleave::interleave_record_batch;
 
 use super::rng::Rng;
 use super::{BatchIter, Mix, Stopping};
@@ -290,7 +289,7 @@ impl Iterator for Mixer {
         }
         let sources: Vec<&RecordBatch> = batches.iter().collect();
         Some(
-            interleave_record_batch(&sources, &picks)
+            super::interleave_rows(&sources, &picks)
                 .map_err(|e| Error::Internal(format!("interleaving rows: {e}")))
                 .and_then(|b| super::rows::around(b, |b| super::conform(b, &self.schema))),
         )

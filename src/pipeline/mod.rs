@@ -1015,6 +1015,23 @@ fn split(head: &Head, ops: &[Op]) -> Split {
     }
 }
 
+/// Rows picked from `batches` as `(batch, row)` pairs, as one batch. Unlike
+/// `interleave_record_batch` alone, this also takes batches with no columns (JSON lines
+/// of `{}`), which have rows but nothing to count them by.
+pub fn interleave_rows(
+    batches: &[&RecordBatch],
+    picks: &[(usize, usize)],
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    match batches.first() {
+        Some(first) if first.num_columns() == 0 => RecordBatch::try_new_with_options(
+            first.schema(),
+            Vec::new(),
+            &arrow_array::RecordBatchOptions::new().with_row_count(Some(picks.len())),
+        ),
+        _ => arrow_select::interleave::interleave_record_batch(batches, picks),
+    }
+}
+
 /// `batch` as `schema`: columns matched by name, in the schema's order, cast to its
 /// types; what `concatenate` and `interleave` do to each part's batches.
 pub fn conform(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-use arrow_select::interleave::interleave_record_batch;
 
 use super::ops::{BatchTransform, Indices, Op, Weights};
 use super::rng::Rng;
@@ -432,7 +431,7 @@ fn gather(
     if flat.is_empty() {
         return Ok(RecordBatch::new_empty(schema.clone()));
     }
-    interleave_record_batch(sources, flat)
+    super::interleave_rows(sources, flat)
         .map_err(|e| Error::Internal(format!("gather failed: {e}")))
 }
 

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use arrow_select::interleave::interleave_record_batch;
 
 use super::rng::Rng;
 use super::stats::Stats;
@@ -161,7 +160,7 @@ impl ShuffleBuffer {
         if batches.len() != used.len() {
             return Err(Error::Internal("shuffle buffer lost a batch".into()));
         }
-        let out = interleave_record_batch(&batches, &indices)
+        let out = super::interleave_rows(&batches, &indices)
             .map_err(|e| Error::Internal(format!("shuffle gather failed: {e}")))?;
         for &(slot, _) in picks {
             let Some(entry) = self.slots[slot].as_mut() else {

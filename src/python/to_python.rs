@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyBytes, PyDict, PyList, PySlice, PyString, PyTuple};
 
-use crate::format::npy::COMPLEX_KEY;
+use crate::format::npy::{COMPLEX_KEY, FIXED_WIDTH_KEY};
 use crate::format::tensor_shape as declared_tensor_shape;
 use crate::format::webdataset::{JSON_KEY, NPY_KEY};
 
@@ -205,7 +205,10 @@ pub fn column_to_numpy<'py>(
                 Some(shape) if array.null_count() == 0 => {
                     let list = array.as_fixed_size_list();
                     let leaf_field = Field::new("item", list.value_type(), true);
-                    let values = column_to_numpy(py, list.values(), &leaf_field)?;
+                    let mut values = column_to_numpy(py, list.values(), &leaf_field)?;
+                    if let Some(dtype) = field.metadata().get(FIXED_WIDTH_KEY) {
+                        values = fixed_width(py, &values, dtype)?;
+                    }
                     let mut full = vec![n];
                     full.extend(shape);
                     values.call_method1("reshape", (full,))
@@ -394,6 +397,22 @@ pub fn batch_to_rows<'py>(
             Ok(dict)
         })
         .collect()
+}
+
+/// Bytes or text (an object array) as numpy's fixed-width `S<n>` / `U<n>` dtype: the
+/// declared width, or wider where a value needs it (files of one dataset may declare
+/// different widths), so nothing is cut.
+fn fixed_width<'py>(
+    py: Python<'py>,
+    values: &Bound<'py, PyAny>,
+    declared: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let kind = &declared[..declared.len().min(1)];
+    let natural = values.call_method1("astype", (kind,))?;
+    let dtype = py
+        .import("numpy")?
+        .call_method1("promote_types", (natural.getattr("dtype")?, declared))?;
+    natural.call_method1("astype", (dtype,))
 }
 
 /// One column's values for per-sample use: numpy arrays for tensors (fixed-size lists

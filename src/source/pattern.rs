@@ -4,9 +4,11 @@
 
 use crate::error::{Error, Result};
 
-/// Upper bound on the names one pattern may expand to, so a typo such as
-/// `{0..99999999}` fails fast instead of exhausting memory.
-const MAX_EXPANSION: usize = 10_000_000;
+/// Upper bounds on what one pattern may expand to, in names and in bytes of names, so a
+/// typo such as `{0..99999999}` (or a long name times a wide range) fails fast instead
+/// of exhausting memory.
+const MAX_EXPANSION: usize = 1_000_000;
+const MAX_EXPANSION_BYTES: usize = 256 << 20;
 
 /// Expands every `{...}` group in `pattern`, left to right, in the order written.
 pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
@@ -20,18 +22,27 @@ pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
     );
     let choices = expand_group(pattern, body)?;
     let tails = expand_braces(tail)?;
-    if choices.len().saturating_mul(tails.len()) > MAX_EXPANSION {
-        return Err(Error::invalid_argument(format!(
-            "pattern {pattern:?} expands to more than {MAX_EXPANSION} names"
-        )));
-    }
-    let mut out = Vec::with_capacity(choices.len() * tails.len());
+    let longest = |names: &[String]| names.iter().map(String::len).max().unwrap_or(0);
+    let names = choices.len().saturating_mul(tails.len());
+    let bytes = names.saturating_mul(head.len() + longest(&choices) + longest(&tails));
+    check_expansion(pattern, names, bytes)?;
+    let mut out = Vec::with_capacity(names);
     for choice in &choices {
         for tail in &tails {
             out.push(format!("{head}{choice}{tail}"));
         }
     }
     Ok(out)
+}
+
+fn check_expansion(pattern: &str, names: usize, bytes: usize) -> Result<()> {
+    if names > MAX_EXPANSION || bytes > MAX_EXPANSION_BYTES {
+        return Err(Error::invalid_argument(format!(
+            "pattern {pattern:?} expands to more than {MAX_EXPANSION} names or {} MiB of them",
+            MAX_EXPANSION_BYTES >> 20
+        )));
+    }
+    Ok(())
 }
 
 /// Finds the first top-level `{...}` group, returning byte offsets of the braces.
@@ -70,8 +81,12 @@ fn expand_group(pattern: &str, body: &str) -> Result<Vec<String>> {
     }
     // Alternatives; each may itself contain braces.
     let mut out = Vec::new();
+    let mut bytes = 0usize;
     for alt in split_top_level_commas(body) {
-        out.extend(expand_braces(alt)?);
+        let names = expand_braces(alt)?;
+        bytes = bytes.saturating_add(names.iter().map(String::len).sum());
+        out.extend(names);
+        check_expansion(pattern, out.len(), bytes)?;
     }
     if out.len() < 2 && !body.contains(',') {
         return Err(Error::invalid_argument(format!(
@@ -89,12 +104,12 @@ fn parse_bound(s: &str) -> Option<u64> {
 }
 
 fn expand_range(pattern: &str, start: &str, end: &str, a: u64, b: u64) -> Result<Vec<String>> {
-    let count = a.abs_diff(b) + 1;
-    if count > MAX_EXPANSION as u64 {
-        return Err(Error::invalid_argument(format!(
-            "pattern {pattern:?} expands to more than {MAX_EXPANSION} names"
-        )));
-    }
+    let count = usize::try_from(a.abs_diff(b)).map_or(usize::MAX, |d| d.saturating_add(1));
+    check_expansion(
+        pattern,
+        count,
+        count.saturating_mul(start.len().max(end.len())),
+    )?;
     // Zero padding as bash does it: when either bound has a leading zero, pad to the wider one.
     let padded =
         (start.len() > 1 && start.starts_with('0')) || (end.len() > 1 && end.starts_with('0'));
@@ -165,5 +180,12 @@ mod tests {
         assert!(expand_braces("a}b").is_err());
         assert!(expand_braces("a{x}b").is_err());
         assert!(expand_braces("a{0..99999999999}").is_err());
+        assert!(expand_braces("a{0..18446744073709551615}").is_err());
+        // Within the count, but a long name times a wide range is too many bytes.
+        let long = format!("{}{{0..999999}}", "x".repeat(1000));
+        assert!(expand_braces(&long).is_err());
+        // Alternatives add up.
+        let wide = format!("{{{}}}", vec!["{0..999999}"; 3].join(","));
+        assert!(expand_braces(&wide).is_err());
     }
 }
