@@ -1,7 +1,8 @@
 """A fault-injecting HTTP proxy for tests: forwards every request to an upstream server
 (S3 or plain HTTP) unchanged, and can add latency before the response, answer 503
-SlowDown, reset the connection part-way through a body, or cut a body short. It counts
-the requests it sees, so tests can check what was (not) fetched.
+SlowDown, reset the connection part-way through a body, cut a body short, or never
+answer at all (a blackhole: the connection stays open and silent until the proxy closes).
+It counts the requests it sees, so tests can check what was (not) fetched.
 
 Signed S3 requests pass unchanged: the client signs for the proxy's address and the
 upstream server checks the headers it receives.
@@ -34,6 +35,7 @@ class Faults:
     slow_down: float = 0.0
     reset: float = 0.0
     truncate: float = 0.0
+    blackhole: float = 0.0
     seed: int = 0
     rng: random.Random = field(default_factory=random.Random)
 
@@ -47,6 +49,8 @@ class FaultProxy:
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
+        # Set when the proxy closes: blackholed requests give up then.
+        self.closing = threading.Event()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -94,6 +98,7 @@ class FaultProxy:
             return sum(n for key, n in self.counts.items() if key.startswith("GET ") and path_contains in key)
 
     def close(self) -> None:
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -101,7 +106,7 @@ class FaultProxy:
         faults = self.faults
         with self.lock:
             r = faults.rng.random()
-        for name in ("slow_down", "reset", "truncate"):
+        for name in ("slow_down", "reset", "truncate", "blackhole"):
             p = getattr(faults, name)
             if r < p:
                 return name
@@ -123,6 +128,11 @@ class FaultProxy:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         fault = self._draw() if method == "GET" else None
+        if fault == "blackhole":
+            # Read the request, then say nothing until the proxy closes.
+            self.closing.wait(600)
+            handler.close_connection = True
+            return
         if self.faults.latency:
             time.sleep(self.faults.latency)
         if fault == "slow_down":

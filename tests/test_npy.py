@@ -50,13 +50,12 @@ def variants(a: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def assert_same(ours: object, reference: np.ndarray) -> None:
+    """Equal in shape, values and dtype (fixed-width bytes and text included), in the
+    machine's byte order."""
     assert isinstance(ours, np.ndarray)
     assert ours.shape == reference.shape
-    if reference.dtype.kind in "SU":
-        assert ours.tolist() == reference.tolist()
-    else:
-        assert ours.dtype == reference.dtype.newbyteorder("=")
-        np.testing.assert_array_equal(ours, reference)
+    assert ours.dtype == reference.dtype.newbyteorder("="), (ours.dtype, reference.dtype)
+    np.testing.assert_array_equal(ours, reference)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -126,22 +125,51 @@ def test_per_sample_files(tmp_path: Path) -> None:
     np.testing.assert_array_equal(batch["image"][:, 0, 0], np.arange(20))
 
 
-def test_scipy_shipped_npz_files_equal_np_load() -> None:
+def test_zero_d_and_fixed_width_strings_keep_numpys_dtype(tmp_path: Path) -> None:
+    arrays = {
+        "s0d": np.array(b"abc", dtype="S3"),  # as scipy's .npz files hold them
+        "u0d": np.array("héllo", dtype="<U7"),
+        "u_inner_nul": np.array(["a\x00b", "\x00c"], dtype="<U4"),
+        "s_short": np.array([b"a", b"", b"abcd\x00e"], dtype="S6"),
+        "u_be": np.array([["x", "yz"], ["", "w"]], dtype=">U2"),
+    }
+    np.savez(tmp_path / "s.npz", **arrays)
+    (row,) = list(sf.dataset(str(tmp_path / "s.npz")))
+    for key, value in arrays.items():
+        assert_same(row[key], value)
+    # Files of one dataset may declare different widths: the widest value decides, so
+    # nothing is cut.
+    np.save(tmp_path / "a.npy", np.array([b"ab"], dtype="S2"))
+    np.save(tmp_path / "b.npy", np.array([b"abcde"], dtype="S5"))
+    rows = list(sf.dataset(str(tmp_path / "*.npy")))
+    assert [r["array"].tolist() for r in rows] == [[b"ab"], [b"abcde"]]
+    assert rows[1]["array"].dtype == np.dtype("S5")
+
+
+def shipped_numpy_files() -> list[str]:
+    """Every .npy and .npz file that scipy and numpy ship (their test data)."""
     import scipy
 
-    root = os.path.dirname(scipy.__file__)
-    files = sorted(glob.glob(os.path.join(root, "**", "*.npz"), recursive=True))
-    assert files, "scipy ships .npz test data"
+    roots = [os.path.dirname(scipy.__file__), os.path.dirname(np.__file__)]
+    return sorted(f for root in roots for f in glob.glob(os.path.join(root, "**", "*.np[yz]"), recursive=True))
+
+
+def test_shipped_npy_and_npz_files_equal_np_load() -> None:
+    files = shipped_numpy_files()
+    assert any(f.endswith(".npz") for f in files), "scipy ships .npz test data"
     checked = 0
     for path in files:
-        with np.load(path, allow_pickle=False) as reference:
-            try:
-                expected = {k: reference[k] for k in reference.files}
-            except ValueError:
-                # Object arrays: np.load refuses them without allow_pickle, and so do we.
-                with pytest.raises(sf.DecodeError, match="pickle"):
-                    list(sf.dataset(path))
-                continue
+        try:
+            if path.endswith(".npz"):
+                with np.load(path, allow_pickle=False) as reference:
+                    expected = {k: reference[k] for k in reference.files}
+            else:
+                expected = {"array": np.load(path, allow_pickle=False)}
+        except ValueError:
+            # Object arrays: np.load refuses them without allow_pickle, and so do we.
+            with pytest.raises(sf.DecodeError, match="pickle"):
+                list(sf.dataset(path))
+            continue
         def supported(a: np.ndarray) -> bool:
             sizes = {"f": (2, 4, 8), "c": (8, 16)}
             return a.dtype.kind in "biufcSU" and a.dtype.itemsize in sizes.get(a.dtype.kind, (a.dtype.itemsize,))
@@ -152,6 +180,7 @@ def test_scipy_shipped_npz_files_equal_np_load() -> None:
                 list(sf.dataset(path))
             continue
         (row,) = list(sf.dataset(path))
+        assert sorted(row) == sorted(expected), path
         for key, value in expected.items():
             assert_same(row[key], value)
         checked += 1

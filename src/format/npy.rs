@@ -434,15 +434,18 @@ pub fn leaf_array(header: &Header, data: Bytes, count: usize) -> Result<ArrayRef
             let strings = data
                 .chunks_exact(4 * n)
                 .map(|chunk| {
-                    let chars: Result<String, String> = chunk
+                    let points: Vec<u32> = chunk
                         .chunks_exact(4)
                         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .take_while(|&c| c != 0)
-                        .map(|c| {
+                        .collect();
+                    // numpy drops trailing NULs only; one inside the text is kept.
+                    let len = points.iter().rposition(|&c| c != 0).map_or(0, |p| p + 1);
+                    points[..len]
+                        .iter()
+                        .map(|&c| {
                             char::from_u32(c).ok_or_else(|| format!("invalid code point {c:#x}"))
                         })
-                        .collect();
-                    chars
+                        .collect::<Result<String, String>>()
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             Arc::new(LargeStringArray::from(strings))

@@ -60,9 +60,13 @@ impl DiskCache {
             max_bytes,
             approx_bytes: AtomicU64::new(0),
         };
-        cache
-            .approx_bytes
-            .store(cache.entries().iter().map(|e| e.1).sum(), Ordering::Relaxed);
+        let total = cache.entries().iter().map(|e| e.1).sum();
+        cache.approx_bytes.store(total, Ordering::Relaxed);
+        // Processes that shared the cache may have left it over its size (each evicts
+        // by what it believes the others wrote), or died before evicting.
+        if total > max_bytes {
+            cache.evict();
+        }
         Ok(cache)
     }
 

@@ -1,0 +1,234 @@
+"""Soak under faults: several formats read at once from a real S3 server (SeaweedFS)
+behind a proxy that adds 20 ms to every request and answers 5% with 503 SlowDown, resets
+1% mid-body and cuts 1% short. Epoch after epoch every row comes exactly once, and the
+process's memory, open files and threads stay flat. Also: a sleeping consumer holds
+the pipeline back, `break` and Ctrl-C stop work that is mid-request within a second, and
+a server that stops answering is a clear timeout error, not a hang.
+
+The soak runs SHARDFLOW_SOAK_SECONDS (default 60); `bash scripts/soak.sh` runs it for
+30 minutes."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+import webdataset as wds
+from conftest import Seaweed, thread_count, wait_for
+from faultproxy import FaultProxy
+
+import shardflow as sf
+
+SOAK_SECONDS = float(os.environ.get("SHARDFLOW_SOAK_SECONDS", "60"))
+ROWS = 3_000  # per format
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def threads_named(prefix: str) -> int:
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                count += f.read().startswith(prefix)
+        except FileNotFoundError:
+            pass
+    return count
+
+
+@pytest.fixture(scope="module")
+def soak_bucket(seaweed: Seaweed) -> str:
+    """The same ids 0..ROWS in four formats, several shards each, under s3://soak/<fmt>/."""
+    client = seaweed.client()
+    client.create_bucket(Bucket="soak")
+    rng = np.random.default_rng(3)
+    ids = np.arange(ROWS)
+    text = [f"row {i} " + "x" * int(rng.integers(0, 200)) for i in ids]
+
+    def put(key: str, body: bytes) -> None:
+        client.put_object(Bucket="soak", Key=key, Body=body)
+
+    for shard, part in enumerate(np.array_split(ids, 3)):
+        sink = io.BytesIO()
+        pq.write_table(pa.table({"id": part, "text": [text[i] for i in part]}), sink, row_group_size=250)
+        put(f"parquet/{shard}.parquet", sink.getvalue())
+        lines = "".join(json.dumps({"id": int(i), "text": text[i]}) + "\n" for i in part).encode()
+        put(f"jsonl/{shard}.jsonl.gz" if shard % 2 else f"jsonl/{shard}.jsonl", gzip.compress(lines) if shard % 2 else lines)
+        sink = io.BytesIO()
+        pacsv.write_csv(pa.table({"id": part, "text": [text[i] for i in part]}), sink)
+        put(f"csv/{shard}.csv", sink.getvalue())
+        sink = io.BytesIO()
+        with wds.TarWriter(sink) as w:
+            for i in part:
+                w.write({"__key__": f"{i:06d}", "cls": int(i), "txt": text[i]})
+        put(f"tar/{shard}.tar", sink.getvalue())
+    return "soak"
+
+
+@pytest.fixture
+def proxy(seaweed: Seaweed) -> Iterator[FaultProxy]:
+    p = FaultProxy("127.0.0.1", seaweed.ports["s3"])
+    yield p
+    p.close()
+
+
+def ids_of(batch: dict, fmt: str) -> list[int]:
+    return [int(i) for i in batch["cls" if fmt == "tar" else "id"]]
+
+
+def test_soak_epochs_exactly_once_with_flat_resources(soak_bucket: str, seaweed: Seaweed, proxy: FaultProxy) -> None:
+    proxy.set_faults(latency=0.02, slow_down=0.05, reset=0.01, truncate=0.01, seed=11)
+    options = seaweed.storage_options(proxy.url, retry_base_seconds=0.01, retry_max_seconds=0.2, max_attempts=8)
+    formats = {"parquet": {}, "jsonl": {}, "csv": {}, "tar": {"format": "webdataset"}}
+    errors: list[BaseException] = []
+    epochs = dict.fromkeys(formats, 0)
+    stop = threading.Event()
+
+    def soak(fmt: str) -> None:
+        try:
+            ds = sf.dataset(f"s3://soak/{fmt}/", storage_options=options, **formats[fmt])
+            # A streaming shuffle for the stream formats, a full one for Parquet.
+            ds = ds.shuffle(seed=5) if fmt == "parquet" else ds.shuffle(seed=5, buffer_size=500)
+            loader = sf.DataLoader(ds, batch_size=128, num_threads=2)
+            previous = None
+            while not stop.is_set():
+                seen = [i for batch in loader for i in ids_of(batch, fmt)]
+                assert sorted(seen) == list(range(ROWS)), f"{fmt}: epoch {epochs[fmt]} not exactly once"
+                assert seen != previous, f"{fmt}: the order did not change between epochs"
+                previous = seen
+                epochs[fmt] += 1
+        except BaseException as e:  # noqa: BLE001 (reported by the main thread)
+            errors.append(e)
+            stop.set()
+
+    workers = [threading.Thread(target=soak, args=(fmt,), daemon=True) for fmt in formats]
+    for w in workers:
+        w.start()
+    samples: list[tuple[int, int, int]] = []
+    deadline = time.monotonic() + SOAK_SECONDS
+    while time.monotonic() < deadline and not stop.is_set():
+        time.sleep(0.5)
+        samples.append((rss_bytes(), open_fds(), thread_count()))
+    stop.set()
+    for w in workers:
+        w.join(timeout=120)
+    assert not errors, errors[0]
+    assert all(not w.is_alive() for w in workers)
+    assert min(epochs.values()) >= 3, epochs
+    # Flat: the last quarter of the run against the second (the first is warm-up: the
+    # runtime, the connection pools, the allocator's first pages).
+    quarter = max(len(samples) // 4, 1)
+    early, late = samples[quarter : 2 * quarter], samples[-quarter:]
+    rss_early = statistics.median(s[0] for s in early)
+    rss_late = statistics.median(s[0] for s in late)
+    assert rss_late - rss_early < 64 << 20, (rss_early, rss_late, epochs)
+    assert max(s[1] for s in late) <= max(s[1] for s in early) + 16, (early, late)
+    assert max(s[2] for s in late) <= max(s[2] for s in early) + 4, (early, late)
+    stats_retries = proxy.counts.total()
+    print(f"soak: {SOAK_SECONDS:.0f}s, epochs {epochs}, requests {stats_retries}, "
+          f"RSS {rss_early / 2**20:.0f} -> {rss_late / 2**20:.0f} MiB")
+
+
+@pytest.fixture(scope="module")
+def many_small(seaweed: Seaweed) -> int:
+    client = seaweed.client()
+    client.create_bucket(Bucket="soak-small")
+    for i in range(400):
+        client.put_object(Bucket="soak-small", Key=f"o/{i:04d}.bin", Body=i.to_bytes(4, "little") * 2048)
+    return 400
+
+
+def test_a_sleeping_consumer_holds_the_pipeline_back(many_small: int, seaweed: Seaweed, proxy: FaultProxy) -> None:
+    options = seaweed.storage_options(proxy.url)
+    ds = sf.dataset("s3://soak-small/o/", format="raw", storage_options=options)
+    proxy.reset_counts()
+    it = iter(sf.DataLoader(ds, batch_size=4, prefetch=2, num_threads=1))
+    next(it)
+    # Read-ahead is bounded (prefetched batches plus the units open for fetching), far
+    # short of the 400 objects, and it stops growing while the consumer sleeps.
+    assert wait_for(lambda: proxy.gets("/soak-small/o/") > 8, timeout=30)
+    time.sleep(1.0)
+    ahead = proxy.gets("/soak-small/o/")
+    time.sleep(1.5)
+    assert proxy.gets("/soak-small/o/") == ahead
+    assert ahead < 200, ahead
+    seen = 4 + sum(len(b["bytes"]) for b in it)
+    assert seen == many_small
+
+
+def run_until_stopped(ds: sf.Dataset, stop: str) -> float:
+    """Reads `ds` while the proxy holds every request for 3 s, and stops the consumer
+    while requests are in flight: by leaving the loop after the first batch ("break"),
+    or by Ctrl-C while it waits for that batch ("sigint"). Returns the seconds from the
+    stop until the pipeline and decode threads are gone."""
+    it = iter(sf.DataLoader(ds, batch_size=4, num_threads=2))
+    if stop == "break":
+        next(it)  # the fetches for the next batches are under way, held by the proxy
+        started = time.monotonic()
+        del it
+    else:
+        sent: list[float] = []
+
+        def interrupt() -> None:
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Timer(0.5, interrupt).start()
+        # Python only raises KeyboardInterrupt if SIGINT has its default handler.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                next(it)
+            started = sent[0]
+            del it
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    assert wait_for(lambda: threads_named("shardflow-pipe") + threads_named("shardflow-deco") == 0, timeout=10)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("stop", ["break", "sigint"])
+def test_stopping_mid_request_ends_background_work_within_a_second(
+    many_small: int, seaweed: Seaweed, proxy: FaultProxy, stop: str
+) -> None:
+    proxy.set_faults(latency=3.0)
+    options = seaweed.storage_options(proxy.url)
+    ds = sf.dataset("s3://soak-small/o/", format="raw", storage_options=options)
+    assert run_until_stopped(ds, stop) < 1.0
+
+
+def test_a_silent_server_is_a_timeout_error_not_a_hang(many_small: int, seaweed: Seaweed, proxy: FaultProxy) -> None:
+    options = seaweed.storage_options(
+        proxy.url, timeout_seconds=1, max_attempts=2, retry_base_seconds=0.01, retry_max_seconds=0.05
+    )
+    ds = sf.dataset("s3://soak-small/o/000*.bin", format="raw", storage_options=options)  # listed before the blackhole
+    proxy.set_faults(blackhole=1.0)
+    started = time.monotonic()
+    with pytest.raises(sf.ReadError) as info:
+        list(sf.DataLoader(ds, batch_size=10))
+    elapsed = time.monotonic() - started
+    # Two attempts of at most a second each, plus backoff: bounded, and said plainly.
+    assert elapsed < 10, elapsed
+    message = str(info.value)
+    assert "s3://soak-small/o/000" in message and "after 2 attempts" in message, message
+    assert "timed out" in message.lower() or "timeout" in message.lower(), message
