@@ -61,14 +61,44 @@ def test_arrow_output_to_numpy_is_a_view(tmp_path: Path) -> None:
     assert np.shares_memory(pa.record_batch(batch).column("x").to_numpy(), a)
 
 
-def test_buffers_outlive_the_batch_that_made_them(tmp_path: Path) -> None:
-    loader = sf.DataLoader(sf.dataset(write(tmp_path)), batch_size=100)
-    kept = [b["x"] for b in loader]
-    del loader
+def test_views_outlive_their_loader_iterator_and_gc(tmp_path: Path) -> None:
     import gc
 
+    loader = sf.DataLoader(sf.dataset(write(tmp_path)), batch_size=100)
+    it = iter(loader)
+    kept = [next(it) for _ in range(100)]
+    views = {name: [b[name] for b in kept] for name in ("x", "y", "image")}
+    ragged = [row for b in kept for row in b["ragged"]]
+    del loader, it, kept
     gc.collect()
-    np.testing.assert_array_equal(np.concatenate(kept), np.arange(10_000))
+    # Memory freed since would be handed out again now: fill it with other values.
+    churn = [np.full(4096, 7, np.int64) for _ in range(2000)]
+    del churn
+    gc.collect()
+    np.testing.assert_array_equal(np.concatenate(views["x"]), np.arange(10_000))
+    np.testing.assert_array_equal(np.concatenate(views["y"]), np.linspace(0, 1, 10_000, dtype=np.float32))
+    images = np.arange(10_000 * 12, dtype=np.float32) % 251
+    np.testing.assert_array_equal(np.concatenate(views["image"]).reshape(-1), images)
+    assert [r.tolist() for r in ragged[:12]] == [list(range(i % 5)) for i in range(12)]
+    assert all(len(r) == i % 5 for i, r in enumerate(ragged))
+
+
+def test_zero_copy_under_the_debug_allocator(tmp_path: Path) -> None:
+    """This file's tests again, in a process whose allocator checks every Python
+    allocation (PYTHONMALLOC=debug): a view that freed, overran or double-freed Python
+    memory makes that process fail."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONMALLOC="debug", PYTHONFAULTHANDLER="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
+         "-k", "not debug_allocator", "--basetemp", str(tmp_path / "t")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert " passed" in done.stdout
 
 
 def test_polars_reads_datasets_and_loaders_without_copying(tmp_path: Path) -> None:

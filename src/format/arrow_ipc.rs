@@ -58,10 +58,12 @@ fn message_flatbuffer(meta: &[u8]) -> std::result::Result<&[u8], String> {
         .ok_or_else(|| "a message's metadata is truncated".to_string())
 }
 
-/// Checks a message before arrow-ipc decodes it. Each compressed buffer starts with the
-/// length it claims once decompressed, and the codec reserves that much up front: a
-/// lie of 2^46 would abort the process. The claim must be one the codec could reach
-/// from the buffer's bytes, and the message's total must stay within `limit`.
+/// Checks a message before arrow-ipc decodes it, which trusts the message's numbers:
+/// every buffer must lie within the body (arrow-ipc panics on one that does not), and
+/// each compressed buffer starts with the length it claims once decompressed, which the
+/// codec reserves up front: a lie of 2^46 would abort the process. The claim must be
+/// one the codec could reach from the buffer's bytes, and the message's total must stay
+/// within `limit`.
 fn check_message(flatbuffer: &[u8], body: &[u8], limit: u64) -> std::result::Result<(), String> {
     let message =
         arrow_ipc::root_as_message(flatbuffer).map_err(|e| format!("bad message: {e}"))?;
@@ -75,14 +77,13 @@ fn check_message(flatbuffer: &[u8], body: &[u8], limit: u64) -> std::result::Res
     let Some(batch) = batch else {
         return Ok(());
     };
-    let Some(compression) = batch.compression() else {
-        return Ok(());
-    };
-    let ratio = if compression.codec() == CompressionType::LZ4_FRAME {
-        LZ4_MAX_RATIO
-    } else {
-        ZSTD_MAX_RATIO
-    };
+    let ratio = batch.compression().map(|c| {
+        if c.codec() == CompressionType::LZ4_FRAME {
+            LZ4_MAX_RATIO
+        } else {
+            ZSTD_MAX_RATIO
+        }
+    });
     let mut total = 0u64;
     for buffer in batch.buffers().into_iter().flatten() {
         let (Ok(offset), Ok(len)) = (
@@ -91,13 +92,14 @@ fn check_message(flatbuffer: &[u8], body: &[u8], limit: u64) -> std::result::Res
         ) else {
             return Err("a buffer has a negative offset or length".into());
         };
-        if len == 0 {
-            continue;
-        }
+        // Empty buffers too: arrow-ipc slices the body at their offset.
         let data = offset
             .checked_add(len)
             .and_then(|end| body.get(offset..end))
             .ok_or_else(|| format!("a buffer at body offset {offset} runs past the body"))?;
+        let (Some(ratio), false) = (ratio, data.is_empty()) else {
+            continue;
+        };
         let Some((prefix, compressed)) = data.split_first_chunk::<8>() else {
             return Err(format!(
                 "the compressed buffer at body offset {offset} is shorter than its length prefix"

@@ -562,4 +562,34 @@ mod tests {
         bad[0] = b'X';
         assert_eq!(ShardIndex::decode(&bad), None);
     }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "builds indexes of hundreds of megabytes")]
+    fn known_indexes_replace_old_versions_and_stay_bounded() {
+        let index = |rows: usize| {
+            Arc::new(ShardIndex::new(
+                String::new(),
+                (0..=rows as u64).collect(),
+                true,
+                Vec::new(),
+            ))
+        };
+        let mut known = KnownIndexes::default();
+        // One shard rewritten many times holds one index: the newest.
+        for version in 0..100 {
+            known.insert("a.jsonl", format!("v{version}"), index(10));
+        }
+        assert_eq!(known.by_url.len(), 1);
+        assert!(known.get("a.jsonl", "v98").is_none());
+        assert!(known.get("a.jsonl", "v99").is_some());
+        // Many large indexes: the oldest go once the bound is passed.
+        let big = KNOWN_INDEX_BYTES / 8 / 3;
+        for shard in 0..5 {
+            known.insert(&format!("s{shard}"), "k".into(), index(big));
+        }
+        assert!(known.bytes <= KNOWN_INDEX_BYTES, "{}", known.bytes);
+        assert!(known.get("s4", "k").is_some() && known.get("s0", "k").is_none());
+        let held: usize = known.by_url.values().map(|(_, i)| index_bytes(i)).sum();
+        assert_eq!(held, known.bytes);
+    }
 }
