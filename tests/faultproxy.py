@@ -135,6 +135,8 @@ class FaultProxy:
             return
         if self.faults.latency:
             time.sleep(self.faults.latency)
+        if self.closing.is_set():
+            return  # the test is over; its upstream may be gone too
         if fault == "slow_down":
             handler.send_response(503, "Slow Down")
             handler.send_header("Content-Type", "application/xml")

@@ -231,4 +231,4 @@ def test_a_silent_server_is_a_timeout_error_not_a_hang(many_small: int, seaweed:
     assert elapsed < 10, elapsed
     message = str(info.value)
     assert "s3://soak-small/o/000" in message and "after 2 attempts" in message, message
-    assert "timed out" in message.lower() or "timeout" in message.lower(), message
+    assert "no response within 1s" in message, message

@@ -93,7 +93,21 @@ struct OpenUnit {
     rx: mpsc::Receiver<Feed>,
     /// Bytes the unit will fetch (its share of the in-flight budget).
     bytes: u64,
+    /// The unit's fetch on the I/O runtime, if it is async: aborted when the unit is
+    /// dropped, so that a decoder that goes away takes its requests in flight with it.
+    fetch: Option<tokio::task::JoinHandle<()>>,
 }
+
+impl Drop for OpenUnit {
+    fn drop(&mut self) {
+        if let Some(fetch) = &self.fetch {
+            fetch.abort();
+        }
+    }
+}
+
+/// How often a decoder waiting for a fetch checks whether its run was cancelled.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Units in flight for remote data: enough to keep many requests going when objects are
 /// small (one object, one sample), bounded by the bytes they will hold.
@@ -146,6 +160,8 @@ pub struct UnitDecoder {
     runtime: &'static tokio::runtime::Runtime,
     stats: Arc<Stats>,
     cancel: Arc<AtomicBool>,
+    /// The run's flag: set when the consumer is gone.
+    stopped: Arc<AtomicBool>,
     on_error: OnError,
     max_open: usize,
     max_pending: usize,
@@ -162,6 +178,7 @@ impl UnitDecoder {
         on_error: OnError,
         io: Io,
         stats: Arc<Stats>,
+        stopped: Arc<AtomicBool>,
     ) -> Result<Self> {
         let num_threads = num_threads.max(1);
         let pool = rayon::ThreadPoolBuilder::new()
@@ -194,6 +211,7 @@ impl UnitDecoder {
             // Our own flag: this decoder may be dropped (e.g. after `take(n)`) while the
             // rest of the pipeline goes on.
             cancel: Arc::new(AtomicBool::new(false)),
+            stopped,
             on_error,
             max_open: 2 * num_threads,
             max_pending: 2 * num_threads,
@@ -219,9 +237,14 @@ impl UnitDecoder {
                 return Ok(());
             };
             let (tx, rx) = mpsc::channel(2);
-            let bytes = self.start_fetch(self.slices[slice].slice.unit, tx)?;
+            let (bytes, fetch) = self.start_fetch(self.slices[slice].slice.unit, tx)?;
             self.open_bytes += bytes;
-            self.open.push_back(OpenUnit { slice, rx, bytes });
+            self.open.push_back(OpenUnit {
+                slice,
+                rx,
+                bytes,
+                fetch,
+            });
         }
     }
 
@@ -232,8 +255,13 @@ impl UnitDecoder {
         }
     }
 
-    /// Starts fetching a unit; returns the bytes it will fetch.
-    fn start_fetch(&mut self, unit_idx: usize, tx: mpsc::Sender<Feed>) -> Result<u64> {
+    /// Starts fetching a unit; returns the bytes it will fetch, and the fetch's task
+    /// when it can be aborted.
+    fn start_fetch(
+        &mut self,
+        unit_idx: usize,
+        tx: mpsc::Sender<Feed>,
+    ) -> Result<(u64, Option<tokio::task::JoinHandle<()>>)> {
         let unit = &self.prepared.units[unit_idx];
         let shard = &self.prepared.shards[unit.shard];
         let job = match self.prepared.job(unit) {
@@ -241,17 +269,17 @@ impl UnitDecoder {
                 // The channel holds two: the task and the end of the unit.
                 let _ = tx.try_send(Feed::Task(task));
                 let _ = tx.try_send(Feed::Done);
-                return Ok(0);
+                return Ok((0, None));
             }
             job => job,
         };
         let source = self.sources.get(unit.shard, shard)?;
         let known_size = shard.size;
         Ok(match job {
-            UnitJob::Ready(_) => 0,
+            UnitJob::Ready(_) => (0, None),
             UnitJob::Ranges { ranges, decode } => {
                 let bytes = ranges.iter().map(|r| r.end - r.start).sum();
-                self.runtime.spawn(async move {
+                let fetch = self.runtime.spawn(async move {
                     let fetched = fetch_ranges(source, known_size, ranges).await;
                     let feed = match fetched {
                         Ok(set) => Feed::Task(Box::new(move || decode(set))),
@@ -261,7 +289,7 @@ impl UnitDecoder {
                         let _ = tx.send(Feed::Done).await;
                     }
                 });
-                bytes
+                (bytes, Some(fetch))
             }
             UnitJob::Stream(job) => {
                 let cancel = self.cancel.clone();
@@ -284,7 +312,8 @@ impl UnitDecoder {
                     };
                     let _ = tx.blocking_send(last);
                 });
-                STREAM_UNIT_BYTES
+                // A blocking reader cannot be aborted; it stops at its next task.
+                (STREAM_UNIT_BYTES, None)
             }
         })
     }
@@ -299,7 +328,10 @@ impl UnitDecoder {
             };
             let slice = front.slice;
             let feed = if self.pending.is_empty() {
-                front.rx.blocking_recv()
+                match recv_unless_stopped(self.runtime, &mut front.rx, &self.stopped) {
+                    Some(feed) => feed,
+                    None => return Ok(()),
+                }
             } else {
                 match front.rx.try_recv() {
                     Ok(feed) => Some(feed),
@@ -380,7 +412,7 @@ impl UnitDecoder {
             if let Some(batch) = self.ready.pop_front() {
                 return Some(Ok(batch));
             }
-            if self.cancel.load(Ordering::Relaxed) {
+            if self.cancel.load(Ordering::Relaxed) || self.stopped.load(Ordering::Relaxed) {
                 return None;
             }
             if let Err(e) = self.schedule() {
@@ -466,6 +498,35 @@ impl Drop for UnitDecoder {
     }
 }
 
+/// The next feed of a unit, waiting on the I/O runtime; `None` once `stopped` is set
+/// (checked every [`CANCEL_POLL`]), so that a consumer that left is not kept waiting on
+/// a slow request.
+fn recv_unless_stopped(
+    runtime: &tokio::runtime::Runtime,
+    rx: &mut mpsc::Receiver<Feed>,
+    stopped: &AtomicBool,
+) -> Option<Option<Feed>> {
+    loop {
+        // The timer is made inside `block_on`: it needs the runtime's context.
+        let feed = runtime.block_on(async { tokio::time::timeout(CANCEL_POLL, rx.recv()).await });
+        if let Ok(feed) = feed {
+            return Some(feed);
+        }
+        if stopped.load(Ordering::Relaxed) {
+            return None;
+        }
+    }
+}
+
+/// Aborts the tasks when dropped: the range reads of a unit whose fetch was aborted.
+struct AbortOnDrop<T>(Vec<tokio::task::JoinHandle<T>>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.iter().for_each(tokio::task::JoinHandle::abort);
+    }
+}
+
 async fn fetch_ranges(
     source: Arc<dyn Source>,
     known_size: Option<u64>,
@@ -475,15 +536,17 @@ async fn fetch_ranges(
         Some(size) => size,
         None => source.size().await?,
     };
-    let reads: Vec<_> = ranges
-        .iter()
-        .map(|range| {
-            let (source, range) = (source.clone(), range.clone());
-            tokio::spawn(async move { source.read_range(range).await })
-        })
-        .collect();
+    let mut reads = AbortOnDrop(
+        ranges
+            .iter()
+            .map(|range| {
+                let (source, range) = (source.clone(), range.clone());
+                tokio::spawn(async move { source.read_range(range).await })
+            })
+            .collect(),
+    );
     let mut set = RangeSet::new(size);
-    for (range, read) in ranges.iter().zip(reads) {
+    for (range, read) in ranges.iter().zip(reads.0.iter_mut()) {
         let bytes = read
             .await
             .map_err(|e| Error::Internal(format!("{}: read task failed: {e}", source.url())))??;

@@ -13,6 +13,7 @@ mod shuffle;
 pub mod stats;
 
 use std::ops::Range;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
@@ -703,6 +704,7 @@ impl Dataset {
                     source.options.on_error,
                     io,
                     stats.clone(),
+                    run.cancel.clone(),
                 )?;
                 Box::new(ops::Padding::new(Box::new(decoder), share, stats.clone()))
             }
@@ -954,9 +956,14 @@ impl Dataset {
             return Err(Error::invalid_argument("num_threads must be at least 1"));
         }
         let ds = self.clone();
-        prefetch::spawn(run.prefetch, run.prefetch_bytes, stats.clone(), move || {
-            ds.stream(&run, stats)
-        })
+        let cancel = run.cancel.clone();
+        prefetch::spawn(
+            run.prefetch,
+            run.prefetch_bytes,
+            stats.clone(),
+            cancel,
+            move || ds.stream(&run, stats),
+        )
     }
 }
 
@@ -1293,6 +1300,9 @@ pub struct RunOptions {
     /// Number of this dataset's first leaf (a part of a combined dataset starts after
     /// its predecessors' leaves).
     pub leaf: u64,
+    /// Set when the consumer is gone (`break`, Ctrl-C, a dropped iterator): the run's
+    /// decoders stop waiting for fetches and drop the requests in flight.
+    pub cancel: Arc<AtomicBool>,
 }
 
 impl RunOptions {
@@ -1323,6 +1333,7 @@ impl Default for RunOptions {
             track: false,
             remaining: None,
             leaf: 0,
+            cancel: Arc::default(),
         }
     }
 }

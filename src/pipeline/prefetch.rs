@@ -63,14 +63,15 @@ pub struct BatchReceiver {
 
 /// Starts the pipeline thread: at most `prefetch` batches and `prefetch_bytes` bytes of
 /// them wait for the consumer.
+/// Dropping the receiver sets `cancel`, which the stream `build` makes should watch too.
 pub(super) fn spawn(
     prefetch: usize,
     prefetch_bytes: u64,
     stats: Arc<Stats>,
+    cancel: Arc<AtomicBool>,
     build: impl FnOnce() -> Result<BatchIter> + Send + 'static,
 ) -> Result<BatchReceiver> {
     let (tx, rx) = sync_channel(prefetch.max(1));
-    let cancel = Arc::new(AtomicBool::new(false));
     let budget = Arc::new(ByteBudget {
         queued: Mutex::new(0),
         freed: Condvar::new(),
