@@ -93,16 +93,7 @@ fn write_tar(path: &std::path::Path, n: usize) {
 }
 
 fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out
+    shardflow::format::npy::file_bytes(descr, false, shape, data)
 }
 
 /// A stored (uncompressed) .npz as `np.savez` writes it.

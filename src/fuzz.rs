@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arrow_array::RecordBatch;
 
 use crate::error::Error;
+use crate::format::example::{encode_len_field as len_field, encode_varint as varint};
+use crate::format::npy::file_bytes;
 use crate::format::{OnError, ReadOptions};
 use crate::options::{OptionValue, Options};
 use crate::pipeline::{Dataset, RunOptions, Stats};
@@ -397,7 +399,7 @@ fn sample_shards() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ("jsonl", "jsonl", b"{\"a\": 1}\n{\"a\": 2}\n".to_vec()),
         ("csv", "csv", b"a,b\n1,x\n2,y\n".to_vec()),
         ("tfrecord", "tfrecord", tfrecord),
-        ("npy", "npy", npy_bytes("<i4", "(2,)", &[0; 8])),
+        ("npy", "npy", file_bytes("<i4", false, "(2,)", &[0; 8])),
     ]
 }
 
@@ -423,20 +425,6 @@ impl<'a> Cursor<'a> {
     fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-}
-
-fn varint(mut v: u64, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn len_field(number: u64, body: &[u8], out: &mut Vec<u8>) {
-    varint(number << 3 | 2, out);
-    varint(body.len() as u64, out);
-    out.extend_from_slice(body);
 }
 
 /// A serialized `tf.train.Example` with these features: (name, kind, raw values), kind
@@ -524,19 +512,6 @@ fn framed_tfrecord(data: &[u8]) -> Vec<u8> {
     out
 }
 
-fn npy_bytes(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out
-}
-
 /// An `.npy` file with a well-formed header of input-chosen dtype, order and shape
 /// (sizes small and huge), over input bytes as its data.
 fn npy_with_header(data: &[u8]) -> Vec<u8> {
@@ -548,7 +523,7 @@ fn npy_with_header(data: &[u8]) -> Vec<u8> {
     let mut input = Cursor(data);
     let pick = input.byte();
     let descr = DESCRS[usize::from(pick % 16)];
-    let fortran = if pick & 0x10 != 0 { "True" } else { "False" };
+    let fortran = pick & 0x10 != 0;
     let ndim = usize::from(input.byte() % 5);
     let dims: Vec<String> = (0..ndim)
         .map(|_| {
@@ -564,17 +539,7 @@ fn npy_with_header(data: &[u8]) -> Vec<u8> {
         1 => format!("({},)", dims[0]),
         _ => format!("({})", dims.join(", ")),
     };
-    let mut header =
-        format!("{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': {shape}, }}");
-    while (12 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x02\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(input.0);
-    out
+    file_bytes(descr, fortran, &shape, input.0)
 }
 
 /// A tar archive of input-chosen members (keys, extensions, folders, long names,

@@ -110,6 +110,22 @@ pub fn schema(specs: &[FeatureSpec]) -> SchemaRef {
 
 // ---- protobuf wire format -------------------------------------------------------
 
+/// Appends `v` as a protobuf varint (for tests and fuzzing, which write Examples).
+pub fn encode_varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Appends a length-delimited field `number` holding `body`.
+pub fn encode_len_field(number: u64, body: &[u8], out: &mut Vec<u8>) {
+    encode_varint(number << 3 | 2, out);
+    encode_varint(body.len() as u64, out);
+    out.extend_from_slice(body);
+}
+
 const VARINT: u8 = 0;
 const FIXED64: u8 = 1;
 const LEN: u8 = 2;
@@ -629,19 +645,7 @@ pub(crate) mod tests {
     use arrow_array::Array;
     use arrow_array::cast::AsArray;
 
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-    }
-
-    fn field(num: u64, body: &[u8], out: &mut Vec<u8>) {
-        varint(num << 3 | 2, out);
-        varint(body.len() as u64, out);
-        out.extend_from_slice(body);
-    }
+    use super::{encode_len_field as field, encode_varint as varint};
 
     /// Serializes an Example the way protobuf does (packed numeric lists).
     pub fn example(features: &[(&str, Values)]) -> Vec<u8> {

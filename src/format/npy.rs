@@ -202,6 +202,25 @@ impl Header {
     }
 }
 
+/// The bytes of an `.npy` file (format 1.0) as numpy writes it, for tests, benchmarks
+/// and fuzzing: `shape` is the header's Python tuple, e.g. `"(3, 4)"`.
+pub fn file_bytes(descr: &str, fortran: bool, shape: &str, data: &[u8]) -> Vec<u8> {
+    let fortran = if fortran { "True" } else { "False" };
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': {shape}, }}");
+    // numpy pads the header with spaces so that the data starts at a multiple of 64.
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&[1, 0]);
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
 /// Parses the header at the start of `.npy` bytes; `buf` may be just a prefix.
 pub fn parse_header(buf: &[u8]) -> Result<Header, String> {
     if buf.len() < 10 || &buf[..6] != MAGIC {
@@ -722,21 +741,7 @@ impl UnitJobs for PreparedNpy {
 mod tests {
     use super::*;
 
-    fn npy(descr: &str, fortran: bool, shape: &str, data: &[u8]) -> Vec<u8> {
-        let mut header = format!(
-            "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
-            if fortran { "True" } else { "False" }
-        );
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut out = b"\x93NUMPY\x01\x00".to_vec();
-        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        out.extend_from_slice(header.as_bytes());
-        out.extend_from_slice(data);
-        out
-    }
+    use super::file_bytes as npy;
 
     #[test]
     fn parses_headers_numpy_writes() {
