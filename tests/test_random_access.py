@@ -281,3 +281,25 @@ def test_remote_indexes_are_kept_in_the_user_cache(tmp_path: Path, seaweed, monk
     out = subprocess.run([sys.executable, "-c", script, json.dumps(options)], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["42"]
     assert {p: p.stat().st_ino for p in files} == files
+
+
+@pytest.mark.parametrize("name", ["bad.jsonl", "bad.jsonl.gz"])
+def test_skipped_records_are_not_read_at_the_wrong_index(tmp_path: Path, name: str) -> None:
+    """With on_error="skip", iteration skips a bad line and counts it. Reading by index
+    finds a plain file's records by their byte range, so only the bad record is an
+    error; a gzip file's records are found by decoding the whole file, where a skipped
+    one would shift every row after it, so reading any of them says so instead."""
+    text = b'{"id": 0}\n{"id": 1\n{"id": 2}\n'
+    (tmp_path / name).write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    ds = sf.dataset(str(tmp_path / name), on_error="skip")
+    loader = sf.DataLoader(ds, batch_size=10)
+    assert [int(i) for b in loader for i in b["id"]] == [0, 2]
+    assert loader.stats()["skipped_records"] + loader.stats()["skipped_units"] >= 1
+    assert len(ds) == 3  # the index counts records, readable or not
+    with pytest.raises(sf.DecodeError, match=name.replace(".", r"\.")):
+        ds[1]
+    if name.endswith(".gz"):
+        with pytest.raises(sf.DecodeError, match="cannot be read by index"):
+            ds[2]
+    else:
+        assert ds[2]["id"] == 2

@@ -4,8 +4,10 @@
 //! tokens ("", "NA", "null", "NaN", ...) as nulls except in string columns, where every
 //! value is kept as written.
 //!
-//! Files are cut into blocks at record ends (outside quotes) and blocks are decoded in
-//! parallel: each is parsed as text, then converted to the inferred types.
+//! Files are cut into blocks at record ends and blocks are decoded in parallel: each is
+//! parsed as text, then converted to the inferred types. Record ends are found by the
+//! parser that decodes them (see [`RecordEnds`]), so blocks and the record index cut a
+//! file exactly where decoding it would, stray quotes and all.
 
 use std::sync::Arc;
 
@@ -15,7 +17,7 @@ use arrow_csv::reader::Format as CsvFormat;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use super::blocks::split_blocks;
-use super::index::{RecordCodec, ShardIndex, scan_lines};
+use super::index::{RecordCodec, ShardIndex};
 use super::{
     Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
     column_indices, compression, field_names, whole_files,
@@ -373,18 +375,62 @@ fn convert(text: &StringArray, target: &DataType) -> std::result::Result<ArrayRe
     }
 }
 
-/// The last `\n` that is outside quotes, for data starting outside quotes.
-fn last_record_end(data: &[u8]) -> Option<usize> {
-    let mut quoted = false;
-    let mut last = None;
-    for pos in memchr::memchr2_iter(b'"', b'\n', data) {
-        if data[pos] == b'"' {
-            quoted = !quoted;
-        } else if !quoted {
-            last = Some(pos);
+/// Finds where records end as csv-core, the parser arrow-csv decodes with, does in its
+/// default settings (which are ours): quotes count only at the start of a field, `""`
+/// inside quotes is a quote, `\r`, `\n` and `\r\n` end a record, blank lines are
+/// passed over. Counting quotes instead would disagree with the decoder on a stray
+/// quote (`5"3,x`), and cut a block or index a record where the decoder does not.
+struct RecordEnds {
+    parser: csv_core::Reader,
+    /// Bytes fed so far.
+    fed: u64,
+}
+
+impl RecordEnds {
+    fn new() -> Self {
+        Self {
+            parser: csv_core::Reader::new(),
+            fed: 0,
         }
     }
-    last
+
+    /// Feeds the next bytes; `end` gets the offset just past each record ending in them.
+    fn feed(&mut self, mut data: &[u8], end: &mut dyn FnMut(u64)) {
+        // The fields' bytes are not needed, only the parser's state: scratch space.
+        let (mut fields, mut field_ends) = ([0u8; 4096], [0usize; 64]);
+        while !data.is_empty() {
+            let (result, read, _, _) = self.parser.read_record(data, &mut fields, &mut field_ends);
+            data = &data[read..];
+            self.fed += read as u64;
+            if matches!(result, csv_core::ReadRecordResult::Record) {
+                end(self.fed);
+            } else if read == 0 {
+                break; // cannot happen with room for output; never spin
+            }
+        }
+    }
+
+    /// The end of the input: a last record without a line end ends here.
+    fn finish(&mut self, end: &mut dyn FnMut(u64)) {
+        let (mut fields, mut field_ends) = ([0u8; 4096], [0usize; 64]);
+        loop {
+            match self.parser.read_record(&[], &mut fields, &mut field_ends).0 {
+                csv_core::ReadRecordResult::Record => end(self.fed),
+                csv_core::ReadRecordResult::End | csv_core::ReadRecordResult::InputEmpty => {
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The position of the last byte of the last whole record in `data` (which starts at a
+/// record's start), for the block splitter.
+fn last_record_end(data: &[u8]) -> Option<usize> {
+    let mut last = None;
+    RecordEnds::new().feed(data, &mut |end| last = Some(end));
+    last.map(|end| end as usize - 1)
 }
 
 impl RecordCodec for Config {
@@ -394,23 +440,31 @@ impl RecordCodec for Config {
         stream: Box<dyn std::io::Read + Send>,
         key: String,
     ) -> Result<ShardIndex> {
-        use std::io::BufRead;
         let url = shard.url.as_str();
-        let (reader, gzip) = compression::sniff_gzip(stream, url, self.limit)?;
-        let mut reader = std::io::BufReader::new(reader);
-        // The header is the first record: up to the first newline outside quotes.
+        let (mut reader, gzip) = compression::sniff_gzip(stream, url, self.limit)?;
+        // Record ends; the first record is the header, whose bytes the index keeps.
+        let mut ends = Vec::new();
         let mut header = Vec::new();
+        let mut parser = RecordEnds::new();
+        let mut buf = vec![0u8; 1 << 20];
         loop {
-            let read = reader
-                .read_until(b'\n', &mut header)
-                .map_err(|e| compression::stream_error(url, Position::Line(1), e))?;
-            let quotes = memchr::memchr_iter(b'"', &header).count();
-            if read == 0 || quotes % 2 == 0 {
+            let n = super::blocks::read_full(&mut reader, &mut buf)
+                .map_err(|e| compression::stream_error(url, Position::Byte(parser.fed), e))?;
+            if n == 0 {
                 break;
             }
+            let (start, in_header) = (parser.fed, ends.is_empty());
+            parser.feed(&buf[..n], &mut |end| ends.push(end));
+            if in_header {
+                let upto = ends.first().map_or(n, |&first| (first - start) as usize);
+                header.extend_from_slice(&buf[..upto]);
+            }
         }
-        let offsets = scan_lines(&mut reader, url, FORMAT, header.len() as u64, true)?;
-        Ok(ShardIndex::new(key, offsets, !gzip, header))
+        parser.finish(&mut |end| ends.push(end));
+        if ends.is_empty() {
+            ends.push(parser.fed);
+        }
+        Ok(ShardIndex::new(key, ends, !gzip, header))
     }
 
     fn decode_records(
@@ -507,6 +561,28 @@ fn decode_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn record_ends_are_the_decoders() {
+        let ends = |data: &[u8]| {
+            let mut out = Vec::new();
+            let mut parser = RecordEnds::new();
+            // Fed in pieces: a record may span them.
+            for piece in data.chunks(3) {
+                parser.feed(piece, &mut |e| out.push(e));
+            }
+            parser.finish(&mut |e| out.push(e));
+            out
+        };
+        // A newline inside quotes is data; blank lines are passed over; `\r` ends a
+        // record (and the `\n` of a CRLF is then a blank line).
+        assert_eq!(ends(b"x,\"a\nb\"\n\ny,z\r\nw,v"), vec![8, 13, 17]);
+        // Quotes count only at a field's start: `5"3` is a value, so the line ends.
+        assert_eq!(ends(b"5\"3,x\n1,2\n"), vec![6, 10]);
+        // After a closing quote the field goes on: `"i"d` is `id`, one field.
+        assert_eq!(ends(b"\"i\"d,t\n0,\"\"\n"), vec![7, 12]);
+        assert_eq!(last_record_end(b"a,b\n1,\"x\ny"), Some(3));
+    }
 
     #[test]
     fn record_ends_skip_quoted_newlines() {

@@ -475,19 +475,11 @@ pub fn index_shards(
     ))
 }
 
-/// Record starts of line-based data (JSON Lines, CSV without the header): each record
-/// ends at `ends` (a newline outside quotes); lines of only whitespace are not records
-/// but stay inside the byte range of the record before them.
-pub fn scan_lines(
-    reader: &mut dyn Read,
-    url: &str,
-    format: &'static str,
-    mut at: u64,
-    quoted: bool,
-) -> Result<Vec<u64>> {
+/// Record starts of JSON Lines: each record ends at a newline; lines of only whitespace
+/// are not records but stay inside the byte range of the record before them.
+pub fn scan_lines(reader: &mut dyn Read, url: &str, mut at: u64) -> Result<Vec<u64>> {
     let mut offsets = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
-    let mut in_quotes = false;
     // Whether the current line has seen anything but whitespace, and where it started.
     let mut line_start = at;
     let mut line_has_data = false;
@@ -501,10 +493,7 @@ pub fn scan_lines(
             }
         };
         for (i, &b) in buf[..n].iter().enumerate() {
-            if quoted && b == b'"' {
-                in_quotes = !in_quotes;
-            }
-            if b == b'\n' && !in_quotes {
+            if b == b'\n' {
                 if line_has_data {
                     offsets.push(line_start);
                 }
@@ -515,14 +504,6 @@ pub fn scan_lines(
             }
         }
         at += n as u64;
-    }
-    if in_quotes {
-        return Err(Error::decode(
-            url,
-            format,
-            Position::Byte(line_start),
-            "the file ends inside a quoted value",
-        ));
     }
     if line_has_data {
         offsets.push(line_start);
@@ -538,13 +519,8 @@ mod tests {
     #[test]
     fn line_records_skip_blank_lines() {
         let data = b"{\"a\":1}\n\n{\"a\":2}\r\n  \n{\"a\":3}";
-        let offsets = scan_lines(&mut &data[..], "t", "JSON", 0, false).unwrap();
+        let offsets = scan_lines(&mut &data[..], "t", 0).unwrap();
         assert_eq!(offsets, vec![0, 9, 21, 28]);
-        let quoted = b"x,\"a\nb\"\ny,z\n";
-        assert_eq!(
-            scan_lines(&mut &quoted[..], "t", "CSV", 0, true).unwrap(),
-            vec![0, 8, 12]
-        );
     }
 
     #[test]

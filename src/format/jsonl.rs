@@ -202,7 +202,7 @@ impl RecordCodec for BlockDecoderConfig {
     ) -> Result<ShardIndex> {
         let url = shard.url.as_str();
         let (mut reader, gzip) = compression::sniff_gzip(stream, url, self.limit)?;
-        let offsets = scan_lines(&mut reader, url, FORMAT, 0, false)?;
+        let offsets = scan_lines(&mut reader, url, 0)?;
         Ok(ShardIndex::new(key, offsets, !gzip, Vec::new()))
     }
 

@@ -673,6 +673,22 @@ impl Files {
                 ))
             });
         let batches = Arc::new(decoded?);
+        // Records skipped as undecodable (on_error="skip") leave the unit short of the
+        // rows its index counted, and every later row would be read at the wrong index.
+        let work = &self.prepared.units[unit];
+        let decoded_rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        if let Some(rows) = work.rows
+            && decoded_rows as u64 != rows
+        {
+            return Err(Error::decode(
+                self.prepared.shards[work.shard].url.as_str(),
+                self.prepared.format,
+                Position::Unknown,
+                format!(
+                    "{decoded_rows} of its {rows} records could be decoded, so its rows cannot be read by index"
+                ),
+            ));
+        }
         let size = batches.iter().map(RecordBatch::get_array_memory_size).sum();
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         cache.push_front((unit, batches.clone(), size));
