@@ -166,12 +166,18 @@ def test_a_sleeping_consumer_holds_the_pipeline_back(many_small: int, seaweed: S
     next(it)
     # Read-ahead is bounded (prefetched batches plus the units open for fetching), far
     # short of the 400 objects, and it stops growing while the consumer sleeps.
-    assert wait_for(lambda: proxy.gets("/soak-small/o/") > 8, timeout=30)
-    time.sleep(1.0)
-    ahead = proxy.gets("/soak-small/o/")
+    counts: list[int] = []
+
+    def settled() -> bool:  # no new request for a second
+        counts.append(proxy.gets("/soak-small/o/"))
+        time.sleep(0.25)
+        return len(counts) > 4 and len(set(counts[-5:])) == 1
+
+    assert wait_for(settled, timeout=60), counts
+    ahead = counts[-1]
     time.sleep(1.5)
     assert proxy.gets("/soak-small/o/") == ahead
-    assert ahead < 200, ahead
+    assert 8 < ahead < 200, ahead
     seen = 4 + sum(len(b["bytes"]) for b in it)
     assert seen == many_small
 

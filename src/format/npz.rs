@@ -582,6 +582,9 @@ mod tests {
     }
 
     #[test]
+    // zlib-rs frees its state while a protected reference to it lives (upstream issue
+    // trifectatechfoundation/zlib-rs#491): Miri stops in its code, not ours.
+    #[cfg_attr(miri, ignore = "zlib-rs#491: UB in zlib-rs's drop")]
     fn a_member_cannot_claim_more_than_it_holds() {
         let data = vec![7u8; 1000];
         let mut deflated = flate2::write::DeflateEncoder::new(Vec::new(), Default::default());
