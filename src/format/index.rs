@@ -101,7 +101,8 @@ impl ShardIndex {
             .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
             .collect();
         let consistent = offsets.is_empty()
-            || (offsets.len() as u64 == rows + 1 && offsets.windows(2).all(|w| w[0] <= w[1]));
+            || (rows.checked_add(1) == Some(offsets.len() as u64)
+                && offsets.windows(2).all(|w| w[0] <= w[1]));
         consistent.then_some(Self {
             key,
             rows,

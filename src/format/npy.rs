@@ -34,6 +34,8 @@ pub const COMPLEX_KEY: &str = "shardflow.complex";
 /// Field metadata keeping a fixed-width `S`/`U` dtype (Arrow holds the values as
 /// variable-length bytes and text), so the numpy conversion gives numpy's dtype back.
 pub const FIXED_WIDTH_KEY: &str = "shardflow.numpy_dtype";
+/// Rows of zero bytes (a 0 in the row's shape) one array may have in rows mode.
+pub const MAX_EMPTY_ROWS: usize = 1 << 24;
 /// Rows mode cuts arrays into units of about this many bytes.
 const UNIT_BYTES: u64 = 8 * 1024 * 1024;
 const MAGIC: &[u8] = b"\x93NUMPY";
@@ -151,8 +153,17 @@ impl Header {
     }
 
     /// Refuses shapes whose sample (the whole array, or one row in rows mode) is more
-    /// than one Arrow tensor can hold, before any size is computed from them.
+    /// than one Arrow tensor can hold, before any size is computed from them; and, in
+    /// rows mode, more rows of no bytes than [`MAX_EMPTY_ROWS`]: a 100-byte file can
+    /// declare 2^60 rows of shape `(0,)`, and every row costs memory downstream.
     pub fn check(&self, rows: bool) -> Result<(), String> {
+        if rows && self.row_bytes() == 0 && self.shape.first().is_some_and(|&n| n > MAX_EMPTY_ROWS)
+        {
+            return Err(format!(
+                "shape {:?} declares {} rows that hold no data; rows mode reads at most {MAX_EMPTY_ROWS}",
+                self.shape, self.shape[0]
+            ));
+        }
         let dims = if rows {
             &self.shape[1.min(self.shape.len())..]
         } else {
@@ -768,6 +779,15 @@ mod tests {
         assert!(err.contains("pickle"), "{err}");
         assert!(parse_header(b"\x93NUMPY\x01\x00\xff\xff{").is_err());
         assert!(parse_header(b"garbage!!!!!").is_err());
+    }
+
+    #[test]
+    fn rows_of_nothing_are_bounded() {
+        let header = |shape: &str| parse_header(&npy("<f4", false, shape, &[])).unwrap();
+        assert!(header("(1152921504606846976, 0)").check(true).is_err());
+        assert!(header("(1152921504606846976, 0)").check(false).is_ok());
+        assert!(header("(16777216, 0)").check(true).is_ok());
+        assert!(header("(0, 5)").check(true).is_ok());
     }
 
     #[test]
