@@ -202,12 +202,33 @@ fn text_schema(names: impl Iterator<Item = String>) -> SchemaRef {
 }
 
 /// Parses CSV text into all-string columns (empty fields as nulls), up to `max_rows`.
+/// `data` with its last record ended by a line end, as csv-core ends it at the end of
+/// the input (closing an open quote first). arrow-csv 60 mis-reads a last record with
+/// no line end in some inputs: it returned bytes of another record for it (found by the
+/// fuzzer, with std's checks showing an out-of-range `str::get_unchecked`).
+fn line_ended(data: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if data.is_empty() || matches!(data.last(), Some(b'\n' | b'\r')) {
+        return std::borrow::Cow::Borrowed(data);
+    }
+    for ending in [&b"\n"[..], b"\"\n"] {
+        let mut ended = data.to_vec();
+        ended.extend_from_slice(ending);
+        let mut last = 0;
+        RecordEnds::new().feed(&ended, &mut |end| last = end);
+        if last == ended.len() as u64 {
+            return std::borrow::Cow::Owned(ended);
+        }
+    }
+    std::borrow::Cow::Borrowed(data)
+}
+
 fn parse_text(
     schema: &SchemaRef,
     data: &[u8],
     header: bool,
     max_rows: usize,
 ) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    let data = &*line_ended(data);
     let mut decoder = arrow_csv::ReaderBuilder::new(schema.clone())
         .with_header(header)
         .with_batch_size(max_rows.clamp(1, 8192))
@@ -582,6 +603,25 @@ mod tests {
         // After a closing quote the field goes on: `"i"d` is `id`, one field.
         assert_eq!(ends(b"\"i\"d,t\n0,\"\"\n"), vec![7, 12]);
         assert_eq!(last_record_end(b"a,b\n1,\"x\ny"), Some(3));
+    }
+
+    #[test]
+    fn a_last_record_is_ended_as_csv_core_ends_it() {
+        assert_eq!(&*line_ended(b"a\n1"), b"a\n1\n");
+        assert_eq!(&*line_ended(b"a\n1\n"), b"a\n1\n");
+        // An open quote is closed first; a closed one is not doubled.
+        assert_eq!(&*line_ended(b"a\n\"x"), b"a\n\"x\"\n");
+        assert_eq!(&*line_ended(b"a\n\"x\""), b"a\n\"x\"\n");
+        let schema = Arc::new(Schema::new(vec![Field::new("", DataType::Utf8, true)]));
+        let batch = parse_text(
+            &schema,
+            b"\n\"\"\n\n:\"-id\"58l\n\x00\x01\x00\x00l\"",
+            true,
+            10,
+        )
+        .unwrap();
+        let text = batch.column(0).as_string::<i32>();
+        assert_eq!(text.value(1), "\u{0}\u{1}\u{0}\u{0}l\"");
     }
 
     #[test]
