@@ -104,11 +104,19 @@ pub struct Header {
     pub data_offset: usize,
 }
 
+/// `start` times the product of `dims`; `None` on overflow. Zero when any dimension is
+/// zero, whatever the others: a `(2^60, 2^60, 0)` array holds nothing, and must not be
+/// taken for one too large to count.
+fn product(start: usize, dims: &[usize]) -> Option<usize> {
+    if dims.contains(&0) {
+        return Some(0);
+    }
+    dims.iter().try_fold(start, |acc, &d| acc.checked_mul(d))
+}
+
 impl Header {
     pub fn count(&self) -> Option<usize> {
-        self.shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        product(1, &self.shape)
     }
 
     /// The numpy dtype string, e.g. `<f4`, `>i8`, `|S5`.
@@ -136,20 +144,12 @@ impl Header {
 
     /// Bytes of one row along the first axis (saturating; [`Header::check`] bounds it).
     pub fn row_bytes(&self) -> usize {
-        self.shape
-            .iter()
-            .skip(1)
-            .try_fold(self.elem.size(), |acc, &d| acc.checked_mul(d))
-            .unwrap_or(usize::MAX)
+        product(self.elem.size(), self.shape.get(1..).unwrap_or_default()).unwrap_or(usize::MAX)
     }
 
     /// Values in one row along the first axis (saturating, like `row_bytes`).
     pub fn row_values(&self) -> usize {
-        self.shape
-            .iter()
-            .skip(1)
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .unwrap_or(usize::MAX)
+        product(1, self.shape.get(1..).unwrap_or_default()).unwrap_or(usize::MAX)
     }
 
     /// Refuses shapes whose sample (the whole array, or one row in rows mode) is more
@@ -174,9 +174,7 @@ impl Header {
         } else {
             1
         };
-        let width = dims
-            .iter()
-            .try_fold(lanes, |acc: usize, &d| acc.checked_mul(d));
+        let width = product(lanes, dims);
         match width {
             Some(w) if i32::try_from(w).is_ok() && w.checked_mul(self.elem.size()).is_some() => {
                 Ok(())
@@ -788,6 +786,12 @@ mod tests {
         assert!(header("(1152921504606846976, 0)").check(false).is_ok());
         assert!(header("(16777216, 0)").check(true).is_ok());
         assert!(header("(0, 5)").check(true).is_ok());
+        // A zero after dimensions whose product overflows: still no bytes.
+        let zero = header("(1, 1152921504606846976, 2, 0)");
+        assert_eq!(
+            (zero.row_bytes(), zero.count(), zero.data_len()),
+            (0, Some(0), Some(0))
+        );
     }
 
     #[test]
