@@ -203,19 +203,26 @@ fn text_schema(names: impl Iterator<Item = String>) -> SchemaRef {
 
 /// Parses CSV text into all-string columns (empty fields as nulls), up to `max_rows`.
 /// `data` with its last record ended by a line end, as csv-core ends it at the end of
-/// the input (closing an open quote first). arrow-csv 60 mis-reads a last record with
-/// no line end in some inputs: it returned bytes of another record for it (found by the
-/// fuzzer, with std's checks showing an out-of-range `str::get_unchecked`).
+/// the input (closing an open quote first). arrow-csv 60 mis-reads a last record left
+/// open at the end of its input, with or without a final newline (inside quotes): it
+/// returned bytes of another record for it (found by the fuzzer, with std's checks
+/// showing an out-of-range `str::get_unchecked`).
 fn line_ended(data: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    if data.is_empty() || matches!(data.last(), Some(b'\n' | b'\r')) {
+    // Whether the input's last record is still open at its end.
+    let open = |bytes: &[u8]| {
+        let mut parser = RecordEnds::new();
+        parser.feed(bytes, &mut |_| {});
+        let mut open = false;
+        parser.finish(&mut |_| open = true);
+        open
+    };
+    if !open(data) {
         return std::borrow::Cow::Borrowed(data);
     }
     for ending in [&b"\n"[..], b"\"\n"] {
         let mut ended = data.to_vec();
         ended.extend_from_slice(ending);
-        let mut last = 0;
-        RecordEnds::new().feed(&ended, &mut |end| last = end);
-        if last == ended.len() as u64 {
+        if !open(&ended) {
             return std::borrow::Cow::Owned(ended);
         }
     }
@@ -612,6 +619,9 @@ mod tests {
         // An open quote is closed first; a closed one is not doubled.
         assert_eq!(&*line_ended(b"a\n\"x"), b"a\n\"x\"\n");
         assert_eq!(&*line_ended(b"a\n\"x\""), b"a\n\"x\"\n");
+        // A final newline inside an open quote does not end the record.
+        assert_eq!(&*line_ended(b"a\n\"x\n"), b"a\n\"x\n\"\n");
+        assert_eq!(&*line_ended(b"a\n1\n\n"), b"a\n1\n\n");
         let schema = Arc::new(Schema::new(vec![Field::new("", DataType::Utf8, true)]));
         let batch = parse_text(
             &schema,

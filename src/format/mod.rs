@@ -186,6 +186,16 @@ pub fn whole_file_job(
     }))
 }
 
+/// `start` times the product of `dims`; `None` on overflow. Zero when any dimension is
+/// zero, whatever the others: a `(2^60, 2^60, 0)` array holds nothing, and must not be
+/// taken for one too large to count.
+pub fn shape_product(start: usize, dims: &[usize]) -> Option<usize> {
+    if dims.contains(&0) {
+        return Some(0);
+    }
+    dims.iter().try_fold(start, |acc, &d| acc.checked_mul(d))
+}
+
 /// Field metadata of Arrow's canonical fixed-shape tensor extension type.
 pub const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
 pub const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
@@ -194,7 +204,8 @@ pub const TENSOR_EXTENSION: &str = "arrow.fixed_shape_tensor";
 /// A fixed-shape tensor column: `FixedSizeList<leaf>(prod(shape))` tagged with its shape,
 /// so consumers (our numpy conversion, pyarrow) see `(rows, *shape)`.
 pub fn tensor_field(name: &str, leaf: DataType, shape: &[usize], nullable: bool) -> Field {
-    let width = shape.iter().product::<usize>() as i32;
+    // Callers have checked that the width fits (`npy::Header::check`, Example specs).
+    let width = shape_product(1, shape).map_or(0, |w| w as i32);
     let storage = DataType::FixedSizeList(Arc::new(Field::new_list_field(leaf, false)), width);
     let shape_json = format!(
         "{{\"shape\":[{}]}}",

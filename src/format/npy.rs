@@ -22,7 +22,7 @@ use bytes::Bytes;
 
 use super::{
     Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, per_shard,
-    tensor_field,
+    shape_product, tensor_field,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
@@ -104,19 +104,9 @@ pub struct Header {
     pub data_offset: usize,
 }
 
-/// `start` times the product of `dims`; `None` on overflow. Zero when any dimension is
-/// zero, whatever the others: a `(2^60, 2^60, 0)` array holds nothing, and must not be
-/// taken for one too large to count.
-fn product(start: usize, dims: &[usize]) -> Option<usize> {
-    if dims.contains(&0) {
-        return Some(0);
-    }
-    dims.iter().try_fold(start, |acc, &d| acc.checked_mul(d))
-}
-
 impl Header {
     pub fn count(&self) -> Option<usize> {
-        product(1, &self.shape)
+        shape_product(1, &self.shape)
     }
 
     /// The numpy dtype string, e.g. `<f4`, `>i8`, `|S5`.
@@ -144,12 +134,13 @@ impl Header {
 
     /// Bytes of one row along the first axis (saturating; [`Header::check`] bounds it).
     pub fn row_bytes(&self) -> usize {
-        product(self.elem.size(), self.shape.get(1..).unwrap_or_default()).unwrap_or(usize::MAX)
+        shape_product(self.elem.size(), self.shape.get(1..).unwrap_or_default())
+            .unwrap_or(usize::MAX)
     }
 
     /// Values in one row along the first axis (saturating, like `row_bytes`).
     pub fn row_values(&self) -> usize {
-        product(1, self.shape.get(1..).unwrap_or_default()).unwrap_or(usize::MAX)
+        shape_product(1, self.shape.get(1..).unwrap_or_default()).unwrap_or(usize::MAX)
     }
 
     /// Refuses shapes whose sample (the whole array, or one row in rows mode) is more
@@ -174,7 +165,7 @@ impl Header {
         } else {
             1
         };
-        let width = product(lanes, dims);
+        let width = shape_product(lanes, dims);
         match width {
             Some(w) if i32::try_from(w).is_ok() && w.checked_mul(self.elem.size()).is_some() => {
                 Ok(())
