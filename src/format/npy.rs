@@ -506,7 +506,11 @@ fn byteswap(data: &[u8], lane: usize) -> Vec<u8> {
 
 /// Reorders a Fortran-order (column-major) array's elements into C order.
 fn fortran_to_c(data: &[u8], shape: &[usize], size: usize) -> Vec<u8> {
-    let count: usize = shape.iter().product();
+    // An empty array may have dimensions whose product overflows before its 0; once
+    // there are elements, every partial product is at most their count.
+    let Some(count) = shape_product(1, shape).filter(|&count| count > 0) else {
+        return Vec::new();
+    };
     let mut out = vec![0u8; data.len()];
     // Fortran strides (in elements) of each axis.
     let mut strides = vec![1usize; shape.len()];

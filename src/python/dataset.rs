@@ -1181,8 +1181,9 @@ fn describe_type(
             let Some(name) = scalar(current) else {
                 return Ok(("object".into(), vec![]));
             };
-            let declared = crate::format::tensor_shape(field)
-                .filter(|s| s.iter().product::<usize>() == shape.iter().product::<usize>());
+            let declared = crate::format::tensor_shape(field).filter(|s| {
+                crate::format::shape_product(1, s) == crate::format::shape_product(1, &shape)
+            });
             let mut shape = declared.unwrap_or(shape);
             if let Some(complex) = field.metadata().get(crate::format::npy::COMPLEX_KEY) {
                 shape.pop();

@@ -180,7 +180,8 @@ pub fn column_to_numpy<'py>(
         DataType::FixedSizeList(_, _) => match tensor_parts(array.as_ref()) {
             Some((leaf, mut shape)) => {
                 if let Some(declared) = declared_tensor_shape(field)
-                    && declared.iter().product::<usize>() == shape.iter().product::<usize>()
+                    && crate::format::shape_product(1, &declared)
+                        == crate::format::shape_product(1, &shape)
                 {
                     shape = declared;
                 }
