@@ -216,7 +216,11 @@ fn line_ended(data: &[u8]) -> std::borrow::Cow<'_, [u8]> {
         parser.finish(&mut |_| open = true);
         open
     };
-    if !open(data) {
+    // Most blocks end at a line end outside quotes: with no quote in them at all, that
+    // needs no second pass of the parser.
+    let ended_unquoted =
+        matches!(data.last(), Some(b'\n' | b'\r')) && memchr::memchr(b'"', data).is_none();
+    if data.is_empty() || ended_unquoted || !open(data) {
         return std::borrow::Cow::Borrowed(data);
     }
     for ending in [&b"\n"[..], b"\"\n"] {
