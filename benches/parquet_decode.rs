@@ -12,7 +12,7 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use shardflow::Dataset;
 use shardflow::format::ReadOptions;
-use shardflow::pipeline::{RunOptions, Stats, default_num_threads};
+use shardflow::pipeline::{RunOptions, Stats, Tuning, default_num_threads};
 use shardflow::source::Storage;
 
 const ROWS: usize = 1_000_000;
@@ -71,7 +71,7 @@ fn write_file(path: &std::path::Path) {
 fn epoch(ds: &Dataset, threads: usize) -> usize {
     let run = RunOptions {
         batch_rows: Some(1024),
-        num_threads: threads,
+        tuning: Arc::new(Tuning::fixed(threads, 4)),
         ..RunOptions::default()
     };
     ds.start(run, Arc::new(Stats::default()))

@@ -24,7 +24,7 @@ use crate::format::example::{encode_len_field as len_field, encode_varint as var
 use crate::format::npy::file_bytes;
 use crate::format::{OnError, ReadOptions};
 use crate::options::{OptionValue, Options};
-use crate::pipeline::{Dataset, RunOptions, Stats};
+use crate::pipeline::{Dataset, RunOptions, Stats, Tuning};
 use crate::source::{Storage, StorageOptions};
 
 /// Every target's name: `fuzz/fuzz_targets/<name>.rs` and `fuzz/corpus/<name>/`.
@@ -209,8 +209,7 @@ fn read_shard(format: &str, extension: &str, flags: u8, body: &[u8]) {
 /// Every row of one epoch read as a stream, as one batch; `None` after a (checked) error.
 fn stream_rows(ds: &Dataset, path: &str) -> Option<RecordBatch> {
     let run = RunOptions {
-        num_threads: 1,
-        prefetch: 1,
+        tuning: Arc::new(Tuning::fixed(1, 1)),
         batch_rows: Some(7),
         ..RunOptions::default()
     };

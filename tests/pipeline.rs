@@ -11,7 +11,7 @@ use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use shardflow::format::{OnError, ReadOptions};
-use shardflow::pipeline::{BufferBounds, Op, RunOptions, Stats};
+use shardflow::pipeline::{BufferBounds, Op, RunOptions, Stats, Tuning};
 use shardflow::source::Storage;
 use shardflow::{Dataset, Error};
 
@@ -45,8 +45,7 @@ fn run(epoch: u64, batch: usize, threads: usize) -> RunOptions {
     RunOptions {
         epoch,
         batch_rows: Some(batch),
-        num_threads: threads,
-        prefetch: 2,
+        tuning: Arc::new(Tuning::fixed(threads, 2)),
         ..RunOptions::default()
     }
 }

@@ -40,7 +40,8 @@ class Seaweed:
             args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + 10000}"]
         # With credentials set, SeaweedFS checks signatures (so wrong keys get a real 403).
         env = dict(os.environ, AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET) if auth else dict(os.environ)
-        self.log = open(directory / "weed.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.log_path = directory / "weed.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.s3_url = f"http://127.0.0.1:{self.ports['s3']}"
         self.filer_url = f"http://127.0.0.1:{self.ports['filer']}"
@@ -59,7 +60,9 @@ class Seaweed:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.process.returncode}")
+                self.log.close()
+                tail = (self.log_path.read_bytes()[-2000:]).decode(errors="replace")
+                raise RuntimeError(f"weed exited with {self.process.returncode}:\n{tail}")
             try:
                 self.client().list_buckets()
                 return

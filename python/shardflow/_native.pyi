@@ -143,6 +143,7 @@ class DataLoader:
         num_threads: int | None = None,
         prefetch: int | None = None,
         prefetch_bytes: int | None = None,
+        memory_limit: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         output: str = "numpy",

@@ -15,8 +15,8 @@ use arrow_schema::{Schema, SchemaRef};
 use super::blocks::read_full;
 use super::compression::{limit_option, stream_error};
 use super::{
-    Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
-    column_indices, field_names, per_shard, whole_files,
+    BatchSink, Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
+    column_indices, field_names, per_shard, task, whole_files,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
@@ -366,7 +366,7 @@ impl UnitJobs for PreparedFile {
         let (schema, limit) = (self.schema.clone(), self.limit);
         UnitJob::Ranges {
             ranges,
-            decode: Box::new(move |fetched: RangeSet| {
+            decode: Box::new(move |fetched: RangeSet, _: &mut BatchSink| {
                 let corrupt = |m: String| {
                     Error::decode(&file.url, FORMAT, Position::Byte(block.offset() as u64), m)
                 };
@@ -632,7 +632,7 @@ impl UnitJobs for PreparedStream {
             while let Some(batch) = messages.next_batch()? {
                 let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec())
                     .map_err(corrupt)?;
-                if !emit(Box::new(move || {
+                if !emit(task(move || {
                     Ok(Decoded {
                         batches: vec![batch],
                         skipped: 0,

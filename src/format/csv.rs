@@ -20,7 +20,7 @@ use super::blocks::split_blocks;
 use super::index::{RecordCodec, ShardIndex};
 use super::{
     Decoded, EmitTask, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
-    column_indices, compression, field_names, whole_files,
+    column_indices, compression, field_names, task, whole_files,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::{Io, ShardMeta};
@@ -543,7 +543,7 @@ impl UnitJobs for PreparedCsv {
                         return false;
                     };
                     let (config, url) = (config.clone(), url.clone());
-                    emit(Box::new(move || {
+                    emit(task(move || {
                         decode_block(&config, &layout, &url, &block, first_line)
                     }))
                 },

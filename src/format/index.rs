@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 
-use super::{Decoded, PreparedShards, UnitJob, UnitJobs, WorkUnit};
+use super::{BatchSink, Decoded, PreparedShards, UnitJob, UnitJobs, WorkUnit};
 use crate::error::{Error, Position, Result};
 use crate::source::{Io, ShardMeta};
 
@@ -327,14 +327,16 @@ impl UnitJobs for IndexedJobs {
         let (codec, shard) = (self.codec.clone(), shard.clone());
         UnitJob::Ranges {
             ranges: vec![range.clone()],
-            decode: Box::new(move |fetched| {
-                let data = fetched
-                    .get(range.start, range.end - range.start)
-                    .ok_or_else(|| {
-                        Error::Internal(format!("{}: the fetched range is missing", shard.url))
-                    })?;
-                codec.decode_records(&shard, &index, data, first)
-            }),
+            decode: Box::new(
+                move |fetched: crate::source::ranges::RangeSet, _: &mut BatchSink| {
+                    let data = fetched
+                        .get(range.start, range.end - range.start)
+                        .ok_or_else(|| {
+                            Error::Internal(format!("{}: the fetched range is missing", shard.url))
+                        })?;
+                    codec.decode_records(&shard, &index, data, first)
+                },
+            ),
         }
     }
 

@@ -15,7 +15,7 @@ use super::index::{RecordCodec, ShardIndex, scan_lines};
 use super::json_infer::SchemaInference;
 use super::{
     Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
-    whole_files,
+    task, whole_files,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::{Io, ShardMeta};
@@ -184,7 +184,7 @@ impl UnitJobs for PreparedJsonl {
                 |data| memchr::memrchr(b'\n', data),
                 &mut |block, first_line| {
                     let (config, url) = (config.clone(), url.clone());
-                    emit(Box::new(move || {
+                    emit(task(move || {
                         config.decode(&url, &block, BlockStart::Line(first_line))
                     }))
                 },

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::{
     Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, column_indices,
-    field_names,
+    field_names, task,
 };
 use crate::error::{Error, Result};
 use crate::source::{Io, ShardMeta};
@@ -130,7 +130,7 @@ impl UnitJobs for Jobs {
             self.columns.clone(),
         );
         let index = unit.shard;
-        UnitJob::Ready(Box::new(move || {
+        UnitJob::Ready(task(move || {
             let batch = batches
                 .get(index)
                 .ok_or_else(|| Error::Internal(format!("no in-memory batch {index}")))?;

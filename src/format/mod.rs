@@ -171,7 +171,9 @@ pub fn whole_file_job(
     if let Some(size) = shard.size {
         return UnitJob::Ranges {
             ranges: std::iter::once(0..size).collect(),
-            decode: Box::new(move |fetched| decode(fetched.get(0, size).unwrap_or_default())),
+            decode: Box::new(move |fetched: RangeSet, _: &mut BatchSink| {
+                decode(fetched.get(0, size).unwrap_or_default())
+            }),
         };
     }
     let url = shard.url.clone();
@@ -181,7 +183,7 @@ pub fn whole_file_job(
             .read_to_end(&mut data)
             .map_err(|e| crate::error::Error::io(url, crate::error::Position::Unknown, e))?;
         let data = bytes::Bytes::from(data);
-        emit(Box::new(move || decode(data)));
+        emit(task(move || decode(data)));
         Ok(())
     }))
 }
@@ -249,7 +251,7 @@ pub struct WorkUnit {
     pub rows: Option<u64>,
 }
 
-/// The output of one decode task.
+/// The output of one decode task: what it did not already hand to its [`BatchSink`].
 #[derive(Debug, Default)]
 pub struct Decoded {
     pub batches: Vec<RecordBatch>,
@@ -257,8 +259,21 @@ pub struct Decoded {
     pub skipped: u64,
 }
 
+/// Takes batches from a decode task while it runs. A task that makes many batches (a
+/// Parquet row group) hands each over as it is made, so that the unit's first rows reach
+/// the consumer without waiting for its last; they come before the task's [`Decoded`].
+pub type BatchSink<'a> = dyn FnMut(RecordBatch) + 'a;
+
 /// CPU work that turns fetched bytes into batches; runs on the decode thread pool.
-pub type DecodeTask = Box<dyn FnOnce() -> Result<Decoded> + Send>;
+pub type DecodeTask = Box<dyn FnOnce(&mut BatchSink) -> Result<Decoded> + Send>;
+
+/// A decode task that returns all of its batches at its end.
+pub fn task(decode: impl FnOnce() -> Result<Decoded> + Send + 'static) -> DecodeTask {
+    Box::new(move |_: &mut BatchSink| decode())
+}
+
+/// Decodes the fetched ranges of one unit (see [`BatchSink`]).
+pub type DecodeRanges = Box<dyn FnOnce(RangeSet, &mut BatchSink) -> Result<Decoded> + Send>;
 
 /// Emits a decode task; returns false once the consumer has gone away.
 pub type EmitTask<'a> = dyn FnMut(DecodeTask) -> bool + 'a;
@@ -271,7 +286,7 @@ pub enum UnitJob {
     /// Random access: fetch these byte ranges (concurrently), then decode them.
     Ranges {
         ranges: Vec<Range<u64>>,
-        decode: Box<dyn FnOnce(RangeSet) -> Result<Decoded> + Send>,
+        decode: DecodeRanges,
     },
     /// Sequential: read the shard front to back on a blocking thread, cutting it into
     /// decode tasks as it goes (so a large file is decoded in parallel, in bounded memory).

@@ -21,8 +21,8 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 
 use super::{
-    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, per_shard,
-    shape_product, tensor_field,
+    BatchSink, Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
+    per_shard, shape_product, tensor_field,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
@@ -721,7 +721,7 @@ impl UnitJobs for PreparedNpy {
         let mode = self.mode;
         UnitJob::Ranges {
             ranges: std::iter::once(start..start + len).collect(),
-            decode: Box::new(move |fetched: RangeSet| {
+            decode: Box::new(move |fetched: RangeSet, _: &mut BatchSink| {
                 let corrupt = |m: String| Error::decode(&url, FORMAT, Position::Byte(start), m);
                 let data = fetched
                     .get(start, len)

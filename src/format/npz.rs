@@ -16,8 +16,8 @@ use flate2::read::DeflateDecoder;
 
 use super::npy::{self, Header, Mode};
 use super::{
-    Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, column_indices,
-    field_names, per_shard, whole_file_job,
+    BatchSink, Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
+    column_indices, field_names, per_shard, whole_file_job,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::ranges::RangeSet;
@@ -489,7 +489,7 @@ impl UnitJobs for PreparedNpz {
             let ranges = wanted.iter().map(|(_, r)| r.clone()).collect();
             return UnitJob::Ranges {
                 ranges,
-                decode: Box::new(move |fetched: RangeSet| {
+                decode: Box::new(move |fetched: RangeSet, _: &mut BatchSink| {
                     let mut columns = Vec::new();
                     for (field, (header, range)) in schema.fields().iter().zip(&wanted) {
                         let corrupt = |m: String| {

@@ -17,7 +17,8 @@ use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
 use super::{
-    Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, per_shard,
+    BatchSink, Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
+    per_shard,
 };
 use crate::error::{Error, Position, Result, panic_message};
 use crate::source::ranges::{RangeSet, coalesce};
@@ -314,8 +315,8 @@ impl UnitJobs for PreparedParquet {
         let batch_rows = (TARGET_BATCH_BYTES / row_bytes).clamp(1, MAX_BATCH_ROWS) as usize;
         UnitJob::Ranges {
             ranges: coalesce(ranges, COALESCE_GAP),
-            decode: Box::new(move |fetched| {
-                decode_row_group(&file, row_group, batch_rows, fetched)
+            decode: Box::new(move |fetched, sink: &mut BatchSink| {
+                decode_row_group(&file, row_group, batch_rows, fetched, sink)
             }),
         }
     }
@@ -326,6 +327,7 @@ fn decode_row_group(
     row_group: usize,
     batch_rows: usize,
     fetched: RangeSet,
+    sink: &mut BatchSink,
 ) -> Result<Decoded> {
     let corrupt = |e: &dyn std::fmt::Display| {
         Error::decode(&file.url, FORMAT, Position::RowGroup(row_group), e)
@@ -339,7 +341,7 @@ fn decode_row_group(
     .with_batch_size(batch_rows)
     .build()
     .map_err(|e| corrupt(&e))?;
-    let mut batches = Vec::new();
+    let mut rows = 0;
     for batch in reader {
         let batch = batch.map_err(|e| corrupt(&e))?;
         let batch = match file.reorder.as_deref() {
@@ -348,19 +350,16 @@ fn decode_row_group(
         }
         .and_then(|b| RecordBatch::try_new(file.schema.clone(), b.columns().to_vec()))
         .map_err(|e| corrupt(&e))?;
-        batches.push(batch);
+        rows += batch.num_rows();
+        sink(batch);
     }
-    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
     let expected = file.metadata.metadata().row_group(row_group).num_rows();
     if rows as i64 != expected {
         return Err(corrupt(&format!(
             "decoded {rows} rows, the footer says {expected}"
         )));
     }
-    Ok(Decoded {
-        batches,
-        skipped: 0,
-    })
+    Ok(Decoded::default())
 }
 
 /// The fetched column chunks of one row group, read by the Parquet decoder as if they

@@ -20,7 +20,7 @@ use super::example::{ExampleDecoder, FeatureSpec, SpecInference};
 use super::index::{RecordCodec, ShardIndex};
 use super::{
     Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
-    whole_files,
+    task, whole_files,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::{Io, ShardMeta};
@@ -421,7 +421,7 @@ impl UnitJobs for PreparedTfRecord {
                 }
                 let last = block.data.len() < BLOCK_BYTES;
                 let (config, url) = (config.clone(), url.clone());
-                if !emit(Box::new(move || decode_block(&config, &url, block))) || last {
+                if !emit(task(move || decode_block(&config, &url, block))) || last {
                     return Ok(());
                 }
             }

@@ -21,7 +21,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use super::index::{RecordCodec, ShardIndex};
 use super::{
     Decoded, EmitTask, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
-    compression, whole_files,
+    compression, task, whole_files,
 };
 use crate::error::{Error, Position, Result};
 use crate::source::{Io, ShardMeta};
@@ -370,7 +370,7 @@ impl UnitJobs for PreparedTar {
             let mut flush = |block: &mut Vec<Sample>| {
                 let samples = std::mem::take(block);
                 let (config, url) = (config.clone(), url.clone());
-                emit(Box::new(move || build_batch(&config, &url, samples)))
+                emit(task(move || build_batch(&config, &url, samples)))
             };
             reader.for_each(stream, config.limit, &mut |sample| {
                 block_bytes += sample.fields.iter().map(|(_, d)| d.len()).sum::<usize>();

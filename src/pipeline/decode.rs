@@ -1,5 +1,6 @@
 //! Parallel work, ordered output. Work units are fetched on the I/O runtime (several
-//! units open at once) and their decode tasks run on a rayon pool of `num_threads`;
+//! units open at once: the read-ahead) and their decode tasks run on a rayon pool of
+//! `num_threads`; how far ahead both go is tuned while it runs (see `autotune`);
 //! results are handed out strictly in unit order, then task order within a unit, so the
 //! batch sequence never depends on thread timing.
 
@@ -13,9 +14,10 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use tokio::sync::mpsc;
 
+use super::autotune::Tuning;
 use super::stats::Stats;
 use crate::error::{Error, Position, Result, panic_message};
-use crate::format::{DecodeTask, Decoded, OnError, PreparedShards, UnitJob};
+use crate::format::{BatchSink, DecodeTask, Decoded, OnError, PreparedShards, UnitJob};
 use crate::source::ranges::RangeSet;
 use crate::source::{self, Io, ShardMeta, Source};
 
@@ -27,12 +29,21 @@ enum Feed {
     Done,
 }
 
+/// What a decode task sends: its batches as it makes them (see `BatchSink`), then its end.
+enum Decoding {
+    Batch(RecordBatch),
+    End(Result<Decoded>),
+}
+
 /// A decode queued or running, or a marker kept in order with them; `slice` indexes
 /// the decoder's slices.
 enum Pending {
     Task {
         slice: usize,
-        rx: std_mpsc::Receiver<Result<Decoded>>,
+        rx: std_mpsc::Receiver<Decoding>,
+        /// Batches received and not handed out yet: under `on_error="skip"` a task's
+        /// batches wait for its end, so that a unit that fails half-way is skipped whole.
+        held: Vec<RecordBatch>,
     },
     Failed {
         slice: usize,
@@ -109,10 +120,8 @@ impl Drop for OpenUnit {
 /// How often a decoder waiting for a fetch checks whether its run was cancelled.
 const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Units in flight for remote data: enough to keep many requests going when objects are
-/// small (one object, one sample), bounded by the bytes they will hold.
-const REMOTE_OPEN_UNITS: usize = 128;
-const REMOTE_OPEN_BYTES: u64 = 256 * 1024 * 1024;
+/// A wait for bytes or for a decode shorter than this is not worth a deeper queue.
+const SHORT_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 /// What a streamed unit is charged: its read-ahead, roughly.
 const STREAM_UNIT_BYTES: u64 = 32 * 1024 * 1024;
 
@@ -121,8 +130,6 @@ const STREAM_UNIT_BYTES: u64 = 32 * 1024 * 1024;
 struct SourceCache {
     io: Io,
     entries: VecDeque<(usize, Arc<dyn Source>)>,
-    /// Whether the sources opened so far are remote.
-    remote: bool,
 }
 
 const OPEN_SOURCES: usize = 64;
@@ -140,7 +147,6 @@ impl SourceCache {
             return Ok(source);
         }
         let source = self.io.open(meta)?;
-        self.remote |= source.is_remote();
         self.entries.push_front((shard, source.clone()));
         self.entries.truncate(OPEN_SOURCES);
         Ok(source)
@@ -163,9 +169,10 @@ pub struct UnitDecoder {
     /// The run's flag: set when the consumer is gone.
     stopped: Arc<AtomicBool>,
     on_error: OnError,
-    max_open: usize,
-    max_pending: usize,
-    /// Bytes the open units will fetch; remote data is bounded by it.
+    tuning: Arc<Tuning>,
+    /// The consumer's waits counted when the depths were last looked at.
+    consumer_waits_seen: u64,
+    /// Bytes the open units will fetch, bounded by the tuning's read-ahead bytes.
     open_bytes: u64,
     finished: bool,
 }
@@ -174,15 +181,14 @@ impl UnitDecoder {
     pub fn new(
         prepared: Arc<PreparedShards>,
         slices: Vec<UnitSlice>,
-        num_threads: usize,
+        tuning: Arc<Tuning>,
         on_error: OnError,
         io: Io,
         stats: Arc<Stats>,
         stopped: Arc<AtomicBool>,
     ) -> Result<Self> {
-        let num_threads = num_threads.max(1);
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(num_threads)
+            .num_threads(tuning.threads.max(1))
             .thread_name(|i| format!("shardflow-decode-{i}"))
             .build()
             .map_err(|e| Error::Internal(format!("cannot start decode threads: {e}")))?;
@@ -203,7 +209,6 @@ impl UnitDecoder {
             sources: SourceCache {
                 io,
                 entries: VecDeque::new(),
-                remote: false,
             },
             pool,
             runtime: source::runtime()?,
@@ -213,23 +218,19 @@ impl UnitDecoder {
             cancel: Arc::new(AtomicBool::new(false)),
             stopped,
             on_error,
-            max_open: 2 * num_threads,
-            max_pending: 2 * num_threads,
+            tuning,
+            consumer_waits_seen: 0,
             open_bytes: 0,
             finished: false,
         })
     }
 
-    /// Starts fetching the next units until `max_open` are open (for remote data, many
-    /// more, up to a budget of bytes in flight).
+    /// Starts fetching the next units until the read-ahead is reached, in units or in
+    /// the bytes they will fetch.
     fn open_units(&mut self) -> Result<()> {
         loop {
-            let full = if self.sources.remote {
-                self.open.len() >= REMOTE_OPEN_UNITS.max(self.max_open)
-                    || self.open_bytes >= REMOTE_OPEN_BYTES
-            } else {
-                self.open.len() >= self.max_open
-            };
+            let full = self.open.len() >= self.tuning.read_ahead_units()
+                || self.open_bytes >= self.tuning.read_ahead_bytes;
             if full && !self.open.is_empty() {
                 return Ok(());
             }
@@ -274,6 +275,9 @@ impl UnitDecoder {
             job => job,
         };
         let source = self.sources.get(unit.shard, shard)?;
+        if source.is_remote() {
+            self.tuning.reading_remote();
+        }
         let known_size = shard.size;
         Ok(match job {
             UnitJob::Ready(_) => (0, None),
@@ -282,7 +286,9 @@ impl UnitDecoder {
                 let fetch = self.runtime.spawn(async move {
                     let fetched = fetch_ranges(source, known_size, ranges).await;
                     let feed = match fetched {
-                        Ok(set) => Feed::Task(Box::new(move || decode(set))),
+                        Ok(set) => {
+                            Feed::Task(Box::new(move |sink: &mut BatchSink| decode(set, sink)))
+                        }
                         Err(e) => Feed::Failed(e),
                     };
                     if tx.send(feed).await.is_ok() {
@@ -318,17 +324,31 @@ impl UnitDecoder {
         })
     }
 
-    /// Moves decode tasks of the front units onto the pool, in order, until
-    /// `max_pending` are queued. Blocks for the next task only when nothing is pending.
+    /// Whether the consumer has waited for a batch since this was last asked: a wait of
+    /// the pipeline then is worth a deeper queue.
+    fn consumer_waited(&mut self) -> bool {
+        let waits = self.stats.consumer_waits.load(Ordering::Relaxed);
+        waits > std::mem::replace(&mut self.consumer_waits_seen, waits)
+    }
+
+    /// Moves decode tasks of the front units onto the pool, in order, until the decode
+    /// depth is queued. Blocks for the next task only when nothing is pending.
     fn schedule(&mut self) -> Result<()> {
         self.open_units()?;
-        while self.pending.len() < self.max_pending {
+        while self.pending.len() < self.tuning.decode_tasks.get() {
             let Some(front) = self.open.front_mut() else {
                 return Ok(());
             };
             let slice = front.slice;
             let feed = if self.pending.is_empty() {
-                match recv_unless_stopped(self.runtime, &mut front.rx, &self.stopped) {
+                let start = Instant::now();
+                let feed = recv_unless_stopped(self.runtime, &mut front.rx, &self.stopped);
+                let waited = start.elapsed();
+                Stats::add_time(&self.stats.fetch_wait_ns, waited);
+                if waited > SHORT_WAIT && self.consumer_waited() {
+                    self.tuning.fetch_was_short();
+                }
+                match feed {
                     Some(feed) => feed,
                     None => return Ok(()),
                 }
@@ -368,7 +388,9 @@ impl UnitDecoder {
     }
 
     fn spawn_decode(&mut self, slice: usize, task: DecodeTask) {
-        let (tx, rx) = std_mpsc::sync_channel(1);
+        // Unbounded, so that a task never waits for the consumer while it holds a decode
+        // thread that an earlier unit's task needs; it holds what `Decoded` held before.
+        let (tx, rx) = std_mpsc::channel();
         let (stats, cancel) = (self.stats.clone(), self.cancel.clone());
         let url = self.slice_url(slice).to_string();
         let format = self.prepared.format;
@@ -379,18 +401,26 @@ impl UnitDecoder {
             let start = Instant::now();
             // Decoders (ours and the parquet crate's) can trip assertions on corrupt
             // bytes; that is a fault in this unit's data, reported against its file.
-            let result = catch_unwind(AssertUnwindSafe(task)).unwrap_or_else(|panic| {
-                Err(Error::decode(
-                    url,
-                    format,
-                    Position::Unknown,
-                    format!("the decoder failed: {}", panic_message(&*panic)),
-                ))
-            });
+            let mut sink = |batch| {
+                let _ = tx.send(Decoding::Batch(batch));
+            };
+            let result =
+                catch_unwind(AssertUnwindSafe(|| task(&mut sink))).unwrap_or_else(|panic| {
+                    Err(Error::decode(
+                        url,
+                        format,
+                        Position::Unknown,
+                        format!("the decoder failed: {}", panic_message(&*panic)),
+                    ))
+                });
             Stats::add_time(&stats.decode_ns, start.elapsed());
-            let _ = tx.send(result);
+            let _ = tx.send(Decoding::End(result));
         });
-        self.pending.push_back(Pending::Task { slice, rx });
+        self.pending.push_back(Pending::Task {
+            slice,
+            rx,
+            held: Vec::new(),
+        });
     }
 
     fn slice_url(&self, slice: usize) -> &str {
@@ -427,19 +457,30 @@ impl UnitDecoder {
                         return Some(Err(error));
                     }
                 }
-                Pending::Task { slice, rx } => match rx.recv() {
-                    Ok(Ok(decoded)) => {
+                Pending::Task {
+                    slice,
+                    rx,
+                    mut held,
+                } => match self.decoded(&rx) {
+                    Ok(Decoding::Batch(batch)) => {
+                        if self.on_error == OnError::Skip {
+                            held.push(batch);
+                        } else if let Err(e) = self.release(slice, batch) {
+                            return Some(Err(e));
+                        }
+                        self.pending.push_front(Pending::Task { slice, rx, held });
+                    }
+                    Ok(Decoding::End(Ok(decoded))) => {
                         self.stats
                             .skipped_records
                             .fetch_add(decoded.skipped, Ordering::Relaxed);
-                        for batch in decoded.batches {
-                            match self.slices[slice].clip(batch) {
-                                Ok(batch) => self.ready.extend(batch),
-                                Err(e) => return Some(Err(e)),
+                        for batch in held.into_iter().chain(decoded.batches) {
+                            if let Err(e) = self.release(slice, batch) {
+                                return Some(Err(e));
                             }
                         }
                     }
-                    Ok(Err(error)) => {
+                    Ok(Decoding::End(Err(error))) => {
                         if let Some(error) = self.unit_failed(error) {
                             return Some(Err(error));
                         }
@@ -454,6 +495,31 @@ impl UnitDecoder {
                 },
             }
         }
+    }
+
+    /// The next message of a decode task, counting the time spent waiting for it.
+    fn decoded(
+        &mut self,
+        rx: &std_mpsc::Receiver<Decoding>,
+    ) -> Result<Decoding, std_mpsc::RecvError> {
+        if let Ok(message) = rx.try_recv() {
+            return Ok(message);
+        }
+        let start = Instant::now();
+        let message = rx.recv();
+        let waited = start.elapsed();
+        Stats::add_time(&self.stats.decode_wait_ns, waited);
+        if waited > SHORT_WAIT && self.consumer_waited() {
+            self.tuning.decode_was_short();
+        }
+        message
+    }
+
+    /// Clips a decoded batch to its slice's rows and queues what is left for the consumer.
+    fn release(&mut self, slice: usize, batch: RecordBatch) -> Result<()> {
+        let batch = self.slices[slice].clip(batch)?;
+        self.ready.extend(batch);
+        Ok(())
     }
 
     /// After a skipped decode failure, drops the rest of that unit: a unit is skipped

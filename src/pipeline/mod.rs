@@ -1,6 +1,7 @@
 //! WHAT order and shape records arrive in: the dataset description (shards, format,
 //! chained ops), the epoch plan, and the stages that run on the pipeline thread.
 
+mod autotune;
 mod batch;
 mod combine;
 mod decode;
@@ -22,6 +23,7 @@ use arrow_schema::SchemaRef;
 use crate::error::{Error, Result};
 use crate::format::{self, Format, PreparedShards, ReadOptions};
 use crate::source::{self, Io, IoCounters, ShardMeta, Storage};
+pub use autotune::{DEFAULT_MEMORY_LIMIT, Tuning};
 pub use batch::Rebatch;
 use decode::UnitSlice;
 pub use ops::{BatchTransform, BufferBounds, Columns, Indices, Op, Weights};
@@ -32,9 +34,6 @@ pub use rows::{RowList, RowSet, Share};
 pub use stats::{Stats, StatsSnapshot};
 
 pub type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
-
-/// Bytes of batches that may wait for the consumer, by default.
-pub const DEFAULT_PREFETCH_BYTES: u64 = 256 << 20;
 
 /// The shuffle buffer when the user gives no `buffer_size` / `buffer_bytes`: 10,000
 /// rows, or 128 MiB of them, whichever is fewer. The rows it holds keep their decoded
@@ -700,7 +699,7 @@ impl Dataset {
                 let decoder = decode::UnitDecoder::new(
                     prepared.clone(),
                     slices,
-                    run.num_threads,
+                    run.tuning.clone(),
                     source.options.on_error,
                     io,
                     stats.clone(),
@@ -952,18 +951,11 @@ impl Dataset {
                 run.part, run.parts
             )));
         }
-        if run.num_threads == 0 {
-            return Err(Error::invalid_argument("num_threads must be at least 1"));
-        }
         let ds = self.clone();
         let cancel = run.cancel.clone();
-        prefetch::spawn(
-            run.prefetch,
-            run.prefetch_bytes,
-            stats.clone(),
-            cancel,
-            move || ds.stream(&run, stats),
-        )
+        prefetch::spawn(run.tuning.clone(), stats.clone(), cancel, move || {
+            ds.stream(&run, stats)
+        })
     }
 }
 
@@ -1279,11 +1271,9 @@ pub struct RunOptions {
     /// Drop a last short batch; across several parts, also give every part the same
     /// number of rows.
     pub drop_last: bool,
-    pub num_threads: usize,
-    /// Batches buffered between the pipeline thread and the consumer, and the bytes of
-    /// them at most (whichever bound is reached first).
-    pub prefetch: usize,
-    pub prefetch_bytes: u64,
+    /// Decode threads, how far to read and decode ahead, and the memory that may take;
+    /// shared by a loader's epochs, which go on from the depths the last one reached.
+    pub tuning: Arc<Tuning>,
     /// Rows of this part's stream to pass over first (resuming mid-epoch).
     pub skip_rows: u64,
     /// With `drop_last` off, give shorter parts the first rows again so that every part
@@ -1324,9 +1314,7 @@ impl Default for RunOptions {
             parts: 1,
             batch_rows: None,
             drop_last: false,
-            num_threads: default_num_threads(),
-            prefetch: 4,
-            prefetch_bytes: DEFAULT_PREFETCH_BYTES,
+            tuning: Arc::default(),
             skip_rows: 0,
             pad: false,
             count_rows: false,

@@ -1,15 +1,16 @@
 //! The bounded channel between the pipeline thread and the consumer. Memory stays
-//! bounded by `prefetch` batches and by a budget of bytes, whichever is reached first;
-//! dropping the receiver stops the pipeline.
+//! bounded by the prefetch depth in batches (which autotune may raise) and by a budget
+//! of bytes, whichever is reached first; dropping the receiver stops the pipeline.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 
+use super::autotune::Tuning;
 use super::stats::Stats;
 use super::{BatchIter, batch_bytes};
 use crate::error::{Error, Result};
@@ -21,31 +22,45 @@ pub enum Received {
     End,
 }
 
-/// Bytes of batches sent and not yet received. The producer waits for room, except
-/// when nothing is queued (so a batch larger than the whole budget still goes through).
-struct ByteBudget {
-    queued: Mutex<u64>,
-    freed: Condvar,
-    limit: u64,
+/// Batches sent and not yet received, and their bytes.
+#[derive(Default)]
+struct Queued {
+    batches: usize,
+    bytes: u64,
 }
 
-impl ByteBudget {
-    /// Waits until `bytes` fit (or the pipeline is cancelled), then takes them.
+/// What may wait for the consumer. The producer waits for room, except when nothing is
+/// queued (so a batch larger than the whole budget still goes through).
+struct Budget {
+    queued: Mutex<Queued>,
+    freed: Condvar,
+    tuning: Arc<Tuning>,
+}
+
+impl Budget {
+    /// Waits until a batch of `bytes` fits (or the pipeline is cancelled), then takes
+    /// its room.
     fn take(&self, bytes: u64, cancel: &AtomicBool) {
         let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
-        while *queued > 0 && *queued + bytes > self.limit && !cancel.load(Ordering::Relaxed) {
+        while queued.batches > 0
+            && (queued.batches >= self.tuning.prefetch.get()
+                || queued.bytes + bytes > self.tuning.prefetch_bytes)
+            && !cancel.load(Ordering::Relaxed)
+        {
             queued = self
                 .freed
                 .wait_timeout(queued, Duration::from_millis(100))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        *queued += bytes;
+        queued.batches += 1;
+        queued.bytes += bytes;
     }
 
     fn give_back(&self, bytes: u64) {
         let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
-        *queued = queued.saturating_sub(bytes);
+        queued.batches = queued.batches.saturating_sub(1);
+        queued.bytes = queued.bytes.saturating_sub(bytes);
         self.freed.notify_all();
     }
 }
@@ -56,26 +71,31 @@ pub struct BatchReceiver {
     rx: Mutex<Receiver<Result<RecordBatch>>>,
     cancel: Arc<AtomicBool>,
     stats: Arc<Stats>,
-    budget: Arc<ByteBudget>,
+    budget: Arc<Budget>,
     thread: Option<JoinHandle<()>>,
     ended: bool,
+    /// The consumer found no batch ready and is waiting for this one (counted once).
+    waiting: bool,
+    /// Whether a batch has been received: the wait for the first is the start-up, not a
+    /// sign that the pipeline runs too shallow, and is not counted as a consumer wait.
+    started: bool,
 }
 
-/// Starts the pipeline thread: at most `prefetch` batches and `prefetch_bytes` bytes of
-/// them wait for the consumer.
+/// Starts the pipeline thread: at most the prefetch depth in batches, and
+/// `prefetch_bytes` of them, wait for the consumer.
 /// Dropping the receiver sets `cancel`, which the stream `build` makes should watch too.
 pub(super) fn spawn(
-    prefetch: usize,
-    prefetch_bytes: u64,
+    tuning: Arc<Tuning>,
     stats: Arc<Stats>,
     cancel: Arc<AtomicBool>,
     build: impl FnOnce() -> Result<BatchIter> + Send + 'static,
 ) -> Result<BatchReceiver> {
-    let (tx, rx) = sync_channel(prefetch.max(1));
-    let budget = Arc::new(ByteBudget {
-        queued: Mutex::new(0),
+    // Room for the deepest the depth may grow to; the budget holds the producer back.
+    let (tx, rx) = sync_channel(tuning.prefetch.max());
+    let budget = Arc::new(Budget {
+        queued: Mutex::default(),
         freed: Condvar::new(),
-        limit: prefetch_bytes.max(1),
+        tuning,
     });
     let (thread_cancel, thread_budget) = (cancel.clone(), budget.clone());
     let thread = std::thread::Builder::new()
@@ -89,6 +109,8 @@ pub(super) fn spawn(
         budget,
         thread: Some(thread),
         ended: false,
+        waiting: false,
+        started: false,
     })
 }
 
@@ -96,7 +118,7 @@ fn run(
     build: impl FnOnce() -> Result<BatchIter>,
     tx: SyncSender<Result<RecordBatch>>,
     cancel: Arc<AtomicBool>,
-    budget: Arc<ByteBudget>,
+    budget: Arc<Budget>,
 ) {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let stream = match build() {
@@ -132,10 +154,22 @@ impl BatchReceiver {
         }
         let start = Instant::now();
         let rx = self.rx.get_mut().unwrap_or_else(|p| p.into_inner());
-        let got = rx.recv_timeout(timeout);
+        let got = match rx.try_recv() {
+            Ok(item) => Ok(item),
+            Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+            Err(TryRecvError::Empty) => {
+                if self.started && !std::mem::replace(&mut self.waiting, true) {
+                    self.stats.consumer_waits.fetch_add(1, Ordering::Relaxed);
+                    self.budget.tuning.consumer_waited();
+                }
+                rx.recv_timeout(timeout)
+            }
+        };
         Stats::add_time(&self.stats.wait_ns, start.elapsed());
         match got {
             Ok(Ok(batch)) => {
+                self.waiting = false;
+                self.started = true;
                 self.budget.give_back(batch_bytes(&batch));
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats

@@ -703,15 +703,13 @@ impl Files {
     fn decode(&self, unit: usize) -> Result<Vec<RecordBatch>> {
         let work = &self.prepared.units[unit];
         let shard = &self.prepared.shards[work.shard];
-        let job = match self.prepared.job(work) {
-            UnitJob::Ready(task) => return Ok(task()?.batches),
-            job => job,
-        };
-        let source = self.io.open(shard)?;
+        let mut batches = Vec::new();
+        let mut sink = |batch| batches.push(batch);
         let mut tasks = Vec::new();
-        match job {
+        match self.prepared.job(work) {
             UnitJob::Ready(task) => tasks.push(task),
             UnitJob::Ranges { ranges, decode } => {
+                let source = self.io.open(shard)?;
                 let rt = source::runtime()?;
                 let fetched = rt.block_on(async {
                     let size = match shard.size {
@@ -724,18 +722,21 @@ impl Files {
                     }
                     Ok::<_, Error>(set)
                 })?;
-                return Ok(decode(fetched)?.batches);
+                let rest = decode(fetched, &mut sink)?.batches;
+                rest.into_iter().for_each(&mut sink);
+                return Ok(batches);
             }
             UnitJob::Stream(job) => {
+                let source = self.io.open(shard)?;
                 job(source.open_stream()?, &mut |task| {
                     tasks.push(task);
                     true
                 })?;
             }
         }
-        let mut batches = Vec::new();
         for task in tasks {
-            batches.extend(task()?.batches);
+            let rest = task(&mut sink)?.batches;
+            rest.into_iter().for_each(&mut sink);
         }
         Ok(batches)
     }

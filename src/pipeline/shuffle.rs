@@ -56,6 +56,8 @@ pub struct ShuffleBuffer {
     /// Rows of all batches held in slots; much more than `rows.len()` means memory is
     /// held by a few leftover rows, and the buffer is compacted.
     held_rows: usize,
+    /// Rows handed out so far (see `fill_target`).
+    emitted: usize,
 }
 
 impl ShuffleBuffer {
@@ -75,7 +77,19 @@ impl ShuffleBuffer {
             free_slots: Vec::new(),
             rows: Vec::with_capacity(capacity),
             held_rows: 0,
+            emitted: 0,
         }
+    }
+
+    /// Rows to hold before the next output. The buffer fills as it goes: two output
+    /// chunks at first, then twice the rows handed out so far, up to its capacity (after
+    /// about 7 chunks). The first batch then waits for an eighth of the buffer rather
+    /// than all of it, and the sequence still depends only on the seed and the data.
+    fn fill_target(&self) -> usize {
+        self.chunk
+            .saturating_add(self.emitted)
+            .saturating_mul(2)
+            .min(self.capacity)
     }
 
     fn admit(&mut self, batch: RecordBatch, row_bytes: u64) {
@@ -99,7 +113,8 @@ impl ShuffleBuffer {
 
     fn fill(&mut self) -> Result<()> {
         let mut bytes_bound = false;
-        while self.rows.len() < self.capacity && self.buffered_bytes < self.capacity_bytes {
+        let target = self.fill_target();
+        while self.rows.len() < target && self.buffered_bytes < self.capacity_bytes {
             let batch = match self.pending.take() {
                 Some(batch) => batch,
                 None if self.upstream_done => break,
@@ -116,7 +131,7 @@ impl ShuffleBuffer {
                 continue;
             }
             let row_bytes = row_bytes(&batch);
-            let room_rows = self.capacity - self.rows.len();
+            let room_rows = target - self.rows.len();
             // At least one row, so that rows larger than the whole bound still flow.
             let room_bytes = ((self.capacity_bytes - self.buffered_bytes) / row_bytes)
                 .max(u64::from(self.rows.is_empty()));
@@ -205,6 +220,7 @@ impl ShuffleBuffer {
             picks.push(self.rows.swap_remove(i));
         }
         let out = self.gather(&picks)?;
+        self.emitted += k;
         self.compact_if_sparse()?;
         Ok(Some(out))
     }

@@ -14,8 +14,13 @@ pub struct Stats {
     pub batches: AtomicU64,
     /// Work units (row groups, files) fully decoded.
     pub units: AtomicU64,
-    /// Time the consumer spent blocked waiting for the next batch.
+    /// Time the consumer spent blocked waiting for the next batch, and how many times
+    /// it found none ready.
     pub wait_ns: AtomicU64,
+    pub consumer_waits: AtomicU64,
+    /// Time the pipeline spent waiting for a unit's bytes, and for a decode task.
+    pub fetch_wait_ns: AtomicU64,
+    pub decode_wait_ns: AtomicU64,
     /// CPU time spent in decode tasks, summed over threads.
     pub decode_ns: AtomicU64,
     /// Records skipped under `on_error="skip"`.
@@ -40,6 +45,9 @@ pub struct StatsSnapshot {
     pub bytes_read: u64,
     pub files_opened: u64,
     pub wait_ns: u64,
+    pub consumer_waits: u64,
+    pub fetch_wait_ns: u64,
+    pub decode_wait_ns: u64,
     pub decode_ns: u64,
     pub skipped_records: u64,
     pub skipped_units: u64,
@@ -85,6 +93,9 @@ impl Stats {
             bytes_read: self.io.bytes_read.load(Relaxed),
             files_opened: self.io.files_opened.load(Relaxed),
             wait_ns: self.wait_ns.load(Relaxed),
+            consumer_waits: self.consumer_waits.load(Relaxed),
+            fetch_wait_ns: self.fetch_wait_ns.load(Relaxed),
+            decode_wait_ns: self.decode_wait_ns.load(Relaxed),
             decode_ns: self.decode_ns.load(Relaxed),
             skipped_records: self.skipped_records.load(Relaxed),
             skipped_units: self.skipped_units.load(Relaxed),

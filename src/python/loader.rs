@@ -15,11 +15,10 @@ use super::dataset::{DEFAULT_SEED, PyDataset};
 use super::next_batch;
 use super::to_python::batch_to_numpy;
 use crate::pipeline::rows::Delivered;
-use crate::pipeline::{self, BatchReceiver, Dataset, Op, RowSet, RunOptions, Stats, rows};
+use crate::pipeline::{self, BatchReceiver, Dataset, Op, RowSet, RunOptions, Stats, Tuning, rows};
 
 /// Version tag of `state_dict()`'s layout.
 const STATE_FORMAT: &str = "shardflow.DataLoader/3";
-const DEFAULT_PREFETCH: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Output {
@@ -64,9 +63,9 @@ pub struct PyDataLoader {
     /// This loader's share of the data: rank `rank` of `world_size` readers.
     rank: usize,
     world_size: usize,
-    num_threads: usize,
-    prefetch: usize,
-    prefetch_bytes: u64,
+    /// Decode threads, read-ahead and prefetch depths, memory limit: shared by the
+    /// loader's epochs, so each starts from the depths the one before reached.
+    tuning: Arc<Tuning>,
     output: Output,
     /// With `drop_last` off: repeat rows so every rank reads as many (see `Share`).
     pad: bool,
@@ -146,9 +145,7 @@ impl PyDataLoader {
             batch_rows: Some(self.batch_size),
             drop_last: self.drop_last,
             pad: self.pad,
-            num_threads: self.num_threads,
-            prefetch: self.prefetch,
-            prefetch_bytes: self.prefetch_bytes,
+            tuning: self.tuning.clone(),
             // Rows counted exactly (stream formats through their index): ranks get equal
             // shares, and every row has a position for an elastic resume.
             count_rows: true,
@@ -294,7 +291,7 @@ impl PyDataLoader {
 #[pymethods]
 impl PyDataLoader {
     #[new]
-    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, pad=None, num_threads=None, prefetch=None, prefetch_bytes=None, rank=None, world_size=None, output="numpy", pin_memory=false))]
+    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, pad=None, num_threads=None, prefetch=None, prefetch_bytes=None, memory_limit=None, rank=None, world_size=None, output="numpy", pin_memory=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -307,6 +304,7 @@ impl PyDataLoader {
         num_threads: Option<usize>,
         prefetch: Option<usize>,
         prefetch_bytes: Option<u64>,
+        memory_limit: Option<u64>,
         rank: Option<usize>,
         world_size: Option<usize>,
         output: &str,
@@ -328,10 +326,8 @@ impl PyDataLoader {
                 "seed= is only used with shuffle=True",
             ));
         }
-        let num_threads = num_threads.unwrap_or_else(pipeline::default_num_threads);
-        if num_threads == 0 {
-            return Err(PyValueError::new_err("num_threads must be at least 1"));
-        }
+        let tuning = Tuning::new(num_threads, prefetch, prefetch_bytes, memory_limit)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let (rank, world_size) = match (rank, world_size) {
             (None, None) => (0, 1),
             (Some(rank), Some(world_size)) if world_size >= 1 && rank < world_size => {
@@ -344,14 +340,6 @@ impl PyDataLoader {
             }
             _ => return Err(PyValueError::new_err("give rank= and world_size= together")),
         };
-        let prefetch = prefetch.unwrap_or(DEFAULT_PREFETCH);
-        if prefetch == 0 {
-            return Err(PyValueError::new_err("prefetch must be at least 1"));
-        }
-        let prefetch_bytes = prefetch_bytes.unwrap_or(pipeline::DEFAULT_PREFETCH_BYTES);
-        if prefetch_bytes == 0 {
-            return Err(PyValueError::new_err("prefetch_bytes must be at least 1"));
-        }
         let output = match output {
             "numpy" => Output::Numpy,
             "arrow" => Output::Arrow,
@@ -377,9 +365,7 @@ impl PyDataLoader {
             drop_last,
             rank,
             world_size,
-            num_threads,
-            prefetch,
-            prefetch_bytes,
+            tuning: Arc::new(tuning),
             output,
             // Several ranks must each take as many steps: pad unless told otherwise.
             pad: pad.unwrap_or(world_size > 1) && !drop_last,
@@ -551,8 +537,10 @@ impl PyDataLoader {
         self.with_position(|p| p.last_batch.as_ref().map(|b| b.values().to_vec()))
     }
 
-    /// Counters since the loader was made: rows, batches, bytes read, files opened,
-    /// seconds the consumer waited, seconds spent decoding (summed over threads).
+    /// Counters since the loader was made (rows, batches, bytes read, files opened...),
+    /// where the time went (the consumer waiting for batches; the pipeline waiting for
+    /// bytes and for decodes; decoding, summed over threads), and the depths autotune
+    /// has chosen.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.stats.snapshot();
         let d = PyDict::new(py);
@@ -562,6 +550,9 @@ impl PyDataLoader {
         d.set_item("bytes_read", s.bytes_read)?;
         d.set_item("files_opened", s.files_opened)?;
         d.set_item("wait_seconds", s.wait_ns as f64 / 1e9)?;
+        d.set_item("consumer_waits", s.consumer_waits)?;
+        d.set_item("fetch_wait_seconds", s.fetch_wait_ns as f64 / 1e9)?;
+        d.set_item("decode_wait_seconds", s.decode_wait_ns as f64 / 1e9)?;
         d.set_item("decode_seconds", s.decode_ns as f64 / 1e9)?;
         d.set_item("skipped_records", s.skipped_records)?;
         d.set_item("skipped_units", s.skipped_units)?;
@@ -572,6 +563,12 @@ impl PyDataLoader {
         d.set_item("cache_hits", s.cache_hits)?;
         d.set_item("cache_misses", s.cache_misses)?;
         d.set_item("shuffle_buffer_rows", s.shuffle_buffer_rows)?;
+        let t = &self.tuning;
+        d.set_item("num_threads", t.threads)?;
+        d.set_item("prefetch", t.prefetch.get())?;
+        d.set_item("read_ahead", t.read_ahead_units())?;
+        d.set_item("decode_tasks", t.decode_tasks.get())?;
+        d.set_item("memory_limit", t.memory_limit)?;
         Ok(d)
     }
 
@@ -615,8 +612,8 @@ impl PyDataLoader {
             self.pad,
             self.rank,
             self.world_size,
-            self.num_threads,
-            self.prefetch,
+            self.tuning.threads,
+            self.tuning.prefetch.get(),
             self.with_position(|p| p.epoch)
         )
     }

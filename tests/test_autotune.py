@@ -1,0 +1,124 @@
+"""Autotune: with the defaults a loader adapts how far it reads ahead, how many decode
+tasks it queues and how many batches wait for the consumer, within `memory_limit`;
+`stats()` says what it chose and where the time went. Values the user gives stay."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import Seaweed, write_id_shards
+from faultproxy import FaultProxy
+
+import shardflow as sf
+
+OBJECTS = 240
+OBJECT_BYTES = 16 * 1024
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+@pytest.fixture(scope="module")
+def small_objects(seaweed: Seaweed) -> str:
+    client = seaweed.client()
+    client.create_bucket(Bucket="autotune")
+
+    def put(i: int) -> None:
+        client.put_object(Bucket="autotune", Key=f"obj/{i:05d}.bin", Body=i.to_bytes(4, "little") * (OBJECT_BYTES // 4))
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, range(OBJECTS)))
+    return "s3://autotune/obj/"
+
+
+@pytest.fixture
+def proxy(seaweed: Seaweed):  # noqa: ANN201
+    p = FaultProxy("127.0.0.1", seaweed.ports["s3"])
+    yield p
+    p.close()
+
+
+def read_ids(loader: sf.DataLoader) -> list[int]:
+    return sorted(int.from_bytes(data[:4], "little") for batch in loader for data in batch["bytes"])
+
+
+def test_stats_split_the_time_and_report_the_depths(tmp_path: Path) -> None:
+    pattern = write_id_shards(tmp_path, [3000] * 4)
+    loader = sf.DataLoader(sf.dataset(pattern), batch_size=100)
+    assert sum(len(b["id"]) for b in loader) == 12_000
+    stats = loader.stats()
+    assert stats["num_threads"] == cores()
+    assert stats["memory_limit"] == 512 << 20
+    # The consumer waits at least for the first batch (start-up, not counted as a wait
+    # that deepens the queue).
+    assert stats["wait_seconds"] > 0
+    assert 2 + stats["consumer_waits"] >= stats["prefetch"] >= 2
+    assert stats["read_ahead"] >= 2 * cores() and stats["decode_tasks"] >= cores()
+    for key in ("fetch_wait_seconds", "decode_wait_seconds", "decode_seconds"):
+        assert stats[key] >= 0
+    assert stats["decode_seconds"] > 0
+
+    given = sf.DataLoader(sf.dataset(pattern), batch_size=100, num_threads=1, prefetch=3)
+    assert sum(len(b["id"]) for b in given) == 12_000
+    stats = given.stats()
+    assert (stats["num_threads"], stats["prefetch"], stats["read_ahead"], stats["decode_tasks"]) == (1, 3, 2, 2)
+    with pytest.raises(ValueError, match="memory_limit"):
+        sf.DataLoader(sf.dataset(pattern), memory_limit=0)
+
+
+def test_a_consumer_slower_than_the_pipeline_keeps_the_starting_depths(tmp_path: Path) -> None:
+    pattern = write_id_shards(tmp_path, [500] * 4)
+    loader = sf.DataLoader(sf.dataset(pattern), batch_size=50)
+    it = iter(loader)
+    next(it)
+    time.sleep(0.5)  # everything is decoded and queued by now
+    for _ in it:
+        time.sleep(0.02)
+    stats = loader.stats()
+    # Only the first batch was waited for (and perhaps the end of the epoch, after the
+    # last batch): nothing deepened.
+    assert stats["consumer_waits"] <= 1 and stats["prefetch"] <= 3
+    assert stats["read_ahead"] == 2 * cores() and stats["decode_tasks"] == cores()
+
+
+def test_a_slow_store_is_read_further_ahead_within_the_memory_limit(
+    small_objects: str, seaweed: Seaweed, proxy: FaultProxy
+) -> None:
+    proxy.set_faults(latency=0.03)
+    options = seaweed.storage_options(proxy.url)
+    ds = sf.dataset(small_objects, format="raw", storage_options=options)
+    start = 2 * cores()
+
+    loader = sf.DataLoader(ds, batch_size=10)
+    proxy.reset_counts()
+    assert read_ids(loader) == list(range(OBJECTS))
+    stats = loader.stats()
+    # Each object waits 30 ms at the proxy: the pipeline waited for bytes while the
+    # consumer waited for batches, so it fetched further ahead than it started.
+    assert stats["fetch_wait_seconds"] > 0
+    assert stats["read_ahead"] > start, stats
+    assert proxy.max_in_flight > start, proxy.max_in_flight
+    # The next epoch starts from the depth reached.
+    reached = stats["read_ahead"]
+    proxy.reset_counts()
+    assert read_ids(loader) == list(range(OBJECTS))
+    assert loader.stats()["read_ahead"] >= reached
+    assert proxy.max_in_flight > start
+
+    # Half of the memory limit is for units read ahead: 4 objects here, however the
+    # depth grows.
+    limited = sf.DataLoader(ds, batch_size=10, memory_limit=8 * OBJECT_BYTES)
+    proxy.reset_counts()
+    assert read_ids(limited) == list(range(OBJECTS))
+    assert limited.stats()["read_ahead"] > start
+    assert proxy.max_in_flight <= 4, proxy.max_in_flight
+
+    # A fixed num_threads fixes the depths: no growth however long the waits.
+    fixed = sf.DataLoader(ds, batch_size=10, num_threads=1)
+    assert read_ids(fixed) == list(range(OBJECTS))
+    assert fixed.stats()["read_ahead"] == 128 and fixed.stats()["decode_tasks"] == 2
