@@ -71,19 +71,21 @@ def test_stats_split_the_time_and_report_the_depths(tmp_path: Path) -> None:
         sf.DataLoader(sf.dataset(pattern), memory_limit=0)
 
 
-def test_a_consumer_slower_than_the_pipeline_keeps_the_starting_depths(tmp_path: Path) -> None:
-    pattern = write_id_shards(tmp_path, [500] * 4)
+def test_a_consumer_slower_than_the_pipeline_deepens_nothing(tmp_path: Path) -> None:
+    pattern = write_id_shards(tmp_path, [500] * 8)
     loader = sf.DataLoader(sf.dataset(pattern), batch_size=50)
     it = iter(loader)
     next(it)
     time.sleep(0.5)  # everything is decoded and queued by now
+    started = loader.stats()
     for _ in it:
         time.sleep(0.02)
     stats = loader.stats()
-    # Only the first batch was waited for (and perhaps the end of the epoch, after the
-    # last batch): nothing deepened.
+    # After the start-up, the consumer found a batch ready every time (but perhaps at
+    # the end of the epoch, after the last batch): nothing deepened.
     assert stats["consumer_waits"] <= 1 and stats["prefetch"] <= 3
-    assert stats["read_ahead"] == 2 * cores() and stats["decode_tasks"] == cores()
+    for depth in ("read_ahead", "decode_tasks"):
+        assert stats[depth] == started[depth]
 
 
 def test_a_slow_store_is_read_further_ahead_within_the_memory_limit(

@@ -4,9 +4,10 @@
 //! - decode tasks queued or running at once on the decode threads;
 //! - prefetch: batches ready and waiting for the consumer.
 //!
-//! Each starts small and grows only when the consumer had to wait for a batch and the
-//! pipeline, at that moment, was itself waiting on the stage that depth feeds (bytes not
-//! fetched yet, a decode not done, an empty queue). Growth is bounded by `memory_limit`:
+//! Each starts small and grows only when the consumer is waiting for a batch and the
+//! pipeline, at that moment, waits on the stage that depth feeds: bytes not fetched yet
+//! (read-ahead), a decode not done (decode tasks); for prefetch, when the consumer finds
+//! the queue empty after the first batch of its epoch. Growth is bounded by `memory_limit`:
 //! half of it for batches waiting, half for units read ahead and not yet decoded. A
 //! consumer slower than the pipeline never waits, so nothing grows and memory stays at
 //! the starting depths. A value the user gives is kept as given.
@@ -158,7 +159,8 @@ impl Tuning {
     }
 
     /// The pipeline waited for a unit's bytes while the consumer waited: fetch further
-    /// ahead (doubling, since request latency is hidden only by requests in flight).
+    /// ahead (doubling: latency is hidden only by requests in flight, and a start-up
+    /// over a slow store should not take many steps).
     pub fn fetch_was_short(&self) {
         self.read_ahead.raise(2 * self.read_ahead.get());
     }

@@ -170,8 +170,6 @@ pub struct UnitDecoder {
     stopped: Arc<AtomicBool>,
     on_error: OnError,
     tuning: Arc<Tuning>,
-    /// The consumer's waits counted when the depths were last looked at.
-    consumer_waits_seen: u64,
     /// Bytes the open units will fetch, bounded by the tuning's read-ahead bytes.
     open_bytes: u64,
     finished: bool,
@@ -219,7 +217,6 @@ impl UnitDecoder {
             stopped,
             on_error,
             tuning,
-            consumer_waits_seen: 0,
             open_bytes: 0,
             finished: false,
         })
@@ -324,11 +321,10 @@ impl UnitDecoder {
         })
     }
 
-    /// Whether the consumer has waited for a batch since this was last asked: a wait of
-    /// the pipeline then is worth a deeper queue.
-    fn consumer_waited(&mut self) -> bool {
-        let waits = self.stats.consumer_waits.load(Ordering::Relaxed);
-        waits > std::mem::replace(&mut self.consumer_waits_seen, waits)
+    /// Whether the consumer is waiting for a batch: a wait of the pipeline now is worth
+    /// a deeper queue.
+    fn consumer_waiting(&self) -> bool {
+        self.stats.consumer_waiting.load(Ordering::Relaxed)
     }
 
     /// Moves decode tasks of the front units onto the pool, in order, until the decode
@@ -345,7 +341,7 @@ impl UnitDecoder {
                 let feed = recv_unless_stopped(self.runtime, &mut front.rx, &self.stopped);
                 let waited = start.elapsed();
                 Stats::add_time(&self.stats.fetch_wait_ns, waited);
-                if waited > SHORT_WAIT && self.consumer_waited() {
+                if waited > SHORT_WAIT && self.consumer_waiting() {
                     self.tuning.fetch_was_short();
                 }
                 match feed {
@@ -509,7 +505,7 @@ impl UnitDecoder {
         let message = rx.recv();
         let waited = start.elapsed();
         Stats::add_time(&self.stats.decode_wait_ns, waited);
-        if waited > SHORT_WAIT && self.consumer_waited() {
+        if waited > SHORT_WAIT && self.consumer_waiting() {
             self.tuning.decode_was_short();
         }
         message

@@ -77,7 +77,9 @@ pub struct BatchReceiver {
     /// The consumer found no batch ready and is waiting for this one (counted once).
     waiting: bool,
     /// Whether a batch has been received: the wait for the first is the start-up, not a
-    /// sign that the pipeline runs too shallow, and is not counted as a consumer wait.
+    /// sign that the queue of ready batches is too short, and is not counted as a
+    /// consumer wait (the read-ahead and decode depths see it, through
+    /// `Stats::consumer_waiting`).
     started: bool,
 }
 
@@ -162,7 +164,10 @@ impl BatchReceiver {
                     self.stats.consumer_waits.fetch_add(1, Ordering::Relaxed);
                     self.budget.tuning.consumer_waited();
                 }
-                rx.recv_timeout(timeout)
+                self.stats.consumer_waiting.store(true, Ordering::Relaxed);
+                let got = rx.recv_timeout(timeout);
+                self.stats.consumer_waiting.store(false, Ordering::Relaxed);
+                got
             }
         };
         Stats::add_time(&self.stats.wait_ns, start.elapsed());

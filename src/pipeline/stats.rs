@@ -18,6 +18,8 @@ pub struct Stats {
     /// it found none ready.
     pub wait_ns: AtomicU64,
     pub consumer_waits: AtomicU64,
+    /// Whether the consumer is waiting for a batch now (the first of an epoch too).
+    pub consumer_waiting: std::sync::atomic::AtomicBool,
     /// Time the pipeline spent waiting for a unit's bytes, and for a decode task.
     pub fetch_wait_ns: AtomicU64,
     pub decode_wait_ns: AtomicU64,
