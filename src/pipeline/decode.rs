@@ -278,6 +278,29 @@ impl UnitDecoder {
         let known_size = shard.size;
         Ok(match job {
             UnitJob::Ready(_) => (0, None),
+            UnitJob::Ranges { ranges, decode } if !source.is_remote() => {
+                // Local reads are done by the decode task itself: for small files the
+                // hand-offs through the I/O runtime cost more than the reads.
+                let runtime = self.runtime;
+                let task = move |sink: &mut BatchSink| {
+                    let size = match known_size {
+                        Some(size) => size,
+                        None => runtime.block_on(source.size())?,
+                    };
+                    let mut set = RangeSet::new(size);
+                    for range in ranges {
+                        let bytes = match source.read_range_here(range.clone()) {
+                            Some(read) => read?,
+                            None => runtime.block_on(source.read_range(range.clone()))?,
+                        };
+                        set.insert(range.start, bytes);
+                    }
+                    decode(set, sink)
+                };
+                let _ = tx.try_send(Feed::Task(Box::new(task)));
+                let _ = tx.try_send(Feed::Done);
+                (0, None)
+            }
             UnitJob::Ranges { ranges, decode } => {
                 let bytes = ranges.iter().map(|r| r.end - r.start).sum();
                 let fetch = self.runtime.spawn(async move {

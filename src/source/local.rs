@@ -68,33 +68,18 @@ impl Source for LocalSource {
     fn read_range(&self, range: Range<u64>) -> BoxFuture<'_, Result<Bytes>> {
         Box::pin(async move {
             let file = self.file()?;
-            let url = self.url.clone();
-            let counters = self.counters.clone();
-            let read = tokio::task::spawn_blocking(move || -> Result<Bytes> {
-                // Sized by the file, never by the request: a range from a corrupt header
-                // must not allocate what the file does not hold.
-                let size = file
-                    .metadata()
-                    .map_err(|e| Error::io(&url, Position::Unknown, e))?
-                    .len();
-                if range.end > size {
-                    return Err(Error::io(
-                        &url,
-                        Position::Byte(range.start),
-                        std::io::ErrorKind::UnexpectedEof.into(),
-                    ));
-                }
-                let len = usize::try_from(range.end.saturating_sub(range.start))
-                    .map_err(|_| Error::invalid_argument(format!("{url}: range too large")))?;
-                let mut buf = vec![0u8; len];
-                file.read_exact_at(&mut buf, range.start)
-                    .map_err(|e| Error::io(&url, Position::Byte(range.start), e))?;
-                counters.add_bytes(len as u64);
-                Ok(Bytes::from(buf))
-            });
-            read.await
+            let (url, counters) = (self.url.clone(), self.counters.clone());
+            tokio::task::spawn_blocking(move || read_at(&file, &url, &counters, range))
+                .await
                 .map_err(|e| Error::Internal(format!("{}: read task failed: {e}", self.url)))?
         })
+    }
+
+    fn read_range_here(&self, range: Range<u64>) -> Option<Result<Bytes>> {
+        Some(
+            self.file()
+                .and_then(|file| read_at(&file, &self.url, &self.counters, range)),
+        )
     }
 
     fn open_stream(&self) -> Result<Box<dyn Read + Send>> {
@@ -104,6 +89,28 @@ impl Source for LocalSource {
 }
 
 /// Lists one brace-expanded local pattern: a glob, a directory (recursively) or a file.
+/// Reads exactly `range` of `file`; a file shorter than the range is an error at its start.
+fn read_at(file: &File, url: &str, counters: &IoCounters, range: Range<u64>) -> Result<Bytes> {
+    let size = file
+        .metadata()
+        .map_err(|e| Error::io(url, Position::Unknown, e))?
+        .len();
+    if range.end > size {
+        return Err(Error::io(
+            url,
+            Position::Byte(range.start),
+            std::io::ErrorKind::UnexpectedEof.into(),
+        ));
+    }
+    let len = usize::try_from(range.end.saturating_sub(range.start))
+        .map_err(|_| Error::invalid_argument(format!("{url}: range too large")))?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, range.start)
+        .map_err(|e| Error::io(url, Position::Byte(range.start), e))?;
+    counters.add_bytes(len as u64);
+    Ok(Bytes::from(buf))
+}
+
 pub fn list(pattern: &str) -> Result<Vec<ShardMeta>> {
     let mut paths = if is_glob(pattern) {
         let matches = glob::glob(pattern)

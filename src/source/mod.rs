@@ -47,6 +47,13 @@ pub trait Source: Send + Sync + Debug {
     fn is_remote(&self) -> bool {
         false
     }
+    /// Reads exactly `range` on the calling thread, where that is cheaper than a trip
+    /// through the I/O runtime (local files: a small file then costs no thread hand-off);
+    /// `None` where reads must go through the runtime.
+    fn read_range_here(&self, range: Range<u64>) -> Option<Result<Bytes>> {
+        let _ = range;
+        None
+    }
 }
 
 /// I/O counters shared by every source a loader opens.
