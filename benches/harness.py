@@ -15,21 +15,32 @@ Workloads: Parquet, chat JSONL, TFRecord, WebDataset tar and NPZ on local disk, 
 small objects on S3: a SeaweedFS started on this machine, read directly (with wrk's
 ceiling beside it) and through a proxy that adds 25 ms to every request.
 
+LitData and MosaicML Streaming read formats of their own: each workload they take is
+converted once (``python benches/harness.py --convert WORKLOAD LOADER DATA``, untimed) into
+DATA/litdata and DATA/mds, kept like the data, and uploaded to the bucket for the S3
+workloads. Loaders whose packages pin versions that the rest exclude run with another
+interpreter (``--peers-python``; scripts/bench.sh makes its venv).
+
 Metrics: samples/s, MB/s (the workload's bytes on disk / wall time), CPU seconds per GB
-on disk, peak PSS (MB, summed over worker processes), time to first batch (ms), and the
-speed of each loader relative to shardflow's on the same workload.
+on disk, peak PSS (MB, summed over worker processes), time to first batch (ms), the
+speed of each loader relative to shardflow's on the same workload, and on S3 the bytes
+the client fetched from the server (counted at the proxy) beside the bytes of the samples
+it delivered.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
+import io
 import json
 import os
 import platform
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,12 +48,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 BATCH = 256
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from faultproxy import FaultProxy  # noqa: E402
 from servers import S3_KEY, S3_SECRET  # noqa: E402
 
 
@@ -225,6 +238,18 @@ def s3_prefix() -> str:
     return os.environ["SHARDFLOW_BENCH_S3_PREFIX"]
 
 
+def s3_payload() -> bytes:
+    """Every object's bytes."""
+    return random.Random(0).randbytes(S3_OBJECT_BYTES)
+
+
+def s3_client():  # noqa: ANN201
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3_endpoint(), aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET,
+                        region_name="us-east-1")
+
+
 def sf_s3(data: Path) -> Iterable:
     import shardflow as sf
 
@@ -271,13 +296,156 @@ def boto3_for_torch(data: Path) -> object:
 
         def __getitem__(self, i: int) -> bytes:
             if self.client is None:
-                import boto3
-
-                self.client = boto3.client("s3", endpoint_url=s3_endpoint(), aws_access_key_id=S3_KEY,
-                                           aws_secret_access_key=S3_SECRET, region_name="us-east-1")
+                self.client = s3_client()
             return self.client.get_object(Bucket="bench", Key=self.keys[i])["Body"].read()
 
     return Objects()
+
+
+# -- LitData and MosaicML Streaming: their own formats, converted once from the samples -------
+
+
+def parquet_samples(data: Path) -> Iterator[dict]:
+    import pyarrow.parquet as pq
+
+    for path in sorted(data.glob("part-*.parquet")):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH):
+            images = batch.column("image").flatten().to_numpy().reshape(len(batch), -1)
+            for image, label, caption in zip(images, batch.column("label").to_pylist(), batch.column("caption").to_pylist()):
+                yield {"image": image, "label": label, "caption": caption}
+
+
+def tar_samples(data: Path) -> Iterator[dict]:
+    """As the webdataset loader decodes them: jpg bytes, cls an int, json a dict."""
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in data.glob("part-*.tar"))
+    for sample in wds.WebDataset(urls, shardshuffle=False).decode():
+        yield {key: sample[key] for key in ("jpg", "cls", "json")}
+
+
+def s3_samples(data: Path) -> Iterator[dict]:
+    payload = s3_payload()
+    for _ in range(S3_PREFIXES[s3_prefix()]):
+        yield {"bytes": payload}
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A loader that reads a copy of the workload in a format of its own: `write(spec, data, out)`
+    makes it once from the workload's samples in DATA/<folder> (see `convert`); on S3 it reads
+    that copy from s3://bench/<folder>-<prefix>/."""
+
+    folder: str
+    write: Callable[[dict, Path, Path], None]
+    read: Callable[[str], Iterable]
+    remote: bool
+
+    def __call__(self, data: Path) -> Iterable:
+        return self.read(f"s3://bench/{self.folder}-{s3_prefix()}" if self.remote else str(data / self.folder))
+
+
+def write_litdata(spec: dict, data: Path, out: Path) -> None:
+    import litdata
+
+    # One input and one worker keep the samples in order; chunks of 64 MB, as MDS's shards.
+    litdata.optimize(fn=spec["samples"], inputs=[data], output_dir=str(out), chunk_bytes="64MB", num_workers=1,
+                     reorder_files=False, verbose=False)
+
+
+def write_mds(spec: dict, data: Path, out: Path) -> None:
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(out), columns=spec["mds_columns"]) as writer:
+        for sample in spec["samples"](data):
+            writer.write(sample)
+
+
+def scratch() -> str:
+    """An empty cache folder for this run, removed when it ends: a cache kept from an earlier
+    run would turn this one's S3 reads into local ones."""
+    path = tempfile.mkdtemp(prefix="shardflow-bench-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def litdata_s3() -> dict:
+    """LitData's storage_options for the bench's server: boto3 and s3fs take the endpoint from
+    them and the keys from the environment; obstore, which makes LitData's data GETs, copies
+    boto3's endpoint."""
+    from litdata.streaming import downloader
+
+    # LitData gives obstore client options of its own, without allow_http (and obstore then
+    # ignores AWS_ALLOW_HTTP), so it cannot reach a plain-http server. That one option is added.
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[typeddict-unknown-key]
+    return {"endpoint_url": s3_endpoint()}
+
+
+def litdata_streaming(workers: int) -> Callable[[str], Iterable]:
+    def read(source: str) -> Iterable:
+        import litdata
+
+        remote = source.startswith("s3://")
+        ds = litdata.StreamingDataset(source, cache_dir=scratch() if remote else None,
+                                      storage_options=litdata_s3() if remote else None)
+        return litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
+
+    return read
+
+
+def mds_dataset(source: str) -> object:
+    from streaming import StreamingDataset
+
+    if not source.startswith("s3://"):
+        return StreamingDataset(local=source, batch_size=BATCH)
+    # MosaicML Streaming's boto3 client takes a custom endpoint from here only.
+    os.environ["S3_ENDPOINT_URL"] = s3_endpoint()
+    return StreamingDataset(remote=source, local=scratch(), batch_size=BATCH)
+
+
+def converted_peers(remote: bool = False) -> dict[str, Converted]:
+    peers = {}
+    for w in (0, 2):
+        peers[f"litdata StreamingDataset in StreamingDataLoader({w})"] = Converted(
+            "litdata", write_litdata, litdata_streaming(w), remote)
+    for w in (0, 2):
+        peers[f"mosaicml-streaming StreamingDataset in torch DataLoader({w})"] = Converted(
+            "mds", write_mds, torch_loader(mds_dataset, w, BATCH), remote)
+    return peers
+
+
+def litdata_raw(source: str, storage_options: dict | None = None, transform: Callable | None = None,
+                extensions: list[str] | None = None) -> object:
+    """LitData's StreamingRawDataset: one file (or object) per sample, no conversion."""
+    from litdata import StreamingRawDataset
+    from litdata.raw.indexer import FileIndexer
+
+    class Listing(FileIndexer):
+        """Lists the files on every run. LitData's default keeps its index in the cache and also
+        uploads it into the bucket's prefix, where the other loaders would take it for a sample."""
+
+        def build_or_load_index(self, input_dir: str, cache_dir: str, storage_options: dict | None,
+                                recompute_index: bool = False) -> list:
+            return self.discover_files(input_dir, storage_options)
+
+    return StreamingRawDataset(source, cache_dir=scratch(), indexer=Listing(extensions=extensions),
+                               storage_options=storage_options, transform=transform)
+
+
+def load_npz(raw: bytes) -> dict:
+    import numpy as np
+
+    with np.load(io.BytesIO(raw)) as archive:
+        return {"image": archive["image"], "label": archive["label"]}
+
+
+def litdata_raw_npz(data: Path) -> object:
+    # The data folder also holds the harness's marker file.
+    return litdata_raw(str(data), transform=load_npz, extensions=[".npz"])
+
+
+def litdata_raw_s3(data: Path) -> object:
+    return litdata_raw(f"s3://bench/{s3_prefix()}/", storage_options=litdata_s3())
 
 
 def batch_rows(batch: object) -> int:
@@ -302,19 +470,27 @@ IMPORTS = {
     "np.load": ["torch.utils.data"],
     "s3torchconnector": ["s3torchconnector", "torch.utils.data"],
     "boto3": ["boto3", "torch.utils.data"],
+    "litdata": ["litdata", "torch.utils.data"],
+    "mosaicml-streaming": ["streaming", "torch.utils.data"],
 }
+# Loaders (by the first word of their name) whose packages pin versions that the others'
+# exclude: they run with --peers-python (see scripts/bench.sh).
+PEERS_VENV = {"litdata", "mosaicml-streaming"}
 
 WORKLOADS: dict[str, dict] = {
     "parquet": {
         "title": "Parquet: 784-byte image + label + caption, 8 files, row groups of 10k",
         "make": make_parquet,
         "files": "part-*.parquet",
+        "samples": parquet_samples,
+        "mds_columns": {"image": "ndarray:uint8:784", "label": "int", "caption": "str"},
         "loaders": {
             "shardflow": sf_loader("part-*.parquet"),
             "pyarrow iter_batches+to_numpy": pyarrow_parquet,
             "polars read+iter_slices": polars_parquet,
             "torch DataLoader(0) + pyarrow": torch_loader(parquet_for_torch, 0),
             "torch DataLoader(2) + pyarrow": torch_loader(parquet_for_torch, 2),
+            **converted_peers(),
         },
     },
     "chat": {
@@ -340,10 +516,13 @@ WORKLOADS: dict[str, dict] = {
         "title": "WebDataset tar {jpg: 8 KB, cls, json}, 4 shards",
         "make": make_tar,
         "files": "part-*.tar",
+        "samples": tar_samples,
+        "mds_columns": {"jpg": "bytes", "cls": "int", "json": "json"},
         "loaders": {
             "shardflow": sf_loader("part-*.tar", columns=["jpg", "cls", "json"]),
             "webdataset in torch DataLoader(0)": torch_loader(webdataset_for_torch, 0),
             "webdataset in torch DataLoader(2)": torch_loader(webdataset_for_torch, 2),
+            **converted_peers(),
         },
     },
     "npz": {
@@ -354,6 +533,8 @@ WORKLOADS: dict[str, dict] = {
             "shardflow": sf_loader("sample-*.npz"),
             "np.load in torch DataLoader(0)": torch_loader(npz_files_for_torch, 0, BATCH),
             "np.load in torch DataLoader(2)": torch_loader(npz_files_for_torch, 2, BATCH),
+            "litdata StreamingRawDataset in torch DataLoader(0)": torch_loader(litdata_raw_npz, 0, BATCH),
+            "litdata StreamingRawDataset in torch DataLoader(2)": torch_loader(litdata_raw_npz, 2, BATCH),
         },
     },
 }
@@ -363,6 +544,9 @@ S3_LOADERS = {
     "s3torchconnector in torch DataLoader(2)": s3torchconnector_loader(2),
     "boto3 in torch DataLoader(0)": torch_loader(boto3_for_torch, 0, BATCH, collate_objects),
     "boto3 in torch DataLoader(2)": torch_loader(boto3_for_torch, 2, BATCH, collate_objects),
+    "litdata StreamingRawDataset in torch DataLoader(0)": torch_loader(litdata_raw_s3, 0, BATCH, collate_objects),
+    "litdata StreamingRawDataset in torch DataLoader(2)": torch_loader(litdata_raw_s3, 2, BATCH, collate_objects),
+    **converted_peers(remote=True),
 }
 for latency_ms in (0, 25):
     added = f", +{latency_ms} ms per request" if latency_ms else ""
@@ -372,6 +556,8 @@ for latency_ms in (0, 25):
         f"{S3_PREFIXES[prefix]:,} objects of {S3_OBJECT_BYTES // 1024} KB, one object = one sample",
         "latency": latency_ms / 1000,
         "prefix": prefix,
+        "samples": s3_samples,
+        "mds_columns": {"bytes": "bytes"},
         "loaders": S3_LOADERS,
     }
 
@@ -401,6 +587,24 @@ def child(workload: str, loader: str, data: Path) -> None:
         samples += batch_rows(batch)
     wall = time.perf_counter() - start
     print(json.dumps({"samples": samples, "first": first, "wall": wall, "cpu": cpu_seconds() - cpu}))
+
+
+def convert(workload: str, loader: str, data: Path) -> None:
+    """Writes the copy `loader` reads, once (kept beside the data), with the loader's own
+    packages; for S3 uploads it too, as the bucket lasts one harness run."""
+    sys.path.insert(0, str(HERE))
+    spec = WORKLOADS[workload]
+    peer = spec["loaders"][loader]
+    out = data / peer.folder
+    if not (out / ".complete").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        peer.write(spec, data, out)
+        (out / ".complete").write_text("")
+    if peer.remote:
+        client = s3_client()
+        for path in sorted(out.iterdir()):
+            if path.name != ".complete":
+                client.upload_file(str(path), "bench", f"{peer.folder}-{s3_prefix()}/{path.name}")
 
 
 # -- the parent ------------------------------------------------------------------------
@@ -435,8 +639,11 @@ def tree_pss_mb(root: int) -> float:
     return total / 1024
 
 
-def run_once(workload: str, loader: str, data: Path) -> dict:
-    proc = subprocess.Popen([sys.executable, __file__, "--child", workload, loader, str(data)],
+def run_once(workload: str, loader: str, data: Path, python: str, proxy: FaultProxy | None = None) -> dict:
+    """One epoch in a fresh `python` process; with `proxy`, also the bytes it sent (`fetched`)."""
+    if proxy is not None:
+        proxy.reset_counts()
+    proc = subprocess.Popen([python, __file__, "--child", workload, loader, str(data)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0.0
     done = threading.Event()
@@ -456,16 +663,17 @@ def run_once(workload: str, loader: str, data: Path) -> dict:
         raise RuntimeError(f"{workload}/{loader} failed:\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
     result["pss"] = peak
+    if proxy is not None:
+        result["fetched"] = proxy.bytes_sent
     return result
 
 
 @contextlib.contextmanager
-def serve_s3(directory: Path) -> Iterator[tuple[str, object]]:
-    """A SeaweedFS on this machine holding the small objects, and a fault proxy in
-    front of it (for added latency): yields (server URL, proxy)."""
+def serve_s3(directory: Path) -> Iterator[tuple[str, FaultProxy]]:
+    """A SeaweedFS on this machine holding the small objects, and a proxy in front of it
+    (for added latency, and to count bytes): yields (server URL, proxy)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from faultproxy import FaultProxy
     from servers import Seaweed
 
     # No auth, so wrk's unsigned GETs are served like the loaders' signed ones.
@@ -474,7 +682,7 @@ def serve_s3(directory: Path) -> Iterator[tuple[str, object]]:
     try:
         client = server.client()
         client.create_bucket(Bucket="bench")
-        payload = random.Random(0).randbytes(S3_OBJECT_BYTES)
+        payload = s3_payload()
         keys = [f"{prefix}/{i:05d}.bin" for prefix, n in S3_PREFIXES.items() for i in range(n)]
         with ThreadPoolExecutor(32) as pool:
             list(pool.map(lambda key: client.put_object(Bucket="bench", Key=key, Body=payload), keys))
@@ -497,14 +705,20 @@ def prepare(data_root: Path, workload: str, scale: float) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", nargs=3, metavar=("WORKLOAD", "LOADER", "DATA"), help=argparse.SUPPRESS)
+    parser.add_argument("--convert", nargs=3, metavar=("WORKLOAD", "LOADER", "DATA"), help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="data size relative to the default")
     parser.add_argument("--only", default=",".join(WORKLOADS))
     parser.add_argument("--data", default=str(Path.home() / ".cache/shardflow/bench-data"))
     parser.add_argument("--out", default=str(HERE / "results" / f"{platform.node() or 'machine'}.md"))
+    parser.add_argument("--peers-python", default=os.environ.get("SHARDFLOW_BENCH_PEERS_PYTHON", sys.executable),
+                        help="the interpreter of the loaders in PEERS_VENV (LitData, MosaicML Streaming)")
     args = parser.parse_args()
     if args.child:
         child(args.child[0], args.child[1], Path(args.child[2]))
+        return
+    if args.convert:
+        convert(args.convert[0], args.convert[1], Path(args.convert[2]))
         return
     sys.path.insert(0, str(HERE))
     lines = [
@@ -526,18 +740,23 @@ def main() -> None:
     write_report(lines, chart, Path(args.out))
 
 
-def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, object] | None,
+def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, FaultProxy] | None,
                      chart: dict[str, dict[str, float]]) -> list[str]:
     """Runs every loader of `workload` `args.repeats` times, alternating; its table."""
     spec = WORKLOADS[workload]
+    python = {name: args.peers_python if name.split(" ")[0] in PEERS_VENV else sys.executable for name in spec["loaders"]}
     ceiling = None
+    # The proxy that counts the bytes of the timed runs, where they go through it.
+    counted = None
     if "latency" in spec:
         url, proxy = s3
-        proxy.set_faults(latency=spec["latency"])  # type: ignore[attr-defined]
+        proxy.set_faults(latency=spec["latency"])
+        counted = proxy if spec["latency"] else None
         # The children read the endpoint from here, and s3torchconnector its credentials.
-        os.environ["SHARDFLOW_BENCH_S3"] = proxy.url if spec["latency"] else url  # type: ignore[attr-defined]
+        os.environ["SHARDFLOW_BENCH_S3"] = proxy.url if spec["latency"] else url
         os.environ.update(SHARDFLOW_BENCH_S3_PREFIX=spec["prefix"], AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET)
-        data = Path(args.data)
+        data = Path(args.data) / f"s3-{spec['prefix']}"
+        data.mkdir(parents=True, exist_ok=True)
         objects = S3_PREFIXES[spec["prefix"]]
         size_mb = objects * S3_OBJECT_BYTES / 1e6
         from peer_s3 import wrk_requests_per_second
@@ -547,29 +766,48 @@ def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, obj
     else:
         data = prepare(Path(args.data), workload, args.scale)
         size_mb = sum(p.stat().st_size for p in data.glob(spec["files"])) / 1e6
+    # One conversion for each copy (the loaders that read one share it), before any run.
+    copies = {loader.folder: name for name, loader in spec["loaders"].items() if isinstance(loader, Converted)}
+    for name in copies.values():
+        subprocess.run([python[name], __file__, "--convert", workload, name, str(data)], check=True)
     runs: dict[str, list[dict]] = {name: [] for name in spec["loaders"]}
     for _ in range(args.repeats):
         for name in spec["loaders"]:
-            runs[name].append(run_once(workload, name, data))
+            runs[name].append(run_once(workload, name, data, python[name], counted))
     samples = {r["samples"] for rs in runs.values() for r in rs}
     assert len(samples) == 1, f"{workload}: loaders disagree on the sample count: {samples}"
     n = samples.pop()
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu", "first", "pss")} for name, rs in runs.items()}
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "samples"} for name, rs in runs.items()}
+    if "latency" in spec and counted is None:
+        # The direct runs bypass the proxy, which (in Python) would cap their speed: one more
+        # run of each through it counts the bytes.
+        os.environ["SHARDFLOW_BENCH_S3"] = proxy.url
+        for name in spec["loaders"]:
+            med[name]["fetched"] = run_once(workload, name, data, python[name], proxy)["fetched"]
+        os.environ["SHARDFLOW_BENCH_S3"] = url
     base = med["shardflow"]["wall"]
-    lines = [f"## {spec['title']}", "", f"{n:,} samples, {size_mb:.0f} MB.", "",
-             "| loader | samples/s | MB/s | CPU s/GB | peak PSS MB | first batch ms | shardflow is |",
-             "|---|---|---|---|---|---|---|"]
+    header = ["loader", "samples/s", "MB/s", "CPU s/GB", "peak PSS MB", "first batch ms", "shardflow is"]
+    if "latency" in spec:
+        header += ["MB fetched", "fetched / delivered"]
+
+    def row(*cells: str) -> str:
+        return "| " + " | ".join([*cells, *[""] * (len(header) - len(cells))]) + " |"
+
+    lines = [f"## {spec['title']}", "", f"{n:,} samples, {size_mb:.0f} MB.", "", row(*header), "|---" * len(header) + "|"]
     chart[workload] = {}
     for name, m in med.items():
-        ratio = "" if name == "shardflow" else f"{m['wall'] / base:.1f}x faster"
-        lines.append(f"| {name} | {n / m['wall']:,.0f} | {size_mb / m['wall']:.0f} | {m['cpu'] / (size_mb / 1e3):.1f} | "
-                     f"{m['pss']:.0f} | {m['first'] * 1e3:.0f} | {ratio} |")
+        cells = [name, f"{n / m['wall']:,.0f}", f"{size_mb / m['wall']:.0f}", f"{m['cpu'] / (size_mb / 1e3):.1f}",
+                 f"{m['pss']:.0f}", f"{m['first'] * 1e3:.0f}", "" if name == "shardflow" else f"{m['wall'] / base:.1f}x faster"]
+        if "fetched" in m:
+            # Every sample is one whole object: the bytes delivered are n of them.
+            cells += [f"{m['fetched'] / 1e6:.0f}", f"{m['fetched'] / (n * S3_OBJECT_BYTES):.2f}"]
+        lines.append(row(*cells))
         chart[workload][name] = n / m["wall"]
     if ceiling is not None:
-        lines.append(f"| server ceiling (wrk, 64 connections) | {ceiling:,.0f} | {ceiling * S3_OBJECT_BYTES / 1e6:.0f} | | | | "
-                     f"at {n / base / ceiling:.0%} of it |")
+        lines.append(row("server ceiling (wrk, 64 connections)", f"{ceiling:,.0f}", f"{ceiling * S3_OBJECT_BYTES / 1e6:.0f}",
+                         "", "", "", f"at {n / base / ceiling:.0%} of it"))
     elif "latency" in spec:
-        lines.append("| server ceiling | wrk is not installed | | | | | |")
+        lines.append(row("server ceiling", "wrk is not installed"))
     lines.append("")
     print("\n".join(lines), flush=True)
     return lines

@@ -2,7 +2,13 @@
 (S3 or plain HTTP) unchanged, and can add latency before the response, answer 503
 SlowDown, reset the connection part-way through a body, cut a body short, or never
 answer at all (a blackhole: the connection stays open and silent until the proxy closes).
-It counts the requests it sees, so tests can check what was (not) fetched.
+It counts the requests it sees and the bytes it sends back, so tests can check what was
+(not) fetched.
+
+Faults aside, it answers as a real server does: headers and body go out at once
+(TCP_NODELAY: without it a sequential client waits for its delayed ACK, 20-40 ms a
+request), and a burst of new connections is queued, not dropped (socketserver's
+backlog of 5 drops SYNs, which clients resend only after 1, 3, 7... s).
 
 Signed S3 requests pass unchanged: the client signs for the proxy's address and the
 upstream server checks the headers it receives.
@@ -11,9 +17,11 @@ upstream server checks the headers it receives.
 from __future__ import annotations
 
 import http.client
+import io
 import random
 import socket
 import struct
+import sys
 import threading
 import time
 from collections import Counter
@@ -48,6 +56,8 @@ class FaultProxy:
         # Requests being answered now, and the most at any one time since reset_counts().
         self.in_flight = 0
         self.max_in_flight = 0
+        # Bytes sent to clients (status lines, headers, bodies) since reset_counts().
+        self.bytes_sent = 0
         self.lock = threading.Lock()
         # Set when the proxy closes: blackholed requests give up then.
         self.closing = threading.Event()
@@ -55,6 +65,11 @@ class FaultProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def setup(self) -> None:
+                super().setup()
+                self.wfile = _CountingWriter(self.wfile, proxy)  # type: ignore[assignment]
 
             def log_message(self, format: str, *args: object) -> None:  # quiet
                 pass
@@ -74,8 +89,7 @@ class FaultProxy:
             def do_DELETE(self) -> None:
                 proxy._forward(self, "DELETE")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -92,6 +106,7 @@ class FaultProxy:
         with self.lock:
             self.counts.clear()
             self.max_in_flight = self.in_flight
+            self.bytes_sent = 0
 
     def gets(self, path_contains: str = "") -> int:
         with self.lock:
@@ -185,3 +200,28 @@ class FaultProxy:
         finally:
             connection.close()
             handler.close_connection = True
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A client that hangs up mid-answer (a cancelled read, wrk at its end) is normal.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
+class _CountingWriter:
+    """A handler's socket writer that adds what it writes to the proxy's `bytes_sent`."""
+
+    def __init__(self, raw: io.BufferedIOBase, proxy: FaultProxy) -> None:
+        self.raw, self.proxy = raw, proxy
+
+    def write(self, data: bytes) -> int:
+        with self.proxy.lock:
+            self.proxy.bytes_sent += len(data)
+        return self.raw.write(data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.raw, name)
