@@ -6,7 +6,7 @@ import gzip
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from faultproxy import FaultProxy
 from servers import S3_KEY, S3_SECRET, Seaweed  # noqa: F401 (re-exported for tests)
 
 
@@ -104,3 +105,11 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     server = Seaweed(tmp_path_factory.mktemp("seaweed"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def proxy(seaweed: Seaweed) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the session's SeaweedFS (no faults until set)."""
+    p = FaultProxy("127.0.0.1", seaweed.ports["s3"])
+    yield p
+    p.close()

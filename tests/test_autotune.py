@@ -36,13 +36,6 @@ def small_objects(seaweed: Seaweed) -> str:
     return "s3://autotune/obj/"
 
 
-@pytest.fixture
-def proxy(seaweed: Seaweed):  # noqa: ANN201
-    p = FaultProxy("127.0.0.1", seaweed.ports["s3"])
-    yield p
-    p.close()
-
-
 def read_ids(loader: sf.DataLoader) -> list[int]:
     return sorted(int.from_bytes(data[:4], "little") for batch in loader for data in batch["bytes"])
 

@@ -183,13 +183,6 @@ def many_objects(seaweed: Seaweed) -> int:
     return 2000
 
 
-@pytest.fixture
-def proxy(seaweed: Seaweed):  # noqa: ANN201
-    p = FaultProxy("127.0.0.1", seaweed.ports["s3"])
-    yield p
-    p.close()
-
-
 def sample_ids(loader: sf.DataLoader) -> list[int]:
     ids = []
     for batch in loader:

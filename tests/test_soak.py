@@ -18,7 +18,6 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -83,13 +82,6 @@ def soak_bucket(seaweed: Seaweed) -> str:
                 w.write({"__key__": f"{i:06d}", "cls": int(i), "txt": text[i]})
         put(f"tar/{shard}.tar", sink.getvalue())
     return "soak"
-
-
-@pytest.fixture
-def proxy(seaweed: Seaweed) -> Iterator[FaultProxy]:
-    p = FaultProxy("127.0.0.1", seaweed.ports["s3"])
-    yield p
-    p.close()
 
 
 def ids_of(batch: dict, fmt: str) -> list[int]:
