@@ -88,7 +88,7 @@ pub struct Tuning {
 
 impl Default for Tuning {
     fn default() -> Self {
-        Self::new(None, None, None, None).unwrap_or_else(|_| unreachable!("defaults are valid"))
+        Self::build(None, None, None, None)
     }
 }
 
@@ -110,9 +110,26 @@ impl Tuning {
         positive("prefetch", prefetch.map(|n| n as u64))?;
         positive("prefetch_bytes", prefetch_bytes)?;
         positive("memory_limit", memory_limit)?;
-        let memory_limit = memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT);
-        let threads = num_threads.unwrap_or_else(super::default_num_threads);
-        Ok(Self {
+        Ok(Self::build(
+            num_threads,
+            prefetch,
+            prefetch_bytes,
+            memory_limit,
+        ))
+    }
+
+    /// `new` for values known to be valid.
+    fn build(
+        num_threads: Option<usize>,
+        prefetch: Option<usize>,
+        prefetch_bytes: Option<u64>,
+        memory_limit: Option<u64>,
+    ) -> Self {
+        let memory_limit = memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).max(1);
+        let threads = num_threads
+            .unwrap_or_else(super::default_num_threads)
+            .max(1);
+        Self {
             memory_limit,
             prefetch_bytes: prefetch_bytes.unwrap_or((memory_limit / 2).max(1)),
             read_ahead_bytes: (memory_limit / 2).max(1),
@@ -131,12 +148,12 @@ impl Tuning {
             },
             read_ahead_adapts: num_threads.is_none(),
             remote: AtomicBool::new(false),
-        })
+        }
     }
 
     /// Fixed depths for `threads` decode threads (for tests, benches and the fuzzer).
     pub fn fixed(threads: usize, prefetch: usize) -> Self {
-        Self::new(Some(threads.max(1)), Some(prefetch.max(1)), None, None).unwrap_or_default()
+        Self::build(Some(threads.max(1)), Some(prefetch.max(1)), None, None)
     }
 
     /// The loader reads remote data.
