@@ -237,6 +237,9 @@ impl UnitDecoder {
             let (tx, rx) = mpsc::channel(2);
             let (bytes, fetch) = self.start_fetch(self.slices[slice].slice.unit, tx)?;
             self.open_bytes += bytes;
+            self.stats
+                .read_ahead_peak_bytes
+                .fetch_max(self.open_bytes, Ordering::Relaxed);
             self.open.push_back(OpenUnit {
                 slice,
                 rx,

@@ -20,6 +20,9 @@ pub struct Stats {
     pub consumer_waits: AtomicU64,
     /// Whether the consumer is waiting for a batch now (the first of an epoch too).
     pub consumer_waiting: std::sync::atomic::AtomicBool,
+    /// The most bytes of units fetched ahead at once (a unit's share of the read-ahead
+    /// budget is what it will fetch).
+    pub read_ahead_peak_bytes: AtomicU64,
     /// Time the pipeline spent waiting for a unit's bytes, and for a decode task.
     pub fetch_wait_ns: AtomicU64,
     pub decode_wait_ns: AtomicU64,
@@ -48,6 +51,7 @@ pub struct StatsSnapshot {
     pub files_opened: u64,
     pub wait_ns: u64,
     pub consumer_waits: u64,
+    pub read_ahead_peak_bytes: u64,
     pub fetch_wait_ns: u64,
     pub decode_wait_ns: u64,
     pub decode_ns: u64,
@@ -96,6 +100,7 @@ impl Stats {
             files_opened: self.io.files_opened.load(Relaxed),
             wait_ns: self.wait_ns.load(Relaxed),
             consumer_waits: self.consumer_waits.load(Relaxed),
+            read_ahead_peak_bytes: self.read_ahead_peak_bytes.load(Relaxed),
             fetch_wait_ns: self.fetch_wait_ns.load(Relaxed),
             decode_wait_ns: self.decode_wait_ns.load(Relaxed),
             decode_ns: self.decode_ns.load(Relaxed),

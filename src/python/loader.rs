@@ -567,6 +567,7 @@ impl PyDataLoader {
         d.set_item("num_threads", t.threads)?;
         d.set_item("prefetch", t.prefetch.get())?;
         d.set_item("read_ahead", t.read_ahead_units())?;
+        d.set_item("read_ahead_peak_bytes", s.read_ahead_peak_bytes)?;
         d.set_item("decode_tasks", t.decode_tasks.get())?;
         d.set_item("memory_limit", t.memory_limit)?;
         Ok(d)
