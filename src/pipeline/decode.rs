@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::time::Instant;
 
@@ -267,9 +267,7 @@ impl UnitDecoder {
         let shard = &self.prepared.shards[unit.shard];
         let job = match self.prepared.job(unit) {
             UnitJob::Ready(task) => {
-                // The channel holds two: the task and the end of the unit.
-                let _ = tx.try_send(Feed::Task(task));
-                let _ = tx.try_send(Feed::Done);
+                queue_whole_unit(&tx, task);
                 return Ok((0, None));
             }
             job => job,
@@ -284,24 +282,13 @@ impl UnitDecoder {
             UnitJob::Ranges { ranges, decode } if !source.is_remote() => {
                 // Local reads are done by the decode task itself: for small files the
                 // hand-offs through the I/O runtime cost more than the reads.
-                let runtime = self.runtime;
                 let task = move |sink: &mut BatchSink| {
-                    let size = match known_size {
-                        Some(size) => size,
-                        None => runtime.block_on(source.size())?,
-                    };
-                    let mut set = RangeSet::new(size);
-                    for range in ranges {
-                        let bytes = match source.read_range_here(range.clone()) {
-                            Some(read) => read?,
-                            None => runtime.block_on(source.read_range(range.clone()))?,
-                        };
-                        set.insert(range.start, bytes);
-                    }
-                    decode(set, sink)
+                    decode(
+                        source::read_ranges_blocking(&*source, known_size, ranges)?,
+                        sink,
+                    )
                 };
-                let _ = tx.try_send(Feed::Task(Box::new(task)));
-                let _ = tx.try_send(Feed::Done);
+                queue_whole_unit(&tx, Box::new(task));
                 (0, None)
             }
             UnitJob::Ranges { ranges, decode } => {
@@ -347,10 +334,14 @@ impl UnitDecoder {
         })
     }
 
-    /// Whether the consumer is waiting for a batch: a wait of the pipeline now is worth
-    /// a deeper queue.
-    fn consumer_waiting(&self) -> bool {
-        self.stats.consumer_waiting.load(Ordering::Relaxed)
+    /// Counts a wait of the pipeline (since `start`) in `counter`; one that held up a
+    /// waiting consumer deepens the queue it waited on (`deepen`).
+    fn pipeline_waited(&self, start: Instant, counter: &AtomicU64, deepen: fn(&Tuning)) {
+        let waited = start.elapsed();
+        Stats::add_time(counter, waited);
+        if waited > SHORT_WAIT && self.stats.consumer_waiting.load(Ordering::Relaxed) {
+            deepen(&self.tuning);
+        }
     }
 
     /// Moves decode tasks of the front units onto the pool, in order, until the decode
@@ -365,11 +356,7 @@ impl UnitDecoder {
             let feed = if self.pending.is_empty() {
                 let start = Instant::now();
                 let feed = recv_unless_stopped(self.runtime, &mut front.rx, &self.stopped);
-                let waited = start.elapsed();
-                Stats::add_time(&self.stats.fetch_wait_ns, waited);
-                if waited > SHORT_WAIT && self.consumer_waiting() {
-                    self.tuning.fetch_was_short();
-                }
+                self.pipeline_waited(start, &self.stats.fetch_wait_ns, Tuning::fetch_was_short);
                 match feed {
                     Some(feed) => feed,
                     None => return Ok(()),
@@ -529,11 +516,7 @@ impl UnitDecoder {
         }
         let start = Instant::now();
         let message = rx.recv();
-        let waited = start.elapsed();
-        Stats::add_time(&self.stats.decode_wait_ns, waited);
-        if waited > SHORT_WAIT && self.consumer_waiting() {
-            self.tuning.decode_was_short();
-        }
+        self.pipeline_waited(start, &self.stats.decode_wait_ns, Tuning::decode_was_short);
         message
     }
 
@@ -604,6 +587,13 @@ fn recv_unless_stopped(
             return None;
         }
     }
+}
+
+/// Feeds a unit that is one task with nothing to fetch first. The unit's channel holds
+/// two: the task and the end of the unit.
+fn queue_whole_unit(tx: &mpsc::Sender<Feed>, task: DecodeTask) {
+    let _ = tx.try_send(Feed::Task(task));
+    let _ = tx.try_send(Feed::Done);
 }
 
 /// Aborts the tasks when dropped: the range reads of a unit whose fetch was aborted.

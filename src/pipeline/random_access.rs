@@ -19,7 +19,7 @@ use super::rng::Rng;
 use crate::error::{Error, Position, Result};
 use crate::format::index::RecordAccess;
 use crate::format::{PreparedShards, UnitJob};
-use crate::source::{self, Io, ranges::RangeSet};
+use crate::source::{self, Io};
 
 /// Decoded units kept, by their size in memory.
 const CACHE_BYTES: usize = 256 * 1024 * 1024;
@@ -710,18 +710,7 @@ impl Files {
             UnitJob::Ready(task) => tasks.push(task),
             UnitJob::Ranges { ranges, decode } => {
                 let source = self.io.open(shard)?;
-                let rt = source::runtime()?;
-                let fetched = rt.block_on(async {
-                    let size = match shard.size {
-                        Some(size) => size,
-                        None => source.size().await?,
-                    };
-                    let mut set = RangeSet::new(size);
-                    for range in ranges {
-                        set.insert(range.start, source.read_range(range).await?);
-                    }
-                    Ok::<_, Error>(set)
-                })?;
+                let fetched = source::read_ranges_blocking(&*source, shard.size, ranges)?;
                 let rest = decode(fetched, &mut sink)?.batches;
                 rest.into_iter().for_each(&mut sink);
                 return Ok(batches);

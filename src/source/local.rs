@@ -75,11 +75,8 @@ impl Source for LocalSource {
         })
     }
 
-    fn read_range_here(&self, range: Range<u64>) -> Option<Result<Bytes>> {
-        Some(
-            self.file()
-                .and_then(|file| read_at(&file, &self.url, &self.counters, range)),
-        )
+    fn read_range_blocking(&self, range: Range<u64>) -> Result<Bytes> {
+        read_at(&*self.file()?, &self.url, &self.counters, range)
     }
 
     fn open_stream(&self) -> Result<Box<dyn Read + Send>> {

@@ -47,13 +47,31 @@ pub trait Source: Send + Sync + Debug {
     fn is_remote(&self) -> bool {
         false
     }
-    /// Reads exactly `range` on the calling thread, where that is cheaper than a trip
-    /// through the I/O runtime (local files: a small file then costs no thread hand-off);
-    /// `None` where reads must go through the runtime.
-    fn read_range_here(&self, range: Range<u64>) -> Option<Result<Bytes>> {
-        let _ = range;
-        None
+    /// Reads exactly `range`, waiting on the calling thread: through the I/O runtime,
+    /// or directly where that is cheaper (local files: a small file then costs no
+    /// thread hand-off).
+    fn read_range_blocking(&self, range: Range<u64>) -> Result<Bytes> {
+        runtime::block_on_outside(runtime()?, self.read_range(range))?
     }
+}
+
+/// Reads `ranges` of `source` one after another on the calling thread (a decode thread,
+/// or a random-access reader); `size` is the source's, when the listing knew it.
+pub fn read_ranges_blocking(
+    source: &dyn Source,
+    size: Option<u64>,
+    ranges: Vec<Range<u64>>,
+) -> Result<ranges::RangeSet> {
+    let size = match size {
+        Some(size) => size,
+        None => runtime::block_on_outside(runtime()?, source.size())??,
+    };
+    let mut set = ranges::RangeSet::new(size);
+    for range in ranges {
+        let start = range.start;
+        set.insert(start, source.read_range_blocking(range)?);
+    }
+    Ok(set)
 }
 
 /// I/O counters shared by every source a loader opens.
