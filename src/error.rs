@@ -60,6 +60,18 @@ pub enum Error {
         message: String,
     },
 
+    /// A write whose destination already holds files.
+    #[error("{}: already exists (pass overwrite=True to replace it)", redact(.url))]
+    Exists { url: String },
+
+    /// Writing a shard or a manifest failed.
+    #[error("{}: write failed: {}", redact(.url), redact(&.source.to_string()))]
+    Write {
+        url: String,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Valid data whose columns do not fit the dataset's schema.
     #[error("{}: schema mismatch: {}", redact(.url), redact(.message))]
     Schema { url: String, message: String },
@@ -98,6 +110,14 @@ impl Error {
         }
     }
 
+    /// An `std::io::Error` from writing `url`.
+    pub fn write(url: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Write {
+            url: url.into(),
+            source,
+        }
+    }
+
     /// Maps an `std::io::Error` from opening or reading `url` to the most precise variant.
     pub fn io(url: impl Into<String>, position: Position, source: std::io::Error) -> Self {
         let url = url.into();
@@ -117,6 +137,8 @@ impl Error {
         match self {
             Error::NotFound { url }
             | Error::PermissionDenied { url }
+            | Error::Exists { url }
+            | Error::Write { url, .. }
             | Error::Io { url, .. }
             | Error::Decode { url, .. }
             | Error::Schema { url, .. } => Some(url),

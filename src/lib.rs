@@ -8,6 +8,7 @@ pub mod fuzz;
 pub mod options;
 pub mod pipeline;
 pub mod source;
+pub mod write;
 
 #[cfg(feature = "python")]
 mod python;

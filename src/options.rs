@@ -33,6 +33,30 @@ impl Options {
         }
     }
 
+    /// Options kept as JSON (a write manifest's `format_options`).
+    pub fn from_json(map: &serde_json::Map<String, serde_json::Value>) -> Result<Self> {
+        use serde_json::Value;
+        map.iter()
+            .map(|(key, value)| {
+                let value = match value {
+                    Value::Bool(b) => OptionValue::Bool(*b),
+                    Value::String(s) => OptionValue::Str(s.clone()),
+                    Value::Number(n) => match n.as_i64() {
+                        Some(i) => OptionValue::Int(i),
+                        None => OptionValue::Float(n.as_f64().unwrap_or(f64::NAN)),
+                    },
+                    other => {
+                        return Err(Error::invalid_argument(format!(
+                            "option {key:?}: {other} is not a bool, number or string"
+                        )));
+                    }
+                };
+                Ok((key.clone(), value))
+            })
+            .collect::<Result<_>>()
+            .map(Options)
+    }
+
     /// Starts reading `storage_options`.
     pub fn storage_reader(&self) -> OptionReader<'_> {
         OptionReader {

@@ -32,6 +32,7 @@ from shardflow._native import (
 from shardflow.features import FixedLen, VarLen
 from shardflow.errors import (
     AccessDeniedError,
+    AlreadyExistsError,
     DecodeError,
     InternalError,
     InvalidArgumentError,
@@ -39,11 +40,13 @@ from shardflow.errors import (
     ReadError,
     SchemaError,
     ShardflowError,
+    WriteError,
 )
 
 
 __all__ = [
     "AccessDeniedError",
+    "AlreadyExistsError",
     "Batch",
     "BatchIterator",
     "DataLoader",
@@ -60,6 +63,7 @@ __all__ = [
     "SchemaError",
     "ShardflowError",
     "VarLen",
+    "WriteError",
     "__version__",
     "concatenate",
     "dataset",

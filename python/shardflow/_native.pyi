@@ -123,6 +123,20 @@ class Dataset:
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object: ...
     def __reduce__(self) -> tuple[Any, tuple[list[tuple[str, Any]]]]: ...
     def _column_types(self) -> list[dict[str, Any]]: ...
+    def write(
+        self,
+        dest: str | PathLike[str],
+        format: str = "parquet",
+        *,
+        max_rows_per_shard: int | None = None,
+        max_bytes_per_shard: int | None = None,
+        compression: str | None = None,
+        overwrite: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        num_threads: int | None = None,
+        progress: Callable[[int, int], object] | None = None,
+    ) -> dict[str, Any]: ...
+    def _shard_table(self) -> list[dict[str, Any]]: ...
 
 @final
 class SampleIterator:

@@ -34,6 +34,14 @@ class ReadError(ShardflowError, OSError):
     """An I/O failure while reading."""
 
 
+class WriteError(ShardflowError, OSError):
+    """An I/O failure while writing shards or their manifest."""
+
+
+class AlreadyExistsError(ShardflowError, FileExistsError):
+    """A write destination that already holds files (``overwrite=True`` replaces them)."""
+
+
 class DecodeError(ShardflowError):
     """Bytes that are not valid data of the expected format."""
 
@@ -48,6 +56,7 @@ class InternalError(ShardflowError):
 
 __all__ = [
     "AccessDeniedError",
+    "AlreadyExistsError",
     "DecodeError",
     "InternalError",
     "InvalidArgumentError",
@@ -55,4 +64,5 @@ __all__ = [
     "ReadError",
     "SchemaError",
     "ShardflowError",
+    "WriteError",
 ]

@@ -38,6 +38,7 @@ impl InMemory {
                 url: format!("memory:batch-{i}"),
                 size: Some(crate::pipeline::batch_bytes(batch)),
                 etag: Some(digest(batch)),
+                rows: None,
             })
             .collect();
         let format = Self {

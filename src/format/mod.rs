@@ -98,13 +98,16 @@ pub fn field_names(schema: &arrow_schema::Schema) -> Vec<&str> {
     schema.fields().iter().map(|f| f.name().as_str()).collect()
 }
 
-/// One work unit per file, for formats read front to back.
+/// One work unit per file, for formats read front to back; its rows are known where a
+/// manifest gives them.
 pub fn whole_files(shards: &[ShardMeta]) -> Vec<WorkUnit> {
-    (0..shards.len())
-        .map(|shard| WorkUnit {
+    shards
+        .iter()
+        .enumerate()
+        .map(|(shard, meta)| WorkUnit {
             shard,
             part: 0,
-            rows: None,
+            rows: meta.rows,
         })
         .collect()
 }
@@ -483,6 +486,7 @@ mod tests {
             url: url.into(),
             size: None,
             etag: None,
+            rows: None,
         }
     }
 

@@ -49,7 +49,11 @@ enum Pending {
         slice: usize,
         error: Error,
     },
-    UnitDone,
+    /// A unit's last task; `slice` when its row count is to be checked (it was read to
+    /// its end, not skipped).
+    UnitDone {
+        slice: Option<usize>,
+    },
 }
 
 /// A unit to read this epoch, possibly only part of its rows (the rows of a unit that
@@ -377,7 +381,8 @@ impl UnitDecoder {
                 }
                 Some(Feed::Done) => {
                     self.close_front();
-                    self.pending.push_back(Pending::UnitDone);
+                    self.pending
+                        .push_back(Pending::UnitDone { slice: Some(slice) });
                     self.open_units()?;
                 }
                 None => {
@@ -458,8 +463,11 @@ impl UnitDecoder {
                 return Some(Err(e));
             }
             match self.pending.pop_front()? {
-                Pending::UnitDone => {
+                Pending::UnitDone { slice } => {
                     self.stats.units.fetch_add(1, Ordering::Relaxed);
+                    if let Some(error) = slice.and_then(|s| self.rows_differ(s)) {
+                        return Some(Err(error));
+                    }
                 }
                 Pending::Failed { error, .. } => {
                     if let Some(error) = self.unit_failed(error) {
@@ -520,6 +528,25 @@ impl UnitDecoder {
         message
     }
 
+    /// A unit whose rows were known beforehand (from the file's metadata or a manifest)
+    /// must decode to that many: ranks' shares and `len()` were planned with them. Under
+    /// `on_error="skip"` skipped records make it fewer, and are counted instead.
+    fn rows_differ(&self, slice: usize) -> Option<Error> {
+        let state = &self.slices[slice];
+        let expected = self.prepared.units[state.slice.unit].rows?;
+        (self.on_error == OnError::Raise && state.seen != expected).then(|| {
+            Error::decode(
+                self.slice_url(slice),
+                self.prepared.format,
+                Position::Unknown,
+                format!(
+                    "{} rows where its metadata or manifest promised {expected}",
+                    state.seen
+                ),
+            )
+        })
+    }
+
     /// Clips a decoded batch to its slice's rows and queues what is left for the consumer.
     fn release(&mut self, slice: usize, batch: RecordBatch) -> Result<()> {
         let batch = self.slices[slice].clip(batch)?;
@@ -532,7 +559,7 @@ impl UnitDecoder {
     fn discard_slice(&mut self, slice: usize) {
         self.pending.retain(|p| match p {
             Pending::Task { slice: s, .. } | Pending::Failed { slice: s, .. } => *s != slice,
-            Pending::UnitDone => true,
+            Pending::UnitDone { .. } => true,
         });
         if let Some(open) = self
             .open
@@ -541,7 +568,7 @@ impl UnitDecoder {
             .and_then(|pos| self.open.remove(pos))
         {
             self.open_bytes -= open.bytes;
-            self.pending.push_back(Pending::UnitDone);
+            self.pending.push_back(Pending::UnitDone { slice: None });
         }
     }
 }

@@ -159,18 +159,40 @@ impl Combined {
 }
 
 impl Dataset {
-    /// Resolves the shard list now, so a missing file or an empty glob fails here.
+    /// Resolves the shard list now, so a missing file or an empty glob fails here. A
+    /// directory or prefix that `write` made is listed from its manifest (see
+    /// [`source::manifest`]).
     pub fn open(
         specs: &[String],
         format: Option<&str>,
-        options: ReadOptions,
+        mut options: ReadOptions,
         storage: Arc<Storage>,
     ) -> Result<Self> {
-        let shards = source::resolve(specs, &storage)?;
-        let format = format::by_name(match format {
-            Some(name) => name,
-            None => format::infer(&shards)?,
+        let manifest = match specs {
+            [spec] => source::manifest::find(spec, &storage)?,
+            _ => None,
+        };
+        let mut shards = match &manifest {
+            Some(m) => source::manifest::shards(&specs[0], m, &storage)?,
+            None => source::resolve(specs, &storage)?,
+        };
+        let format = format::by_name(match (format, &manifest) {
+            (Some(name), _) => name,
+            (None, Some(m)) => &m.format,
+            (None, None) => format::infer(&shards)?,
         })?;
+        if let Some(m) = &manifest {
+            // The manifest's row counts hold for the shards read as written: in its
+            // format, with its format options.
+            let as_written = format.name() == m.format
+                && (options.format_options.0.is_empty() || m.format_options.is_empty());
+            if as_written && options.format_options.0.is_empty() {
+                options.format_options = crate::options::Options::from_json(&m.format_options)?;
+            }
+            if !as_written {
+                shards.iter_mut().for_each(|s| s.rows = None);
+            }
+        }
         Ok(Self {
             origin: Origin::Files(DataSource::new(shards, format, options, storage)),
             ops: Vec::new(),
@@ -251,6 +273,43 @@ impl Dataset {
         match &self.origin {
             Origin::Files(source) => source.shards.clone(),
             Origin::Combined(c) => c.parts.iter().flat_map(Dataset::shards).collect(),
+        }
+    }
+
+    /// Rows in each shard of [`Dataset::shards`], where metadata or a manifest tells
+    /// them without reading the data (a shard's units all know theirs).
+    pub fn shard_rows(&self) -> Result<Vec<Option<u64>>> {
+        match &self.origin {
+            Origin::Files(_) => {
+                let prepared = self.prepared()?;
+                let mut rows = vec![Some(0u64); prepared.shards.len()];
+                for unit in &prepared.units {
+                    rows[unit.shard] = rows[unit.shard].zip(unit.rows).map(|(a, b)| a + b);
+                }
+                // Shards that preparing skipped as unreadable are not in `prepared`.
+                Ok(self
+                    .shards()
+                    .iter()
+                    .map(|s| {
+                        let i = prepared.shards.iter().position(|p| p.url == s.url)?;
+                        rows[i]
+                    })
+                    .collect())
+            }
+            Origin::Combined(c) => Ok(c
+                .parts
+                .iter()
+                .map(Dataset::shard_rows)
+                .collect::<Result<Vec<_>>>()?
+                .concat()),
+        }
+    }
+
+    /// Where the dataset's files are read from; `None` for combined datasets.
+    pub fn storage(&self) -> Option<Arc<Storage>> {
+        match &self.origin {
+            Origin::Files(source) => Some(source.storage.clone()),
+            Origin::Combined(_) => None,
         }
     }
 

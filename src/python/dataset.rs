@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyCapsule, PyDict, PyList, PyString, PyTuple};
 
 use super::arrow_ffi::{batches_from_py, schema_from_py, stream_capsule};
+use super::errors::callback_error;
 use super::from_python::{columns_to_batch, rows_to_batch};
 use super::next_batch;
 use super::to_python::batch_to_rows;
@@ -20,6 +21,7 @@ use crate::pipeline::{
     self, BatchReceiver, Dataset, Indices, Op, RandomAccess, RunOptions, Stats, Weights,
 };
 use crate::source::{Storage, StorageOptions};
+use crate::write::{ShardFormat, WriteOptions};
 
 /// Rows per call of a batched `map` when the user gives no `batch_size` (as in
 /// Hugging Face `datasets`).
@@ -965,6 +967,93 @@ impl PyDataset {
         py.import("shardflow.ray")?
             .getattr("from_dataset")?
             .call((slf,), read_args)
+    }
+
+    /// Writes the rows, in this dataset's order, as shards of `format` under `dest` (a
+    /// directory or an `s3://` prefix), with a manifest that `shardflow.dataset(dest)`
+    /// reads; returns the manifest as a dict.
+    #[pyo3(signature = (dest, format="parquet", *, max_rows_per_shard=None, max_bytes_per_shard=None, compression=None, overwrite=false, storage_options=None, num_threads=None, progress=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn write<'py>(
+        &self,
+        py: Python<'py>,
+        dest: &Bound<'py, PyAny>,
+        format: &str,
+        max_rows_per_shard: Option<i64>,
+        max_bytes_per_shard: Option<i64>,
+        compression: Option<&str>,
+        overwrite: bool,
+        storage_options: Option<&Bound<'py, PyDict>>,
+        num_threads: Option<usize>,
+        progress: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let dest = source_list(dest)?;
+        let [dest] = dest.as_slice() else {
+            return Err(PyTypeError::new_err("dest must be one path or URL"));
+        };
+        let positive = |name: &str, n: Option<i64>| -> PyResult<Option<u64>> {
+            n.map(|n| match u64::try_from(n) {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(PyValueError::new_err(format!(
+                    "{name} must be >= 1, got {n}"
+                ))),
+            })
+            .transpose()
+        };
+        if let Some(progress) = &progress {
+            check_callable(progress)?;
+        }
+        let options = WriteOptions {
+            format: ShardFormat::parse(format, compression)?,
+            max_rows_per_shard: positive("max_rows_per_shard", max_rows_per_shard)?,
+            max_bytes_per_shard: positive("max_bytes_per_shard", max_bytes_per_shard)?,
+            overwrite,
+            threads: match num_threads {
+                Some(0) => return Err(PyValueError::new_err("num_threads must be >= 1")),
+                Some(n) => n,
+                None => pipeline::default_num_threads(),
+            },
+        };
+        let storage = match (storage_options, self.inner.storage()) {
+            (Some(given), _) => Storage::new(StorageOptions::parse(&parse_options(given)?)?)?,
+            (None, Some(storage)) => storage,
+            (None, None) => Storage::new(StorageOptions::default())?,
+        };
+        let epoch = self.current_epoch();
+        let progress = progress.map(Bound::unbind);
+        // Called on this thread between batches: it takes the GIL back for the user's
+        // callback and for Ctrl-C.
+        let mut report = |rows: u64, bytes: u64| -> crate::error::Result<()> {
+            Python::attach(|py| {
+                py.check_signals()?;
+                if let Some(progress) = &progress {
+                    progress.call1(py, (rows, bytes))?;
+                }
+                Ok::<_, PyErr>(())
+            })
+            .map_err(callback_error)
+        };
+        let manifest = py.detach(|| {
+            crate::write::write(&self.inner, epoch, dest, &storage, &options, &mut report)
+        })?;
+        let text = serde_json::to_string(&manifest.to_json())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        py.import("json")?.call_method1("loads", (text,))
+    }
+
+    /// Each shard's URL, size in bytes and rows, where known without reading data
+    /// (Parquet footers, a write manifest); for `shardflow inspect`.
+    fn _shard_table<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let rows = py.detach(|| self.inner.shard_rows())?;
+        let table = PyList::empty(py);
+        for (shard, rows) in self.inner.shards().iter().zip(rows) {
+            let entry = PyDict::new(py);
+            entry.set_item("url", crate::source::redact(&shard.url))?;
+            entry.set_item("bytes", shard.size)?;
+            entry.set_item("rows", rows)?;
+            table.append(entry)?;
+        }
+        Ok(table)
     }
 
     /// The shard files, in read order before shuffling.

@@ -39,6 +39,8 @@ fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
         Error::NotFound { .. } | Error::NoMatch { .. } => exception_class!(py, "NotFoundError"),
         Error::PermissionDenied { .. } => exception_class!(py, "AccessDeniedError"),
         Error::Io { .. } => exception_class!(py, "ReadError"),
+        Error::Exists { .. } => exception_class!(py, "AlreadyExistsError"),
+        Error::Write { .. } => exception_class!(py, "WriteError"),
         Error::Decode { .. } => exception_class!(py, "DecodeError"),
         Error::Schema { .. } => exception_class!(py, "SchemaError"),
         Error::InvalidArgument(_) => exception_class!(py, "InvalidArgumentError"),

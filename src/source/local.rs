@@ -150,6 +150,7 @@ pub fn list(pattern: &str) -> Result<Vec<ShardMeta>> {
                 url: path.to_string_lossy().into_owned(),
                 size,
                 etag: None,
+                rows: None,
             })
         })
         .collect()

@@ -4,12 +4,13 @@
 pub mod cache;
 mod http;
 mod local;
+pub mod manifest;
 pub mod pattern;
 pub mod ranges;
 mod redact;
 pub mod remote;
 pub mod retry;
-mod runtime;
+pub mod runtime;
 pub mod s3;
 pub mod storage;
 
@@ -103,6 +104,8 @@ pub struct ShardMeta {
     pub url: String,
     pub size: Option<u64>,
     pub etag: Option<String>,
+    /// Rows in the shard, where a manifest written with it says so.
+    pub rows: Option<u64>,
 }
 
 /// What opening a shard needs: the dataset's storage and the counters to charge.
@@ -145,6 +148,7 @@ pub fn resolve(specs: &[String], storage: &Arc<Storage>) -> Result<Vec<ShardMeta
                         url: expanded.clone(),
                         size: None,
                         etag: None,
+                        rows: None,
                     });
                 }
                 Scheme::Unsupported(name) => {

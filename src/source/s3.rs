@@ -76,7 +76,7 @@ pub fn client(storage: &Storage) -> Result<aws_sdk_s3::Client> {
 
 /// Why an S3 call failed, as the retry loop sees it. Messages carry the status and the
 /// service's error code, never request details (which could hold credentials).
-fn failure<E: ProvideErrorMetadata + std::error::Error + 'static>(
+pub(crate) fn failure<E: ProvideErrorMetadata + std::error::Error + 'static>(
     url: &str,
     err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
 ) -> Failure {
@@ -225,6 +225,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
             url: url.to_string(),
             size: Some(info.size),
             etag: info.etag,
+            rows: None,
         }]);
     }
     let literal_prefix = &key[..key.find(['*', '?', '[']).unwrap_or(key.len())];
@@ -275,6 +276,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
                     url: format!("s3://{bucket}/{name}"),
                     size: object.size().map(|s| s.max(0) as u64),
                     etag: object.e_tag().map(str::to_string),
+                    rows: None,
                 });
             }
         }

@@ -1,0 +1,869 @@
+//! Record batches to the bytes of one shard file, per output format. Each encoder takes
+//! a shard's batches whole (a shard is encoded on one writer thread, shards in
+//! parallel) and refuses, naming the column, a type its format cannot hold rather than
+//! writing something that would read back different.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Int64Type};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
+use arrow_schema::{DataType, Field, SchemaRef};
+use flate2::Compression as GzLevel;
+use flate2::write::{DeflateEncoder, GzEncoder};
+
+use crate::error::{Error, Result};
+use crate::format::example::{encode_len_field, encode_varint};
+use crate::format::tfrecord::masked_crc;
+use crate::format::{npy, tensor_shape};
+
+/// The formats `write` produces, with their compression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardFormat {
+    Parquet(parquet::basic::Compression),
+    /// JSON Lines; gzip-wrapped when true.
+    Jsonl(bool),
+    /// WebDataset tar; gzip-wrapped when true.
+    WebDataset(bool),
+    /// TFRecord of `tf.train.Example`s; gzip-wrapped when true (TF's `"GZIP"`).
+    TfRecord(bool),
+    /// One `.npz` per shard; members deflated (`np.savez_compressed`) when true.
+    Npz(bool),
+}
+
+impl ShardFormat {
+    /// `format=` and `compression=` as the user gives them; `None` picks the format's
+    /// usual default (Snappy for Parquet, none for the others).
+    pub fn parse(format: &str, compression: Option<&str>) -> Result<Self> {
+        let choose = |allowed: &[&str]| -> Result<bool> {
+            match compression {
+                None | Some("none") => Ok(false),
+                Some(c) if allowed.contains(&c) => Ok(true),
+                Some(c) => Err(Error::invalid_argument(format!(
+                    "compression={c:?} for {format}: choose one of {:?}",
+                    [&["none"], allowed].concat()
+                ))),
+            }
+        };
+        use parquet::basic::Compression as C;
+        Ok(match format {
+            "parquet" => ShardFormat::Parquet(match compression.unwrap_or("snappy") {
+                "none" => C::UNCOMPRESSED,
+                "snappy" => C::SNAPPY,
+                "gzip" => C::GZIP(Default::default()),
+                "zstd" => C::ZSTD(Default::default()),
+                "lz4" => C::LZ4_RAW,
+                "brotli" => C::BROTLI(Default::default()),
+                other => {
+                    return Err(Error::invalid_argument(format!(
+                        "compression={other:?} for parquet: choose one of \
+                         [\"none\", \"snappy\", \"gzip\", \"zstd\", \"lz4\", \"brotli\"]"
+                    )));
+                }
+            }),
+            "jsonl" => ShardFormat::Jsonl(choose(&["gzip"])?),
+            "webdataset" => ShardFormat::WebDataset(choose(&["gzip"])?),
+            "tfrecord" => ShardFormat::TfRecord(choose(&["gzip"])?),
+            "npz" => ShardFormat::Npz(choose(&["deflate"])?),
+            other => {
+                return Err(Error::invalid_argument(format!(
+                    "cannot write format {other:?}; write() makes parquet, jsonl, webdataset, tfrecord or npz"
+                )));
+            }
+        })
+    }
+
+    /// The name `format=` reads it back with.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShardFormat::Parquet(_) => "parquet",
+            ShardFormat::Jsonl(_) => "jsonl",
+            ShardFormat::WebDataset(_) => "webdataset",
+            ShardFormat::TfRecord(_) => "tfrecord",
+            ShardFormat::Npz(_) => "npz",
+        }
+    }
+
+    /// The compression as the manifest records it.
+    pub fn compression(self) -> Option<String> {
+        match self {
+            ShardFormat::Parquet(c) => Some(c.to_string().to_lowercase()),
+            ShardFormat::Jsonl(true)
+            | ShardFormat::WebDataset(true)
+            | ShardFormat::TfRecord(true) => Some("gzip".into()),
+            ShardFormat::Npz(true) => Some("deflate".into()),
+            _ => None,
+        }
+    }
+
+    /// File name extension, compression included.
+    pub fn extension(self) -> &'static str {
+        match self {
+            ShardFormat::Parquet(_) => ".parquet",
+            ShardFormat::Jsonl(gz) => {
+                if gz {
+                    ".jsonl.gz"
+                } else {
+                    ".jsonl"
+                }
+            }
+            ShardFormat::WebDataset(gz) => {
+                if gz {
+                    ".tar.gz"
+                } else {
+                    ".tar"
+                }
+            }
+            ShardFormat::TfRecord(gz) => {
+                if gz {
+                    ".tfrecord.gz"
+                } else {
+                    ".tfrecord"
+                }
+            }
+            ShardFormat::Npz(_) => ".npz",
+        }
+    }
+
+    /// `format_options` that read the shards back as written.
+    pub fn read_options(self) -> serde_json::Map<String, serde_json::Value> {
+        let mut options = serde_json::Map::new();
+        if let ShardFormat::Npz(_) = self {
+            options.insert("mode".into(), "rows".into());
+        }
+        options
+    }
+
+    /// Fails now, before anything is written, on a column the format cannot hold.
+    pub fn check_schema(self, schema: &SchemaRef) -> Result<()> {
+        for field in schema.fields() {
+            let fits = match self {
+                ShardFormat::Parquet(_) => true,
+                ShardFormat::Jsonl(_) => !holds_binary(field.data_type()),
+                ShardFormat::WebDataset(_) => webdataset_kind(field).is_some(),
+                ShardFormat::TfRecord(_) => example_kind(field.data_type()).is_some(),
+                ShardFormat::Npz(_) => {
+                    npy_elem(field).is_some()
+                        && !matches!(
+                            field.data_type(),
+                            DataType::List(_) | DataType::LargeList(_)
+                        )
+                }
+            };
+            if !fits {
+                return Err(Error::invalid_argument(format!(
+                    "column {:?} ({}) cannot be written as {}: {}",
+                    field.name(),
+                    field.data_type(),
+                    self.name(),
+                    self.rule()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the format holds, for the message when a column does not fit.
+    fn rule(self) -> &'static str {
+        match self {
+            ShardFormat::Parquet(_) => "",
+            ShardFormat::Jsonl(_) => {
+                "JSON has no bytes type; drop the column or map it to text (e.g. base64)"
+            }
+            ShardFormat::WebDataset(_) => {
+                "a sample's files hold bytes, text or a number; name an array column *.npy to store it as .npy"
+            }
+            ShardFormat::TfRecord(_) => {
+                "tf.train.Example holds int64, float and bytes values and flat lists of them"
+            }
+            ShardFormat::Npz(_) => {
+                "numpy arrays hold numbers, booleans, fixed-shape tensors, str and bytes, without nulls"
+            }
+        }
+    }
+
+    /// The bytes of one shard holding `batches`; `first_row` numbers the rows (the
+    /// WebDataset keys of a dataset without `__key__`).
+    pub fn encode(
+        self,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        first_row: u64,
+    ) -> Result<Vec<u8>> {
+        match self {
+            ShardFormat::Parquet(compression) => parquet_bytes(schema, batches, compression),
+            ShardFormat::Jsonl(gz) => gzip_if(gz, jsonl_bytes(batches)?),
+            ShardFormat::WebDataset(gz) => gzip_if(gz, tar_bytes(schema, batches, first_row)?),
+            ShardFormat::TfRecord(gz) => gzip_if(gz, tfrecord_bytes(batches)?),
+            ShardFormat::Npz(deflate) => npz_bytes(schema, batches, deflate),
+        }
+    }
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Internal(format!("encoding {what}: {e}"))
+}
+
+fn gzip_if(gz: bool, bytes: Vec<u8>) -> Result<Vec<u8>> {
+    if !gz {
+        return Ok(bytes);
+    }
+    let mut encoder = GzEncoder::new(Vec::with_capacity(bytes.len() / 3), GzLevel::default());
+    encoder.write_all(&bytes).map_err(|e| failed("gzip", e))?;
+    encoder.finish().map_err(|e| failed("gzip", e))
+}
+
+// ---- Parquet --------------------------------------------------------------------------
+
+/// Row groups of about this many encoded bytes: units of parallel reading.
+const ROW_GROUP_BYTES: usize = 32 << 20;
+
+fn parquet_bytes(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    compression: parquet::basic::Compression,
+) -> Result<Vec<u8>> {
+    let properties = parquet::file::properties::WriterProperties::builder()
+        .set_compression(compression)
+        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+        .build();
+    let mut writer =
+        parquet::arrow::ArrowWriter::try_new(Vec::new(), schema.clone(), Some(properties))
+            .map_err(|e| failed("Parquet", e))?;
+    for batch in batches {
+        writer.write(batch).map_err(|e| failed("Parquet", e))?;
+    }
+    writer.into_inner().map_err(|e| failed("Parquet", e))
+}
+
+// ---- JSON Lines -----------------------------------------------------------------------
+
+fn holds_binary(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Binary
+        | DataType::LargeBinary
+        | DataType::FixedSizeBinary(_)
+        | DataType::BinaryView => true,
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            holds_binary(f.data_type())
+        }
+        DataType::Struct(fields) => fields.iter().any(|f| holds_binary(f.data_type())),
+        _ => false,
+    }
+}
+
+/// Whether any float in `array`, at any depth, is infinite or NaN.
+fn non_finite(array: &dyn Array) -> bool {
+    let floats = |a: &dyn Array| match a.data_type() {
+        DataType::Float16 => a
+            .as_primitive::<arrow_array::types::Float16Type>()
+            .iter()
+            .flatten()
+            .any(|v| !v.is_finite()),
+        DataType::Float32 => a
+            .as_primitive::<Float32Type>()
+            .iter()
+            .flatten()
+            .any(|v| !v.is_finite()),
+        DataType::Float64 => a
+            .as_primitive::<arrow_array::types::Float64Type>()
+            .iter()
+            .flatten()
+            .any(|v| !v.is_finite()),
+        _ => false,
+    };
+    match array.data_type() {
+        DataType::List(_) => non_finite(array.as_list::<i32>().values().as_ref()),
+        DataType::LargeList(_) => non_finite(array.as_list::<i64>().values().as_ref()),
+        DataType::FixedSizeList(..) => non_finite(array.as_fixed_size_list().values().as_ref()),
+        DataType::Struct(_) => array
+            .as_struct()
+            .columns()
+            .iter()
+            .any(|c| non_finite(c.as_ref())),
+        _ => floats(array),
+    }
+}
+
+fn jsonl_bytes(batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
+    for batch in batches {
+        // arrow-json would write them as null: refused rather than changed.
+        for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+            if non_finite(column.as_ref()) {
+                return Err(Error::invalid_argument(format!(
+                    "column {:?} holds inf or NaN, which JSON cannot represent",
+                    field.name()
+                )));
+            }
+        }
+        writer.write(batch).map_err(|e| failed("JSON", e))?;
+    }
+    writer.finish().map_err(|e| failed("JSON", e))?;
+    Ok(writer.into_inner())
+}
+
+// ---- WebDataset -----------------------------------------------------------------------
+
+const KEY_COLUMN: &str = "__key__";
+/// Derived by the reader from the shard's URL; never written.
+const URL_COLUMN: &str = "__url__";
+
+/// How a column becomes a sample's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Member {
+    Bytes,
+    Text,
+    /// A number or boolean, written as text (`.cls` holds `"3"`).
+    Number,
+    /// An array, written as a `.npy` file.
+    Npy,
+    /// Not a member: the sample's key, or the reader's URL column.
+    Skip,
+}
+
+fn webdataset_kind(field: &Field) -> Option<Member> {
+    let name = field.name();
+    if name == KEY_COLUMN {
+        return matches!(field.data_type(), DataType::Utf8 | DataType::LargeUtf8)
+            .then_some(Member::Skip);
+    }
+    if name == URL_COLUMN {
+        return Some(Member::Skip);
+    }
+    if name.contains('/') {
+        return None;
+    }
+    let ext = name.rsplit('.').next().unwrap_or(name);
+    match field.data_type() {
+        DataType::Binary
+        | DataType::LargeBinary
+        | DataType::FixedSizeBinary(_)
+        | DataType::BinaryView => Some(Member::Bytes),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Some(Member::Text),
+        t if t.is_primitive() || *t == DataType::Boolean => Some(Member::Number),
+        DataType::FixedSizeList(..) | DataType::List(_) | DataType::LargeList(_)
+            if ext == "npy" && npy_elem(field).is_some() =>
+        {
+            Some(Member::Npy)
+        }
+        _ => None,
+    }
+}
+
+fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Result<Vec<u8>> {
+    let kinds: Vec<Member> = schema
+        .fields()
+        .iter()
+        .map(|f| webdataset_kind(f).unwrap_or(Member::Skip))
+        .collect();
+    let key_column = schema.index_of(KEY_COLUMN).ok();
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut row = first_row;
+    for batch in batches {
+        let keys = key_column
+            .map(|i| arrow_cast::cast(batch.column(i), &DataType::LargeUtf8))
+            .transpose()
+            .map_err(|e| failed("keys", e))?;
+        let texts: Vec<Option<ArrayFormatter>> = batch
+            .columns()
+            .iter()
+            .zip(&kinds)
+            .map(|(column, kind)| {
+                (*kind == Member::Number)
+                    .then(|| ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default()))
+                    .transpose()
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| failed("numbers", e))?;
+        for i in 0..batch.num_rows() {
+            let key = match &keys {
+                Some(keys) if keys.is_valid(i) => {
+                    let key = keys.as_string::<i64>().value(i);
+                    let base = key.rsplit('/').next().unwrap_or(key);
+                    if base.is_empty() || base.contains('.') {
+                        return Err(Error::invalid_argument(format!(
+                            "__key__ {key:?}: a WebDataset key's last part must be non-empty and hold no '.' \
+                             (readers split a file name at its first dot)"
+                        )));
+                    }
+                    key.to_string()
+                }
+                _ => format!("{row:09}"),
+            };
+            for (c, field) in schema.fields().iter().enumerate() {
+                let column = batch.column(c);
+                if kinds[c] == Member::Skip || column.is_null(i) {
+                    continue;
+                }
+                let data: Vec<u8> = match kinds[c] {
+                    Member::Bytes => binary_value(column, i),
+                    Member::Text => string_value(column, i).into_bytes(),
+                    Member::Number => match &texts[c] {
+                        Some(f) => f.value(i).to_string().into_bytes(),
+                        None => Vec::new(),
+                    },
+                    Member::Npy => npy_file(field, &column.slice(i, 1), true)?,
+                    Member::Skip => continue,
+                };
+                let mut header = tar::Header::new_gnu();
+                header.set_size(data.len() as u64);
+                header.set_mode(0o644);
+                header.set_mtime(0);
+                header.set_entry_type(tar::EntryType::Regular);
+                builder
+                    .append_data(
+                        &mut header,
+                        format!("{key}.{}", field.name()),
+                        data.as_slice(),
+                    )
+                    .map_err(|e| failed("tar", e))?;
+            }
+            row += 1;
+        }
+    }
+    builder.into_inner().map_err(|e| failed("tar", e))
+}
+
+fn binary_value(column: &ArrayRef, i: usize) -> Vec<u8> {
+    match column.data_type() {
+        DataType::Binary => column.as_binary::<i32>().value(i).to_vec(),
+        DataType::LargeBinary => column.as_binary::<i64>().value(i).to_vec(),
+        DataType::FixedSizeBinary(_) => column.as_fixed_size_binary().value(i).to_vec(),
+        DataType::BinaryView => column.as_binary_view().value(i).to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+fn string_value(column: &ArrayRef, i: usize) -> String {
+    match column.data_type() {
+        DataType::Utf8 => column.as_string::<i32>().value(i).to_string(),
+        DataType::LargeUtf8 => column.as_string::<i64>().value(i).to_string(),
+        DataType::Utf8View => column.as_string_view().value(i).to_string(),
+        _ => String::new(),
+    }
+}
+
+// ---- TFRecord -------------------------------------------------------------------------
+
+/// `tf.train.Feature`'s oneof: which list a column's values go into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ExampleKind {
+    Bytes = 1,
+    Float = 2,
+    Int64 = 3,
+}
+
+fn example_leaf(data_type: &DataType) -> Option<ExampleKind> {
+    match data_type {
+        DataType::Boolean
+        | DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64 => Some(ExampleKind::Int64),
+        DataType::UInt8 | DataType::UInt16 | DataType::UInt32 => Some(ExampleKind::Int64),
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => Some(ExampleKind::Float),
+        DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Binary
+        | DataType::LargeBinary
+        | DataType::FixedSizeBinary(_) => Some(ExampleKind::Bytes),
+        _ => None,
+    }
+}
+
+/// The Example list a column fills, and whether it is a list column (scalars are lists
+/// of one value).
+fn example_kind(data_type: &DataType) -> Option<(ExampleKind, bool)> {
+    match data_type {
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            example_leaf(f.data_type()).map(|k| (k, true))
+        }
+        other => example_leaf(other).map(|k| (k, false)),
+    }
+}
+
+/// A column's values as the type Example stores, with each row's range of them.
+enum ExampleValues {
+    Int64(ArrayRef),
+    Float(ArrayRef),
+    Bytes(ArrayRef),
+}
+
+struct ExampleColumn {
+    key: String,
+    kind: ExampleKind,
+    values: ExampleValues,
+    /// Offsets into `values` per row, for list columns.
+    offsets: Option<Vec<usize>>,
+    /// The column itself, for its nulls.
+    column: ArrayRef,
+}
+
+fn example_column(field: &Field, column: &ArrayRef) -> Result<ExampleColumn> {
+    let (kind, is_list) = example_kind(field.data_type())
+        .ok_or_else(|| failed("Example", format!("column {}", field.name())))?;
+    let (leaf, offsets) = if is_list {
+        let list = arrow_cast::cast(
+            column,
+            &DataType::LargeList(Arc::new(Field::new_list_field(
+                match field.data_type() {
+                    DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+                        f.data_type().clone()
+                    }
+                    other => other.clone(),
+                },
+                true,
+            ))),
+        )
+        .map_err(|e| failed("Example lists", e))?;
+        let list = list.as_list::<i64>();
+        let offsets = list.value_offsets().iter().map(|&o| o as usize).collect();
+        (list.values().clone(), Some(offsets))
+    } else {
+        (column.clone(), None)
+    };
+    let cast = |to: &DataType| arrow_cast::cast(&leaf, to).map_err(|e| failed("Example values", e));
+    let values = match kind {
+        ExampleKind::Int64 => ExampleValues::Int64(cast(&DataType::Int64)?),
+        ExampleKind::Float => ExampleValues::Float(cast(&DataType::Float32)?),
+        ExampleKind::Bytes => ExampleValues::Bytes(cast(&DataType::LargeBinary)?),
+    };
+    Ok(ExampleColumn {
+        key: field.name().clone(),
+        kind,
+        values,
+        offsets,
+        column: column.clone(),
+    })
+}
+
+impl ExampleColumn {
+    /// Appends row `i`'s `tf.train.Feature` to `out` (its list, possibly empty).
+    fn feature(&self, i: usize, out: &mut Vec<u8>) {
+        let range = match &self.offsets {
+            Some(offsets) => offsets[i]..offsets[i + 1],
+            None => i..i + 1,
+        };
+        let mut list = Vec::new();
+        match &self.values {
+            ExampleValues::Int64(values) => {
+                let values = values.as_primitive::<Int64Type>();
+                let mut packed = Vec::new();
+                for j in range {
+                    encode_varint(values.value(j) as u64, &mut packed);
+                }
+                encode_len_field(1, &packed, &mut list);
+            }
+            ExampleValues::Float(values) => {
+                let values = values.as_primitive::<Float32Type>();
+                let packed: Vec<u8> = range.flat_map(|j| values.value(j).to_le_bytes()).collect();
+                encode_len_field(1, &packed, &mut list);
+            }
+            ExampleValues::Bytes(values) => {
+                let values = values.as_binary::<i64>();
+                for j in range {
+                    encode_len_field(1, values.value(j), &mut list);
+                }
+            }
+        }
+        encode_len_field(self.kind as u64, &list, out);
+    }
+}
+
+fn tfrecord_bytes(batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for batch in batches {
+        let columns: Vec<ExampleColumn> = batch
+            .schema()
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .map(|(field, column)| example_column(field, column))
+            .collect::<Result<_>>()?;
+        let mut features = Vec::new();
+        let mut entry = Vec::new();
+        let mut feature = Vec::new();
+        let mut example = Vec::new();
+        for i in 0..batch.num_rows() {
+            features.clear();
+            for column in &columns {
+                // A null is a feature the Example lacks (as tf.io.parse_example sees it).
+                if column.column.is_null(i) {
+                    continue;
+                }
+                feature.clear();
+                column.feature(i, &mut feature);
+                entry.clear();
+                encode_len_field(1, column.key.as_bytes(), &mut entry);
+                encode_len_field(2, &feature, &mut entry);
+                encode_len_field(1, &entry, &mut features);
+            }
+            example.clear();
+            encode_len_field(1, &features, &mut example);
+            let len = (example.len() as u64).to_le_bytes();
+            out.extend_from_slice(&len);
+            out.extend_from_slice(&masked_crc(&len).to_le_bytes());
+            out.extend_from_slice(&example);
+            out.extend_from_slice(&masked_crc(&example).to_le_bytes());
+        }
+    }
+    Ok(out)
+}
+
+// ---- NPZ ------------------------------------------------------------------------------
+
+/// The numpy dtype a column's values take, and the shape of one row's value.
+fn npy_elem(field: &Field) -> Option<(String, Vec<usize>)> {
+    let leaf_descr = |t: &DataType| -> Option<&'static str> {
+        Some(match t {
+            DataType::Boolean => "|b1",
+            DataType::Int8 => "|i1",
+            DataType::Int16 => "<i2",
+            DataType::Int32 => "<i4",
+            DataType::Int64 => "<i8",
+            DataType::UInt8 => "|u1",
+            DataType::UInt16 => "<u2",
+            DataType::UInt32 => "<u4",
+            DataType::UInt64 => "<u8",
+            DataType::Float16 => "<f2",
+            DataType::Float32 => "<f4",
+            DataType::Float64 => "<f8",
+            _ => return None,
+        })
+    };
+    match field.data_type() {
+        DataType::FixedSizeList(child, width) => {
+            let shape = tensor_shape(field).unwrap_or_else(|| vec![*width as usize]);
+            leaf_descr(child.data_type()).map(|d| (d.to_string(), shape))
+        }
+        // A variable-length list is one row's array only (a `.npy` member of WebDataset).
+        DataType::List(child) | DataType::LargeList(child) => {
+            leaf_descr(child.data_type()).map(|d| (d.to_string(), vec![]))
+        }
+        // Strings and bytes are fixed-width in numpy; the width is found per shard.
+        DataType::Utf8 | DataType::LargeUtf8 => Some(("<U".into(), vec![])),
+        DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_) => {
+            Some(("|S".into(), vec![]))
+        }
+        other => leaf_descr(other).map(|d| (d.to_string(), vec![])),
+    }
+}
+
+/// The raw little-endian bytes of a fixed-width array without nulls.
+fn fixed_width_bytes(array: &ArrayRef, what: &str) -> Result<Vec<u8>> {
+    if array.null_count() > 0 {
+        return Err(Error::invalid_argument(format!(
+            "{what} holds nulls, which numpy arrays cannot"
+        )));
+    }
+    if *array.data_type() == DataType::Boolean {
+        let bools = array.as_boolean();
+        return Ok(bools.values().iter().map(u8::from).collect());
+    }
+    let data = array.to_data();
+    let width = array.data_type().primitive_width().unwrap_or(0);
+    let start = data.offset() * width;
+    Ok(data.buffers()[0].as_slice()[start..start + data.len() * width].to_vec())
+}
+
+/// A `.npy` file of a column's rows: `(rows, *shape)`; with `one_row`, the row's own
+/// array (WebDataset's `.npy` members).
+fn npy_file(field: &Field, column: &ArrayRef, one_row: bool) -> Result<Vec<u8>> {
+    let what = format!("column {:?}", field.name());
+    let (descr, row_shape) = npy_elem(field).ok_or_else(|| failed("npy", &what))?;
+    let rows = column.len();
+    let (descr, data, row_shape) = match column.data_type() {
+        DataType::FixedSizeList(..) => {
+            let list = column.as_fixed_size_list();
+            let width = list.value_length() as usize;
+            let values = list.values().slice(list.offset() * width, rows * width);
+            (descr, fixed_width_bytes(&values, &what)?, row_shape)
+        }
+        DataType::List(_) | DataType::LargeList(_) => {
+            // One row: its values, 1-D.
+            let list = arrow_cast::cast(
+                column,
+                &DataType::LargeList(Arc::new(Field::new_list_field(
+                    match field.data_type() {
+                        DataType::List(f) | DataType::LargeList(f) => f.data_type().clone(),
+                        other => other.clone(),
+                    },
+                    true,
+                ))),
+            )
+            .map_err(|e| failed("npy", e))?;
+            let list = list.as_list::<i64>();
+            let values = list.value(0);
+            let n = values.len();
+            (descr, fixed_width_bytes(&values, &what)?, vec![n])
+        }
+        DataType::Utf8 | DataType::LargeUtf8 => {
+            let texts =
+                arrow_cast::cast(column, &DataType::LargeUtf8).map_err(|e| failed("npy", e))?;
+            let texts = texts.as_string::<i64>();
+            if texts.null_count() > 0 {
+                return Err(Error::invalid_argument(format!(
+                    "{what} holds nulls, which numpy arrays cannot"
+                )));
+            }
+            let width = texts
+                .iter()
+                .map(|t| t.map_or(0, |t| t.chars().count()))
+                .max()
+                .unwrap_or(0)
+                .max(1);
+            let mut data = Vec::with_capacity(rows * width * 4);
+            for text in texts.iter().flatten() {
+                let mut n = 0;
+                for c in text.chars() {
+                    data.extend_from_slice(&(c as u32).to_le_bytes());
+                    n += 1;
+                }
+                data.resize(data.len() + (width - n) * 4, 0);
+            }
+            (format!("<U{width}"), data, row_shape)
+        }
+        DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_) => {
+            let blobs =
+                arrow_cast::cast(column, &DataType::LargeBinary).map_err(|e| failed("npy", e))?;
+            let blobs = blobs.as_binary::<i64>();
+            if blobs.null_count() > 0 {
+                return Err(Error::invalid_argument(format!(
+                    "{what} holds nulls, which numpy arrays cannot"
+                )));
+            }
+            let width = blobs
+                .iter()
+                .map(|b| b.map_or(0, <[u8]>::len))
+                .max()
+                .unwrap_or(0)
+                .max(1);
+            let mut data = Vec::with_capacity(rows * width);
+            for blob in blobs.iter().flatten() {
+                data.extend_from_slice(blob);
+                data.resize(data.len() + width - blob.len(), 0);
+            }
+            (format!("|S{width}"), data, row_shape)
+        }
+        _ => (descr, fixed_width_bytes(column, &what)?, row_shape),
+    };
+    let shape: Vec<usize> = if one_row {
+        row_shape
+    } else {
+        std::iter::once(rows).chain(row_shape).collect()
+    };
+    let shape = match shape.as_slice() {
+        [one] => format!("({one},)"),
+        dims => format!(
+            "({})",
+            dims.iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    Ok(npy::file_bytes(&descr, false, &shape, &data))
+}
+
+/// A zip archive as `np.savez` (stored) or `np.savez_compressed` (deflated) writes it:
+/// one `<column>.npy` member per column, each holding the shard's rows.
+fn npz_bytes(schema: &SchemaRef, batches: &[RecordBatch], deflate: bool) -> Result<Vec<u8>> {
+    let batch =
+        arrow_select::concat::concat_batches(schema, batches).map_err(|e| failed("npz", e))?;
+    let mut zip = ZipWriter::default();
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        let npy = npy_file(field, column, false)?;
+        zip.add(&format!("{}.npy", field.name()), &npy, deflate)?;
+    }
+    zip.finish()
+}
+
+/// Writes a zip archive in memory: local headers and data, then the central directory.
+/// Archives stay below 4 GiB (no zip64): a shard that large should be split.
+#[derive(Default)]
+struct ZipWriter {
+    out: Vec<u8>,
+    central: Vec<u8>,
+    entries: u16,
+}
+
+const ZIP_LIMIT: usize = u32::MAX as usize - 1;
+
+impl ZipWriter {
+    fn add(&mut self, name: &str, data: &[u8], deflate: bool) -> Result<()> {
+        let crc = crc32fast::hash(data);
+        let (method, stored): (u16, std::borrow::Cow<[u8]>) = if deflate {
+            let mut encoder = DeflateEncoder::new(Vec::new(), GzLevel::default());
+            encoder.write_all(data).map_err(|e| failed("deflate", e))?;
+            (
+                8,
+                encoder.finish().map_err(|e| failed("deflate", e))?.into(),
+            )
+        } else {
+            (0, data.into())
+        };
+        let offset = self.out.len();
+        if offset + stored.len() + name.len() + 30 > ZIP_LIMIT || data.len() > ZIP_LIMIT {
+            return Err(Error::invalid_argument(
+                "an .npz shard would pass 4 GiB; set max_bytes_per_shard lower",
+            ));
+        }
+        self.entries = self
+            .entries
+            .checked_add(1)
+            .ok_or_else(|| Error::invalid_argument("an .npz shard holds at most 65535 columns"))?;
+        let fields = |out: &mut Vec<u8>| {
+            out.extend_from_slice(&20u16.to_le_bytes()); // version needed: 2.0
+            out.extend_from_slice(&0u16.to_le_bytes()); // flags
+            out.extend_from_slice(&method.to_le_bytes());
+            out.extend_from_slice(&0u16.to_le_bytes()); // time
+            out.extend_from_slice(&0x21u16.to_le_bytes()); // date: 1980-01-01
+            out.extend_from_slice(&crc.to_le_bytes());
+            out.extend_from_slice(&(stored.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            out.extend_from_slice(&0u16.to_le_bytes()); // extra length
+        };
+        self.out.extend_from_slice(&0x0403_4b50u32.to_le_bytes());
+        fields(&mut self.out);
+        self.out.extend_from_slice(name.as_bytes());
+        self.out.extend_from_slice(&stored);
+        self.central
+            .extend_from_slice(&0x0201_4b50u32.to_le_bytes());
+        self.central.extend_from_slice(&20u16.to_le_bytes()); // version made by
+        fields(&mut self.central);
+        self.central.extend_from_slice(&0u16.to_le_bytes()); // comment length
+        self.central.extend_from_slice(&0u16.to_le_bytes()); // disk
+        self.central.extend_from_slice(&0u16.to_le_bytes()); // internal attributes
+        self.central
+            .extend_from_slice(&(0o644u32 << 16).to_le_bytes()); // external attributes
+        self.central
+            .extend_from_slice(&(offset as u32).to_le_bytes());
+        self.central.extend_from_slice(name.as_bytes());
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Vec<u8>> {
+        let directory_at = self.out.len();
+        if directory_at + self.central.len() > ZIP_LIMIT {
+            return Err(Error::invalid_argument(
+                "an .npz shard would pass 4 GiB; set max_bytes_per_shard lower",
+            ));
+        }
+        self.out.extend_from_slice(&self.central);
+        self.out.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
+        self.out.extend_from_slice(&0u16.to_le_bytes()); // this disk
+        self.out.extend_from_slice(&0u16.to_le_bytes()); // directory's disk
+        self.out.extend_from_slice(&self.entries.to_le_bytes());
+        self.out.extend_from_slice(&self.entries.to_le_bytes());
+        self.out
+            .extend_from_slice(&(self.central.len() as u32).to_le_bytes());
+        self.out
+            .extend_from_slice(&(directory_at as u32).to_le_bytes());
+        self.out.extend_from_slice(&0u16.to_le_bytes()); // comment length
+        Ok(self.out)
+    }
+}
