@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use shardflow::Dataset;
 use shardflow::format::ReadOptions;
 use shardflow::format::tfrecord::masked_crc;
 use shardflow::options::{OptionValue, Options};
+use shardflow::pipeline::Dataset;
 use shardflow::pipeline::{RunOptions, Stats};
 use shardflow::source::Storage;
 

@@ -10,8 +10,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
-use shardflow::Dataset;
 use shardflow::format::ReadOptions;
+use shardflow::pipeline::Dataset;
 use shardflow::pipeline::{RunOptions, Stats, Tuning, default_num_threads};
 use shardflow::source::Storage;
 

@@ -25,9 +25,12 @@ echo "== building the wheel users install (the Python tests install it into a fr
 export SHARDFLOW_WHEEL_DIR="${SHARDFLOW_WHEEL_DIR:-$HOME/.cache/shardflow/wheels}"
 bash scripts/build-wheel.sh
 
-echo "== Rust tests"
+echo "== Rust tests, the example and the API documentation"
 cargo test --release --locked
+cargo test --release --locked --examples
 cargo bench --locked --no-run --quiet
+# Warnings (a missing doc comment, a broken link) fail the build.
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps
 
 echo "== Python tests"
 # The tensorflow and torch wheels abort when loaded into one process (both register

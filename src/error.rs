@@ -10,6 +10,7 @@ use crate::source::redact;
 /// Where inside a file an error happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Position {
+    /// Not known, or the error concerns the whole file.
     #[default]
     Unknown,
     /// Byte offset from the start of the (decompressed) stream.
@@ -31,22 +32,40 @@ impl fmt::Display for Position {
     }
 }
 
+/// Everything that can go wrong in shardflow. Python sees each variant as a subclass of
+/// `shardflow.ShardflowError` (`NotFound` is also a `FileNotFoundError`, and so on).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A file or object that does not exist.
     #[error("{}: no such file", redact(.url))]
-    NotFound { url: String },
+    NotFound {
+        /// The path or URL.
+        url: String,
+    },
 
+    /// A glob or prefix that matches nothing.
     #[error("no files match {:?}", redact(.pattern))]
-    NoMatch { pattern: String },
+    NoMatch {
+        /// The pattern as given.
+        pattern: String,
+    },
 
+    /// Reading (or listing) was refused.
     #[error("{}: permission denied", redact(.url))]
-    PermissionDenied { url: String },
+    PermissionDenied {
+        /// The path or URL.
+        url: String,
+    },
 
     // The cause's own text may quote the URL (HTTP client errors do).
+    /// A failed read, after any retries.
     #[error("{}{position}: I/O error: {}", redact(.url), redact(&.source.to_string()))]
     Io {
+        /// The path or URL.
         url: String,
+        /// Where the read was.
         position: Position,
+        /// The cause.
         #[source]
         source: std::io::Error,
     },
@@ -54,27 +73,41 @@ pub enum Error {
     /// The bytes are not valid data of the expected format.
     #[error("{}{position}: invalid {format} data: {}", redact(.url), redact(.message))]
     Decode {
+        /// The file or URL.
         url: String,
+        /// The format's name ("Parquet", "JSON", ...).
         format: &'static str,
+        /// Where in the file.
         position: Position,
+        /// What is wrong.
         message: String,
     },
 
     /// A write whose destination already holds files.
     #[error("{}: already exists (pass overwrite=True to replace it)", redact(.url))]
-    Exists { url: String },
+    Exists {
+        /// The destination.
+        url: String,
+    },
 
     /// Writing a shard or a manifest failed.
     #[error("{}: write failed: {}", redact(.url), redact(&.source.to_string()))]
     Write {
+        /// The file or object being written.
         url: String,
+        /// The cause.
         #[source]
         source: std::io::Error,
     },
 
     /// Valid data whose columns do not fit the dataset's schema.
     #[error("{}: schema mismatch: {}", redact(.url), redact(.message))]
-    Schema { url: String, message: String },
+    Schema {
+        /// The file or URL.
+        url: String,
+        /// What does not fit.
+        message: String,
+    },
 
     /// A bad argument from the caller.
     #[error("{}", redact(.0))]
@@ -89,13 +122,16 @@ pub enum Error {
     Internal(String),
 }
 
+/// shardflow's `Result`, with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A bad argument, in the caller's words.
     pub fn invalid_argument(message: impl Into<String>) -> Self {
         Error::InvalidArgument(message.into())
     }
 
+    /// Invalid `format` data in `url` at `position`.
     pub fn decode(
         url: impl Into<String>,
         format: &'static str,

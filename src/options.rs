@@ -7,12 +7,21 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// A value of a format or storage option.
 #[derive(Debug, Clone, PartialEq)]
 pub enum OptionValue {
+    /// `True` / `False`.
     Bool(bool),
+    /// An integer.
     Int(i64),
+    /// A number with a fraction.
     Float(f64),
+    /// Text.
     Str(String),
+    /// A list (e.g. an image size `[224, 224]`).
+    List(Vec<OptionValue>),
+    /// A dict (e.g. `{"jpg": "rgb8"}`).
+    Map(BTreeMap<String, OptionValue>),
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -35,24 +44,26 @@ impl Options {
 
     /// Options kept as JSON (a write manifest's `format_options`).
     pub fn from_json(map: &serde_json::Map<String, serde_json::Value>) -> Result<Self> {
-        use serde_json::Value;
-        map.iter()
-            .map(|(key, value)| {
-                let value = match value {
-                    Value::Bool(b) => OptionValue::Bool(*b),
-                    Value::String(s) => OptionValue::Str(s.clone()),
-                    Value::Number(n) => match n.as_i64() {
-                        Some(i) => OptionValue::Int(i),
-                        None => OptionValue::Float(n.as_f64().unwrap_or(f64::NAN)),
-                    },
-                    other => {
-                        return Err(Error::invalid_argument(format!(
-                            "option {key:?}: {other} is not a bool, number or string"
-                        )));
-                    }
-                };
-                Ok((key.clone(), value))
+        fn value(key: &str, json: &serde_json::Value) -> Result<OptionValue> {
+            use serde_json::Value;
+            Ok(match json {
+                Value::Bool(b) => OptionValue::Bool(*b),
+                Value::String(s) => OptionValue::Str(s.clone()),
+                Value::Number(n) => match n.as_i64() {
+                    Some(i) => OptionValue::Int(i),
+                    None => OptionValue::Float(n.as_f64().unwrap_or(f64::NAN)),
+                },
+                Value::Array(items) => {
+                    OptionValue::List(items.iter().map(|v| value(key, v)).collect::<Result<_>>()?)
+                }
+                Value::Object(map) => OptionValue::Map(Options::from_json(map)?.0),
+                Value::Null => {
+                    return Err(Error::invalid_argument(format!("option {key:?} is null")));
+                }
             })
+        }
+        map.iter()
+            .map(|(key, v)| Ok((key.clone(), value(key, v)?)))
             .collect::<Result<_>>()
             .map(Options)
     }

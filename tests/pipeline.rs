@@ -10,10 +10,11 @@ use arrow_array::{Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
+use shardflow::Error;
 use shardflow::format::{OnError, ReadOptions};
+use shardflow::pipeline::Dataset;
 use shardflow::pipeline::{BufferBounds, Op, RunOptions, Stats, Tuning};
 use shardflow::source::Storage;
-use shardflow::{Dataset, Error};
 
 fn write_parquet(path: &std::path::Path, ids: std::ops::Range<i64>, row_group: usize) {
     let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));

@@ -149,13 +149,10 @@ def demo(args: argparse.Namespace) -> None:
         print("a JSON record:", next(iter(meta.skip(2))))
 
 
-def _shards(ds: sf.Dataset) -> list[dict[str, Any]]:
-    """Each shard's redacted ``url``, its ``bytes`` and ``rows`` (None where unknown)."""
-    table = getattr(ds, "_shard_table", None)
-    shards: list[dict[str, Any]] = (
-        table() if table is not None else [{"url": u, "bytes": None, "rows": None} for u in ds.shards]
-    )
-    return [{**shard, "url": _native._redact(shard["url"])} for shard in shards]
+def _rows_without_reading(ds: sf.Dataset) -> int | None:
+    """The rows Parquet footers or a write manifest give; None for stream formats
+    without one (``len()`` would index them: a whole pass before the work starts)."""
+    return _sum_if_known([s["rows"] for s in ds._shard_table()])
 
 
 def _type_name(column: dict[str, Any]) -> str:
@@ -191,7 +188,7 @@ def _print_shard_table(shards: list[dict[str, Any]], limit: int = 20) -> None:
 
 def inspect(args: argparse.Namespace) -> None:
     ds = sf.dataset(args.source, args.format)
-    shards = _shards(ds)
+    shards = ds._shard_table()  # URLs redacted; rows where known without reading
     total_bytes = _sum_if_known([s["bytes"] for s in shards])
     # per-shard counts spare len() a pass over stream formats
     rows = _sum_if_known([s["rows"] for s in shards])
@@ -227,7 +224,7 @@ def bench(args: argparse.Namespace) -> None:
     loader = sf.DataLoader(
         ds, batch_size=args.batch_size, shuffle=args.shuffle, num_threads=args.threads, output=args.output
     )
-    total = _known_len(ds)
+    total = _rows_without_reading(ds)
     epochs = []
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
@@ -254,8 +251,7 @@ def bench(args: argparse.Namespace) -> None:
 
 def convert(args: argparse.Namespace) -> None:
     ds = sf.dataset(args.source, args.format)
-    # Parquet footers give the length for free; other formats would need a pass first
-    total = _known_len(ds) if ds.format == "parquet" else None
+    total = _rows_without_reading(ds)
     start = time.perf_counter()
     with _progress_bar(total, args.json, "convert") as bar:
 

@@ -6,7 +6,7 @@
 //!
 //! Files are cut into blocks at record ends and blocks are decoded in parallel: each is
 //! parsed as text, then converted to the inferred types. Record ends are found by the
-//! parser that decodes them (see [`RecordEnds`]), so blocks and the record index cut a
+//! parser that decodes them (see `RecordEnds`), so blocks and the record index cut a
 //! file exactly where decoding it would, stray quotes and all.
 
 use std::sync::Arc;

@@ -1,13 +1,14 @@
 //! HOW bytes become records. Each format turns a shard into Arrow `RecordBatch`es; the
 //! pipeline only sees the [`Format`] / [`PreparedShards`] traits below.
 //!
-//! Adding a format: one file in this folder and one line in [`REGISTRY`].
+//! Adding a format: one file in this folder and one line in `REGISTRY`.
 
 pub mod arrow_ipc;
 mod blocks;
 pub mod compression;
 pub mod csv;
 pub mod example;
+pub mod image;
 pub mod index;
 mod json_infer;
 pub mod jsonl;
@@ -64,6 +65,8 @@ pub struct ReadOptions {
     /// Format-specific settings.
     pub format_options: crate::options::Options,
     pub on_error: OnError,
+    /// Image columns to decode, taken out of `format_options` (see [`image`]).
+    pub images: Option<image::ImageSpec>,
 }
 
 /// Resolves `columns=` against the names a shard offers: their indices, in the order
@@ -352,6 +355,28 @@ impl PreparedShards {
 
     pub fn job(&self, unit: &WorkUnit) -> UnitJob {
         self.jobs.job(unit, &self.shards[unit.shard])
+    }
+
+    /// `plain` (format `format`) with the image columns `spec` names decoded (see
+    /// [`image`]).
+    pub fn with_images(
+        plain: &Arc<Self>,
+        spec: &image::ImageSpec,
+        format: &'static str,
+        on_error: OnError,
+    ) -> Result<Self> {
+        let images = Arc::new(spec.bind(format, &plain.schema, on_error)?);
+        Ok(Self {
+            format: plain.format,
+            schema: images.schema.clone(),
+            shards: plain.shards.clone(),
+            units: plain.units.clone(),
+            skipped_shards: plain.skipped_shards,
+            jobs: Box::new(image::ImageJobs {
+                inner: plain.clone(),
+                images,
+            }),
+        })
     }
 
     pub fn record_codec(&self) -> Option<Arc<dyn index::RecordCodec>> {

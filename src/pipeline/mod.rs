@@ -50,7 +50,7 @@ pub struct DataSource {
     shards: Vec<ShardMeta>,
     format: Arc<dyn Format>,
     options: ReadOptions,
-    prepared: Mutex<Option<Arc<PreparedShards>>>,
+    prepared: Mutex<Option<(Arc<PreparedShards>, Arc<PreparedShards>)>>,
     /// The same with every shard's record index, built when first needed.
     indexed: Mutex<Option<Arc<PreparedShards>>>,
     /// Where remote shards are read from, shared by every loader of the dataset.
@@ -181,6 +181,8 @@ impl Dataset {
             (None, Some(m)) => &m.format,
             (None, None) => format::infer(&shards)?,
         })?;
+        options.images =
+            format::image::ImageSpec::take(format.name(), &mut options.format_options)?;
         if let Some(m) = &manifest {
             // The manifest's row counts hold for the shards read as written: in its
             // format, with its format options.
@@ -412,8 +414,8 @@ impl Dataset {
     /// race each prepare, and all keep the first result stored.
     pub fn prepared(&self) -> Result<Arc<PreparedShards>> {
         let source = self.files()?;
-        if let Some(prepared) = lock(&source.prepared).as_ref() {
-            return Ok(prepared.clone());
+        if let Some((_, read)) = lock(&source.prepared).as_ref() {
+            return Ok(read.clone());
         }
         // Footers, headers and schema inference parse untrusted bytes: a panic there is
         // a bug, reported as an error rather than unwinding into Python.
@@ -429,9 +431,26 @@ impl Dataset {
                 crate::error::panic_message(&*panic)
             ))
         })??;
+        let prepared = Arc::new(prepared);
+        let read = self.as_read(prepared.clone())?;
         Ok(lock(&source.prepared)
-            .get_or_insert_with(|| Arc::new(prepared))
+            .get_or_insert((prepared, read))
+            .1
             .clone())
+    }
+
+    /// The format's shards as they are read: with image columns decoded, when asked.
+    fn as_read(&self, plain: Arc<PreparedShards>) -> Result<Arc<PreparedShards>> {
+        let source = self.files()?;
+        match &source.options.images {
+            None => Ok(plain),
+            Some(spec) => Ok(Arc::new(PreparedShards::with_images(
+                &plain,
+                spec,
+                source.format.name(),
+                source.options.on_error,
+            )?)),
+        }
     }
 
     /// The prepared shards with every row counted: stream formats' record indexes are
@@ -441,8 +460,13 @@ impl Dataset {
         if let Some(indexed) = lock(&source.indexed).as_ref() {
             return Ok(indexed.clone());
         }
-        let indexed =
-            format::index::index_shards(self.prepared()?, &source.io(), source.options.on_error)?;
+        self.prepared()?;
+        let plain = match lock(&source.prepared).as_ref() {
+            Some((plain, _)) => plain.clone(),
+            None => return Err(Error::Internal("the prepared shards vanished".into())),
+        };
+        let indexed = format::index::index_shards(plain, &source.io(), source.options.on_error)?;
+        let indexed = self.as_read(indexed)?;
         Ok(lock(&source.indexed).get_or_insert(indexed).clone())
     }
 

@@ -44,25 +44,45 @@ pub struct Stats {
 /// A consistent-enough copy of the counters for reporting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StatsSnapshot {
+    /// Rows delivered.
     pub rows: u64,
+    /// Batches delivered.
     pub batches: u64,
+    /// Work units (files, row groups) read to their end.
     pub units: u64,
+    /// Bytes read from files and objects.
     pub bytes_read: u64,
+    /// Files and objects opened.
     pub files_opened: u64,
+    /// Nanoseconds the consumer waited for a batch.
     pub wait_ns: u64,
+    /// Times the consumer found no batch ready.
     pub consumer_waits: u64,
+    /// The most bytes fetched ahead of decoding at once.
     pub read_ahead_peak_bytes: u64,
+    /// Nanoseconds the pipeline waited for bytes.
     pub fetch_wait_ns: u64,
+    /// Nanoseconds the pipeline waited for a decode to finish.
     pub decode_wait_ns: u64,
+    /// Nanoseconds of decoding, summed over threads.
     pub decode_ns: u64,
+    /// Corrupt records skipped (`on_error="skip"`).
     pub skipped_records: u64,
+    /// Corrupt files or units skipped whole.
     pub skipped_units: u64,
+    /// Rows repeated to give every rank as many rows.
     pub padded_rows: u64,
+    /// Remote requests sent, retries included.
     pub requests: u64,
+    /// Remote requests retried.
     pub retries: u64,
+    /// Bytes received from remote stores.
     pub bytes_fetched: u64,
+    /// Ranges served from the disk cache.
     pub cache_hits: u64,
+    /// Ranges the disk cache did not hold.
     pub cache_misses: u64,
+    /// Rows the shuffle buffer held when its byte bound stopped it (0: never).
     pub shuffle_buffer_rows: u64,
 }
 

@@ -104,6 +104,7 @@ pub fn dataset(
             .transpose()?
             .unwrap_or_default(),
         on_error: OnError::parse(on_error)?,
+        images: None,
     };
     let storage = match storage_options {
         Some(given) => StorageOptions::parse(&parse_options(given)?)?,
@@ -185,11 +186,9 @@ pub fn from_list(py: Python<'_>, rows: &Bound<'_, PyList>) -> PyResult<PyDataset
 }
 
 fn parse_options(options: &Bound<'_, PyDict>) -> PyResult<Options> {
-    let mut map = std::collections::BTreeMap::new();
-    for (key, value) in options.iter() {
-        let key: String = key.extract()?;
+    fn option_value(key: &str, value: &Bound<'_, PyAny>) -> PyResult<OptionValue> {
         // bool first: Python's bool is an int.
-        let value = if value.is_instance_of::<PyBool>() {
+        Ok(if value.is_instance_of::<PyBool>() {
             OptionValue::Bool(value.extract()?)
         } else if value.is_instance_of::<pyo3::types::PyInt>() {
             OptionValue::Int(value.extract()?)
@@ -197,12 +196,26 @@ fn parse_options(options: &Bound<'_, PyDict>) -> PyResult<Options> {
             OptionValue::Float(value.extract()?)
         } else if let Ok(s) = value.extract::<String>() {
             OptionValue::Str(s)
+        } else if let Ok(map) = value.cast::<PyDict>() {
+            OptionValue::Map(parse_options(map)?.0)
+        } else if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
+            OptionValue::List(
+                value
+                    .try_iter()?
+                    .map(|item| option_value(key, &item?))
+                    .collect::<PyResult<_>>()?,
+            )
         } else {
             return Err(PyTypeError::new_err(format!(
-                "format_options[{key:?}] must be a bool, int or str"
+                "option {key:?} must be a bool, int, float, str, list or dict"
             )));
-        };
-        map.insert(key, value);
+        })
+    }
+    let mut map = std::collections::BTreeMap::new();
+    for (key, v) in options.iter() {
+        let key: String = key.extract()?;
+        let v = option_value(&key, &v)?;
+        map.insert(key, v);
     }
     Ok(Options(map))
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
-use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_array::{Array, ArrayRef, FixedSizeListArray, RecordBatch};
 use arrow_buffer::{ArrowNativeType, Buffer};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{DataType, Field, TimeUnit};
@@ -424,6 +424,25 @@ pub fn field_values(py: Python<'_>, column: &ArrayRef, field: &Field) -> PyResul
     // Fixed-size lists of numbers are tensors: one array per sample (a view of the
     // batch's), as in the batch output, rather than a list of Python numbers.
     let tensor = declared_tensor_shape(field).is_some() || tensor_parts(column.as_ref()).is_some();
+    if tensor && column.null_count() > 0 {
+        // A missing sample (a WebDataset field a sample lacks) is None; the others are
+        // views of the values, as without nulls.
+        if let DataType::FixedSizeList(child, size) = column.data_type() {
+            let list = column.as_fixed_size_list();
+            let dense: ArrayRef = Arc::new(
+                FixedSizeListArray::try_new(child.clone(), *size, list.values().clone(), None)
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            );
+            let tensors = column_to_numpy(py, &dense, field)?;
+            let ellipsis = py.Ellipsis();
+            return (0..n)
+                .map(|i| match column.is_null(i) {
+                    true => Ok(py.None()),
+                    false => Ok(tensors.get_item((i, &ellipsis))?.unbind()),
+                })
+                .collect();
+        }
+    }
     if tensor && column.null_count() == 0 {
         let tensors = column_to_numpy(py, column, field)?;
         // `a[i, ...]` keeps 0-d arrays as arrays (not numpy scalars), like `np.load`.

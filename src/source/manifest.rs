@@ -17,35 +17,44 @@ const VERSION: u64 = 1;
 /// A manifest is small (a line per shard); anything larger is not ours.
 const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
+/// One shard a manifest lists.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ManifestShard {
     /// The shard's name, relative to the manifest's directory or prefix.
     pub path: String,
+    /// Rows it holds.
     pub rows: u64,
+    /// Its size in bytes.
     pub bytes: u64,
 }
 
+/// What `write` made: the format and the shards, in row order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
     /// The format name as `format=` takes it.
     pub format: String,
     /// The `format_options` that read the shards as written (NPZ: `{"mode": "rows"}`).
     pub format_options: serde_json::Map<String, Value>,
+    /// The codec, when the shards are compressed.
     pub compression: Option<String>,
+    /// The shards, in row order.
     pub shards: Vec<ManifestShard>,
     /// `(name, type)` of each column, as Arrow names types; for people and tools.
     pub columns: Vec<(String, String)>,
 }
 
 impl Manifest {
+    /// Rows in all shards.
     pub fn rows(&self) -> u64 {
         self.shards.iter().map(|s| s.rows).sum()
     }
 
+    /// Bytes of all shards.
     pub fn bytes(&self) -> u64 {
         self.shards.iter().map(|s| s.bytes).sum()
     }
 
+    /// The manifest as written to `_shardflow.json`.
     pub fn to_json(&self) -> Value {
         json!({
             "shardflow_manifest": VERSION,

@@ -1,0 +1,636 @@
+//! Image decoding on the decode threads: JPEG, PNG and WebP bytes in a binary column
+//! become `(H, W, C)` uint8 tensors (Arrow's fixed-shape tensor type, so a batch reaches
+//! numpy as one `(batch, H, W, C)` array without copying), optionally resized and
+//! center-cropped to a fixed shape, as torchvision's `Resize` / `CenterCrop` do.
+//!
+//! Options (`format_options`), taken out before the format reads its own:
+//! - `decode`: WebDataset and raw files, `{"jpg": "rgb8", "png": "rgb8"}` (fields by
+//!   extension; raw files by their content's type) or `"rgb8"` for every image type;
+//! - `decode_images`: Parquet and Arrow, `{"column": "rgb8"}`;
+//! - `resize`: `[H, W]`, or `N` to scale the shorter side to N (bilinear, antialiased);
+//! - `center_crop`: `[H, W]` or `N` (padding with zeros where the image is smaller).
+//!
+//! Channels: `"rgb8"` (3), `"l8"` (grey, 1), `"rgba8"` (4). Decoded images have one
+//! shape, so `resize=[H, W]` or `center_crop` is required. Decoding a row is bounded by
+//! the image crate's limits (no allocation past 512 MiB for one image).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, BooleanArray, FixedSizeListArray, RecordBatch, UInt8Array};
+use arrow_buffer::{BooleanBuffer, NullBuffer};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use image::imageops::FilterType;
+use image::{DynamicImage, ImageFormat};
+use rayon::prelude::*;
+
+use super::{BatchSink, DecodeTask, Decoded, OnError, UnitJob, UnitJobs, WorkUnit, tensor_field};
+use crate::error::{Error, Position, Result};
+use crate::options::{OptionValue, Options};
+use crate::source::ShardMeta;
+
+const KEYS: [&str; 4] = ["decode", "decode_images", "resize", "center_crop"];
+const IMAGE_EXTENSIONS: [&str; 4] = ["jpg", "jpeg", "png", "webp"];
+
+/// Pixel layout of a decoded image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channels {
+    Rgb,
+    Grey,
+    Rgba,
+}
+
+impl Channels {
+    fn parse(key: &str, value: &OptionValue) -> Result<Self> {
+        match value {
+            OptionValue::Str(s) => match s.to_ascii_lowercase().as_str() {
+                "rgb8" | "rgb" => Ok(Channels::Rgb),
+                "l8" | "l" => Ok(Channels::Grey),
+                "rgba8" | "rgba" => Ok(Channels::Rgba),
+                _ => Err(bad(
+                    key,
+                    &format!("{s:?} is not \"rgb8\", \"l8\" or \"rgba8\""),
+                )),
+            },
+            _ => Err(bad(
+                key,
+                "the channels must be \"rgb8\", \"l8\" or \"rgba8\"",
+            )),
+        }
+    }
+
+    fn count(self) -> usize {
+        match self {
+            Channels::Rgb => 3,
+            Channels::Grey => 1,
+            Channels::Rgba => 4,
+        }
+    }
+}
+
+fn bad(key: &str, message: &str) -> Error {
+    Error::invalid_argument(format!("format_options[{key:?}]: {message}"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resize {
+    /// Exactly `(height, width)`.
+    Exact(u32, u32),
+    /// The shorter side to this, keeping the aspect ratio.
+    Shorter(u32),
+}
+
+/// What the user asked for, before the dataset's columns are known.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageSpec {
+    /// WebDataset / raw: image types (extensions) to decode, with their channels.
+    by_extension: BTreeMap<String, Channels>,
+    /// Parquet / Arrow: columns to decode.
+    by_column: BTreeMap<String, Channels>,
+    resize: Option<Resize>,
+    crop: Option<(u32, u32)>,
+}
+
+/// A positive pixel count.
+fn side(key: &str, value: &OptionValue) -> Result<u32> {
+    match value {
+        OptionValue::Int(n) if *n >= 1 && *n <= 65_535 => Ok(*n as u32),
+        _ => Err(bad(
+            key,
+            "sizes are whole numbers of pixels from 1 to 65535",
+        )),
+    }
+}
+
+/// `N` or `[H, W]`.
+fn size(key: &str, value: &OptionValue) -> Result<(u32, u32, bool)> {
+    match value {
+        OptionValue::List(items) if items.len() == 2 => {
+            Ok((side(key, &items[0])?, side(key, &items[1])?, true))
+        }
+        OptionValue::Int(_) => {
+            let n = side(key, value)?;
+            Ok((n, n, false))
+        }
+        _ => Err(bad(key, "give a size as N or [height, width]")),
+    }
+}
+
+impl ImageSpec {
+    /// Takes the image options out of `options` (so that the format's own option reader
+    /// never sees them); `None` when there are none. `format` is the dataset's format.
+    pub fn take(format: &str, options: &mut Options) -> Result<Option<Self>> {
+        let mut taken: BTreeMap<&str, OptionValue> = BTreeMap::new();
+        for key in KEYS {
+            if let Some(value) = options.0.remove(key) {
+                taken.insert(key, value);
+            }
+        }
+        if taken.is_empty() {
+            return Ok(None);
+        }
+        let mut spec = ImageSpec {
+            by_extension: BTreeMap::new(),
+            by_column: BTreeMap::new(),
+            resize: None,
+            crop: None,
+        };
+        match (taken.get("decode"), format) {
+            (None, _) => {}
+            (Some(value), "webdataset" | "raw") => {
+                spec.by_extension = match value {
+                    OptionValue::Map(map) => map
+                        .iter()
+                        .map(|(ext, ch)| {
+                            let ext = ext.to_ascii_lowercase();
+                            if !IMAGE_EXTENSIONS.contains(&ext.as_str()) {
+                                return Err(bad(
+                                    "decode",
+                                    &format!("{ext:?} is not one of {IMAGE_EXTENSIONS:?}"),
+                                ));
+                            }
+                            Ok((ext, Channels::parse("decode", ch)?))
+                        })
+                        .collect::<Result<_>>()?,
+                    other => {
+                        let channels = Channels::parse("decode", other)?;
+                        IMAGE_EXTENSIONS
+                            .iter()
+                            .map(|e| (e.to_string(), channels))
+                            .collect()
+                    }
+                };
+            }
+            (Some(_), _) => {
+                return Err(bad(
+                    "decode",
+                    &format!(
+                        "{format} columns are named, not typed by extension: use decode_images={{\"column\": \"rgb8\"}}"
+                    ),
+                ));
+            }
+        }
+        match (taken.get("decode_images"), format) {
+            (None, _) => {}
+            (Some(OptionValue::Map(map)), "parquet" | "arrow") => {
+                spec.by_column = map
+                    .iter()
+                    .map(|(column, ch)| Ok((column.clone(), Channels::parse("decode_images", ch)?)))
+                    .collect::<Result<_>>()?;
+            }
+            (Some(_), "parquet" | "arrow") => {
+                return Err(bad("decode_images", "give {\"column\": \"rgb8\", ...}"));
+            }
+            (Some(_), _) => {
+                return Err(bad(
+                    "decode_images",
+                    &format!("is for Parquet and Arrow; {format} takes decode="),
+                ));
+            }
+        }
+        if spec.by_extension.is_empty() && spec.by_column.is_empty() {
+            return Err(bad(
+                "resize",
+                "resize and center_crop need decode= (or decode_images=) to say which images",
+            ));
+        }
+        if let Some(value) = taken.get("resize") {
+            spec.resize = Some(match size("resize", value)? {
+                (h, w, true) => Resize::Exact(h, w),
+                (n, _, false) => Resize::Shorter(n),
+            });
+        }
+        if let Some(value) = taken.get("center_crop") {
+            let (h, w, _) = size("center_crop", value)?;
+            spec.crop = Some((h, w));
+        }
+        if spec.crop.is_none() && !matches!(spec.resize, Some(Resize::Exact(..))) {
+            return Err(bad(
+                "decode",
+                "decoded images need one shape: give resize=[H, W] or center_crop= (e.g. resize=256, center_crop=224)",
+            ));
+        }
+        Ok(Some(spec))
+    }
+
+    /// The output image's `(height, width)`.
+    fn shape(&self) -> (u32, u32) {
+        match (self.crop, self.resize) {
+            (Some(crop), _) => crop,
+            (None, Some(Resize::Exact(h, w))) => (h, w),
+            (None, _) => (0, 0),
+        }
+    }
+
+    /// Resolves the spec against the decoded schema: which columns hold images.
+    pub fn bind(
+        &self,
+        format: &'static str,
+        schema: &SchemaRef,
+        on_error: OnError,
+    ) -> Result<ImageDecode> {
+        let mut columns = Vec::new();
+        for (i, field) in schema.fields().iter().enumerate() {
+            let binary = matches!(
+                field.data_type(),
+                DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+            );
+            let wanted = if !self.by_column.is_empty() {
+                self.by_column.get(field.name()).map(|ch| (*ch, None))
+            } else if format == "raw" {
+                // A raw file's type is its content's; the keys say which are allowed,
+                // and one column has one shape, so one channel layout.
+                let mut layouts = self.by_extension.values();
+                let channels = *layouts.next().unwrap_or(&Channels::Rgb);
+                if layouts.any(|c| *c != channels) {
+                    return Err(bad(
+                        "decode",
+                        "raw files share one column: give every image type the same channels",
+                    ));
+                }
+                (field.name() == "bytes").then(|| {
+                    (
+                        channels,
+                        Some(self.by_extension.keys().cloned().collect::<Vec<_>>()),
+                    )
+                })
+            } else {
+                let ext = field.name().rsplit('.').next().unwrap_or(field.name());
+                self.by_extension.get(ext).map(|ch| (*ch, None))
+            };
+            let Some((channels, allowed)) = wanted else {
+                continue;
+            };
+            if !binary {
+                return Err(Error::invalid_argument(format!(
+                    "column {:?} ({}) holds no image bytes",
+                    field.name(),
+                    field.data_type()
+                )));
+            }
+            columns.push(ImageColumn {
+                index: i,
+                channels,
+                allowed,
+            });
+        }
+        for name in self.by_column.keys() {
+            if schema.index_of(name).is_err() {
+                return Err(Error::invalid_argument(format!(
+                    "decode_images names {name:?}, which is not a column (columns: {:?})",
+                    schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                )));
+            }
+        }
+        let (height, width) = self.shape();
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        for column in &columns {
+            let name = fields[column.index].name().clone();
+            fields[column.index] = tensor_field(
+                &name,
+                DataType::UInt8,
+                &[height as usize, width as usize, column.channels.count()],
+                true,
+            );
+        }
+        Ok(ImageDecode {
+            columns,
+            resize: self.resize,
+            height,
+            width,
+            on_error,
+            schema: Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ImageColumn {
+    index: usize,
+    channels: Channels,
+    /// For raw files: the image types allowed (by extension name).
+    allowed: Option<Vec<String>>,
+}
+
+/// Decodes a prepared dataset's image columns; see the module docs.
+#[derive(Debug)]
+pub struct ImageDecode {
+    columns: Vec<ImageColumn>,
+    resize: Option<Resize>,
+    height: u32,
+    width: u32,
+    on_error: OnError,
+    /// The schema with image columns as tensors.
+    pub schema: SchemaRef,
+}
+
+fn extension_of(format: ImageFormat) -> &'static str {
+    match format {
+        ImageFormat::Jpeg => "jpg",
+        ImageFormat::Png => "png",
+        ImageFormat::WebP => "webp",
+        _ => "other",
+    }
+}
+
+impl ImageDecode {
+    /// Decodes one image into `out` (`height * width * channels` bytes).
+    fn decode_one(
+        &self,
+        column: &ImageColumn,
+        bytes: &[u8],
+        out: &mut [u8],
+    ) -> std::result::Result<(), String> {
+        let format =
+            image::guess_format(bytes).map_err(|_| "not a JPEG, PNG or WebP image".to_string())?;
+        if !matches!(
+            format,
+            ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::WebP
+        ) {
+            return Err(format!(
+                "a {format:?} image; shardflow decodes JPEG, PNG and WebP"
+            ));
+        }
+        if let Some(allowed) = &column.allowed {
+            let ext = extension_of(format);
+            let ok = allowed
+                .iter()
+                .any(|a| a == ext || (ext == "jpg" && a == "jpeg"));
+            if !ok {
+                return Err(format!("a {ext} image, and decode= names only {allowed:?}"));
+            }
+        }
+        let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
+        reader.limits(image::Limits::default());
+        let mut img = reader.decode().map_err(|e| e.to_string())?;
+        if let Some(resize) = self.resize {
+            let (w, h) = (img.width().max(1), img.height().max(1));
+            let (new_w, new_h) = match resize {
+                Resize::Exact(rh, rw) => (rw, rh),
+                Resize::Shorter(n) => {
+                    // torchvision's rounding: the longer side is int(n * long / short).
+                    if w <= h {
+                        (n, ((n as u64 * h as u64) / w as u64).max(1) as u32)
+                    } else {
+                        (((n as u64 * w as u64) / h as u64).max(1) as u32, n)
+                    }
+                }
+            };
+            if (new_w, new_h) != (w, h) {
+                img = img.resize_exact(new_w, new_h, FilterType::Triangle);
+            }
+        }
+        let channels = column.channels.count();
+        let (pixels, w, h) = match column.channels {
+            Channels::Rgb => {
+                let i = to_rgb8(img);
+                let (w, h) = i.dimensions();
+                (i.into_raw(), w, h)
+            }
+            Channels::Grey => {
+                let (w, h) = (img.width(), img.height());
+                (grey(img), w, h)
+            }
+            Channels::Rgba => {
+                let i = img.into_rgba8();
+                let (w, h) = i.dimensions();
+                (i.into_raw(), w, h)
+            }
+        };
+        // Center crop (or place, padding with zeros) into the output shape, with
+        // torchvision's offsets: round((size - crop) / 2).
+        let (ow, oh) = (self.width as i64, self.height as i64);
+        let left = ((w as i64 - ow) as f64 / 2.0).round() as i64;
+        let top = ((h as i64 - oh) as f64 / 2.0).round() as i64;
+        out.fill(0);
+        for y in 0..oh {
+            let sy = y + top;
+            if sy < 0 || sy >= h as i64 {
+                continue;
+            }
+            let x0 = left.max(0);
+            let x1 = (left + ow).min(w as i64);
+            if x1 <= x0 {
+                continue;
+            }
+            let src = (sy as usize * w as usize + x0 as usize) * channels;
+            let dst = (y as usize * ow as usize + (x0 - left) as usize) * channels;
+            let len = (x1 - x0) as usize * channels;
+            out[dst..dst + len].copy_from_slice(&pixels[src..src + len]);
+        }
+        Ok(())
+    }
+
+    /// Decodes the image columns of `batch` (read from `url`); returns the batch and
+    /// the rows dropped (under `on_error="skip"`, when `may_skip`).
+    pub fn apply(
+        &self,
+        batch: RecordBatch,
+        url: &str,
+        may_skip: bool,
+    ) -> Result<(RecordBatch, u64)> {
+        let rows = batch.num_rows();
+        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+        let mut bad_rows = vec![false; rows];
+        let mut first_error: Option<String> = None;
+        for column in &self.columns {
+            let input = arrow_cast::cast(batch.column(column.index), &DataType::LargeBinary)
+                .map_err(|e| Error::Internal(format!("image column: {e}")))?;
+            let input = input.as_binary::<i64>();
+            let size = self.height as usize * self.width as usize * column.channels.count();
+            let mut pixels = vec![0u8; rows * size];
+            let outcomes: Vec<std::result::Result<(), String>> = pixels
+                .par_chunks_mut(size.max(1))
+                .enumerate()
+                .map(|(row, out)| {
+                    if input.is_null(row) {
+                        return Ok(());
+                    }
+                    // A panic in a decoder is a bug there, reported as this row's error.
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.decode_one(column, input.value(row), out)
+                    }))
+                    .unwrap_or_else(|panic| Err(crate::error::panic_message(&*panic)))
+                })
+                .collect();
+            for (row, outcome) in outcomes.into_iter().enumerate() {
+                if let Err(e) = outcome {
+                    bad_rows[row] = true;
+                    first_error.get_or_insert_with(|| {
+                        format!(
+                            "row {row} of the batch, column {:?}: {e}",
+                            batch.schema().field(column.index).name()
+                        )
+                    });
+                }
+            }
+            let nulls = input
+                .nulls()
+                .cloned()
+                .map(|n| NullBuffer::new(n.inner().clone()));
+            let field = Arc::new(Field::new_list_field(DataType::UInt8, false));
+            let values = Arc::new(UInt8Array::from(pixels));
+            columns[column.index] = Arc::new(
+                FixedSizeListArray::try_new(field, size as i32, values, nulls)
+                    .map_err(|e| Error::Internal(format!("image column: {e}")))?,
+            );
+        }
+        let out = RecordBatch::try_new(self.schema.clone(), columns)
+            .map_err(|e| Error::Internal(format!("decoded images: {e}")))?;
+        let Some(message) = first_error else {
+            return Ok((out, 0));
+        };
+        if self.on_error == OnError::Raise || !may_skip {
+            return Err(Error::decode(url, "image", Position::Unknown, message));
+        }
+        let keep = BooleanArray::new(BooleanBuffer::from_iter(bad_rows.iter().map(|b| !b)), None);
+        let skipped = bad_rows.iter().filter(|b| **b).count() as u64;
+        let kept = arrow_select::filter::filter_record_batch(&out, &keep)
+            .map_err(|e| Error::Internal(format!("dropping undecodable images: {e}")))?;
+        Ok((kept, skipped))
+    }
+
+    /// `task` with its batches' images decoded.
+    fn wrap_task(self: &Arc<Self>, url: String, task: DecodeTask) -> DecodeTask {
+        let images = self.clone();
+        Box::new(move |sink: &mut BatchSink| {
+            let mut skipped = 0;
+            let mut failed = None;
+            let mut decoding = |batch: RecordBatch| {
+                if failed.is_some() {
+                    return;
+                }
+                match images.apply(batch, &url, true) {
+                    Ok((batch, n)) => {
+                        skipped += n;
+                        sink(batch);
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            };
+            let rest = task(&mut decoding)?;
+            for batch in rest.batches {
+                decoding(batch);
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            Ok(Decoded {
+                batches: Vec::new(),
+                skipped: rest.skipped + skipped,
+            })
+        })
+    }
+}
+
+/// RGB8 without a copy when the decoder already made RGB8 (JPEG, most PNGs).
+fn to_rgb8(img: DynamicImage) -> image::RgbImage {
+    img.into_rgb8()
+}
+
+/// One grey level per pixel. Colour becomes grey by ITU-R 601-2 luma, in Pillow's
+/// fixed-point arithmetic, so that `"l8"` equals `Image.convert("L")`.
+fn grey(img: DynamicImage) -> Vec<u8> {
+    match img {
+        DynamicImage::ImageLuma8(i) => i.into_raw(),
+        i @ (DynamicImage::ImageLumaA8(_)
+        | DynamicImage::ImageLuma16(_)
+        | DynamicImage::ImageLumaA16(_)) => i.into_luma8().into_raw(),
+        other => other
+            .into_rgb8()
+            .pixels()
+            .map(|p| {
+                let [r, g, b] = p.0.map(u32::from);
+                ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8
+            })
+            .collect(),
+    }
+}
+
+/// A prepared dataset's jobs with their batches' images decoded on the decode threads.
+/// It wraps the format's prepared shards, or their indexed form: the record index is
+/// built from the format's own records (`record_codec`), and images are decoded once,
+/// on the way out.
+pub struct ImageJobs {
+    pub inner: Arc<super::PreparedShards>,
+    pub images: Arc<ImageDecode>,
+}
+
+impl UnitJobs for ImageJobs {
+    fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
+        let url = shard.url.clone();
+        match self.inner.job(unit) {
+            UnitJob::Ready(task) => UnitJob::Ready(self.images.wrap_task(url, task)),
+            UnitJob::Ranges { ranges, decode } => {
+                let images = self.images.clone();
+                UnitJob::Ranges {
+                    ranges,
+                    decode: Box::new(move |fetched, sink| {
+                        let task: DecodeTask =
+                            Box::new(move |sink: &mut BatchSink| decode(fetched, sink));
+                        images.wrap_task(url, task)(sink)
+                    }),
+                }
+            }
+            UnitJob::Stream(job) => {
+                let images = self.images.clone();
+                UnitJob::Stream(Box::new(move |reader, emit| {
+                    job(reader, &mut |task| {
+                        emit(images.wrap_task(url.clone(), task))
+                    })
+                }))
+            }
+        }
+    }
+
+    fn record_codec(&self) -> Option<Arc<dyn super::index::RecordCodec>> {
+        self.inner.record_codec()
+    }
+
+    fn record_access(&self) -> Option<super::index::RecordAccess> {
+        let mut access = self.inner.record_access()?;
+        access.codec = Arc::new(ImageCodec {
+            inner: access.codec,
+            images: self.images.clone(),
+        });
+        Some(access)
+    }
+}
+
+/// Random access's record decoder with images decoded. Rows were counted by the index,
+/// so an image that does not decode is an error here even under `on_error="skip"`.
+struct ImageCodec {
+    inner: Arc<dyn super::index::RecordCodec>,
+    images: Arc<ImageDecode>,
+}
+
+impl super::index::RecordCodec for ImageCodec {
+    fn scan(
+        &self,
+        shard: &ShardMeta,
+        stream: Box<dyn std::io::Read + Send>,
+        key: String,
+    ) -> Result<super::index::ShardIndex> {
+        self.inner.scan(shard, stream, key)
+    }
+
+    fn decode_records(
+        &self,
+        shard: &ShardMeta,
+        index: &super::index::ShardIndex,
+        data: bytes::Bytes,
+        first: u64,
+    ) -> Result<Decoded> {
+        let decoded = self.inner.decode_records(shard, index, data, first)?;
+        let batches = decoded
+            .batches
+            .into_iter()
+            .map(|b| self.images.apply(b, &shard.url, false).map(|(b, _)| b))
+            .collect::<Result<_>>()?;
+        Ok(Decoded {
+            batches,
+            skipped: decoded.skipped,
+        })
+    }
+}

@@ -1,0 +1,187 @@
+"""Image decoding in the Rust pool (`format_options={"decode": ...}` /
+`{"decode_images": ...}`) against Pillow, on real images: scikit-learn's two sample
+photographs and Debian's Fashion-MNIST."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+import sklearn.datasets
+
+import shardflow as sf
+
+from conftest import FASHION_MNIST, read_idx
+
+SAMPLES = Path(sklearn.datasets.__file__).parent / "images"
+# Pillow (libjpeg-turbo) and shardflow (zune-jpeg) round their integer IDCTs and their
+# chroma upsampling differently: pixels may differ by a few levels. Measured on the
+# photographs below: at most 3 levels with full-resolution chroma (4:4:4, ~99% of values
+# equal), at most 4 with 4:2:0 chroma (~83% equal, mean difference 0.25).
+JPEG_MAX_DIFF = 4
+JPEG_MEAN_DIFF = 0.3
+
+
+def encode(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **kwargs)
+    return out.getvalue()
+
+
+def write_tar(path: Path, samples: list[dict[str, bytes]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for i, sample in enumerate(samples):
+            for ext, data in sample.items():
+                info = tarfile.TarInfo(f"s{i:05d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def pil_pixels(data: bytes, mode: str = "RGB") -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert(mode))
+
+
+@pytest.fixture(scope="module")
+def photos() -> list[Image.Image]:
+    return [Image.open(SAMPLES / name) for name in ("china.jpg", "flower.jpg")]
+
+
+@pytest.fixture(scope="module")
+def fashion() -> np.ndarray:
+    return read_idx(FASHION_MNIST / "t10k-images-idx3-ubyte.gz")[:300]
+
+
+def decoded(path: Path, field: str, **options: object) -> np.ndarray:
+    ds = sf.dataset(path, format_options=options)
+    return np.concatenate([b[field] for b in sf.DataLoader(ds, batch_size=64)])
+
+
+def test_png_pixels_equal_pillows(tmp_path: Path, photos: list[Image.Image], fashion: np.ndarray) -> None:
+    grey = [Image.fromarray(a) for a in fashion]
+    colour = [photos[0].crop((x, y, x + 28, y + 28)) for x in range(0, 560, 70) for y in range(0, 390, 65)]
+    rgba = [c.convert("RGBA") for c in colour[:10]]
+    for im in rgba:
+        im.putalpha(Image.fromarray(np.arange(28 * 28, dtype=np.uint8).reshape(28, 28)))
+    pngs = [encode(im, "PNG") for im in grey + colour + rgba]
+    pngs += [encode(im.convert("P", palette=Image.Palette.ADAPTIVE), "PNG") for im in colour[:10]]  # palette PNGs
+    write_tar(tmp_path / "png.tar", [{"png": p, "cls": b"1"} for p in pngs])
+    for mode, channels in (("RGB", "rgb8"), ("L", "l8"), ("RGBA", "rgba8")):
+        ours = decoded(tmp_path / "png.tar", "png", decode={"png": channels}, center_crop=[28, 28])
+        expected = np.stack([pil_pixels(p, mode) for p in pngs])
+        if mode == "L":
+            expected = expected[..., None]
+        assert ours.dtype == np.uint8 and ours.shape == expected.shape
+        np.testing.assert_array_equal(ours, expected)
+
+
+def test_jpeg_pixels_match_pillow_within_the_idct_tolerance(
+    tmp_path: Path, photos: list[Image.Image], fashion: np.ndarray
+) -> None:
+    originals = [(SAMPLES / name).read_bytes() for name in ("china.jpg", "flower.jpg")]
+    crops = [photos[1].crop((x, 0, x + 400, 400)) for x in (0, 120, 240)]
+    jpegs = originals + [
+        encode(c, "JPEG", quality=q, subsampling=s) for c in crops for q in (75, 95) for s in (0, 2)
+    ]
+    sizes = {Image.open(io.BytesIO(j)).size for j in jpegs}
+    assert sizes == {(640, 427), (400, 400)}
+    for size, group in (((427, 640), jpegs[:2]), ((400, 400), jpegs[2:])):
+        path = tmp_path / f"jpg-{size[0]}.tar"
+        write_tar(path, [{"jpg": j} for j in group])
+        ours = decoded(path, "jpg", decode={"jpg": "rgb8"}, center_crop=list(size)).astype(int)
+        expected = np.stack([pil_pixels(j) for j in group]).astype(int)
+        diff = np.abs(ours - expected)
+        assert diff.max() <= JPEG_MAX_DIFF and diff.mean() <= JPEG_MEAN_DIFF, (diff.max(), diff.mean())
+    # Greyscale JPEGs (Fashion-MNIST) decode to one channel, as Pillow's "L".
+    greys = [encode(Image.fromarray(a), "JPEG", quality=90) for a in fashion[:100]]
+    write_tar(tmp_path / "grey.tar", [{"jpeg": g} for g in greys])
+    ours = decoded(tmp_path / "grey.tar", "jpeg", decode="l8", center_crop=28)
+    diff = np.abs(ours[..., 0].astype(int) - np.stack([pil_pixels(g, "L") for g in greys]).astype(int))
+    assert diff.max() <= JPEG_MAX_DIFF and diff.mean() <= JPEG_MEAN_DIFF, (diff.max(), diff.mean())
+
+
+def test_resize_and_center_crop_as_torchvision(tmp_path: Path, photos: list[Image.Image]) -> None:
+    data = [(SAMPLES / "china.jpg").read_bytes(), encode(photos[1].rotate(90, expand=True), "PNG")]
+    write_tar(tmp_path / "mixed.tar", [{"jpg": data[0]}, {"png": data[1]}])
+    ds = sf.dataset(tmp_path / "mixed.tar", format_options={"decode": "rgb8", "resize": 64, "center_crop": 56})
+    rows = list(ds)
+    assert rows[0]["jpg"].shape == (56, 56, 3) and rows[1]["png"].shape == (56, 56, 3)
+    for raw, got in ((data[0], rows[0]["jpg"]), (data[1], rows[1]["png"])):
+        image = Image.open(io.BytesIO(raw)).convert("RGB")
+        w, h = image.size
+        short = 64
+        size = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
+        resized = image.resize(size, Image.Resampling.BILINEAR)
+        left, top = round((size[0] - 56) / 2), round((size[1] - 56) / 2)
+        expected = np.asarray(resized.crop((left, top, left + 56, top + 56))).astype(int)
+        # Both filters are antialiased bilinear; their weights round differently.
+        assert np.abs(got.astype(int) - expected).mean() < 4
+    # Exact sizes; a crop larger than the image pads with zeros, as torchvision does.
+    ds = sf.dataset(tmp_path / "mixed.tar", format_options={"decode": "rgb8", "resize": [20, 30], "center_crop": [24, 30]})
+    image = next(iter(ds))["jpg"]
+    assert image.shape == (24, 30, 3) and not image[:2].any() and not image[-2:].any() and image[2:-2].any()
+
+
+def test_parquet_image_column_batches_share_memory(tmp_path: Path, fashion: np.ndarray) -> None:
+    pngs = [encode(Image.fromarray(a), "PNG") for a in fashion]
+    pq.write_table(
+        pa.table({"image": pa.array(pngs, pa.binary()), "label": np.arange(len(pngs))}),
+        tmp_path / "images.parquet",
+        row_group_size=100,
+    )
+    ds = sf.dataset(tmp_path / "images.parquet", format_options={"decode_images": {"image": "l8"}, "center_crop": 28})
+    assert list(ds._column_types()[0]["shape"]) == [28, 28, 1]
+    batches = list(sf.DataLoader(ds, batch_size=50))
+    images = np.concatenate([b["image"] for b in batches])
+    np.testing.assert_array_equal(images[..., 0], fashion)
+    first = batches[0]["image"]
+    assert first.shape == (50, 28, 28, 1) and first.dtype == np.uint8
+    assert first.base is not None and not first.flags.owndata  # a view of the decoded Arrow buffer
+    with pytest.raises(sf.InvalidArgumentError, match="not a column"):
+        sf.dataset(tmp_path / "images.parquet", format_options={"decode_images": {"img": "rgb8"}, "center_crop": 28}).schema
+    with pytest.raises(sf.InvalidArgumentError, match="one shape"):
+        sf.dataset(tmp_path / "images.parquet", format_options={"decode_images": {"image": "rgb8"}})
+    with pytest.raises(sf.InvalidArgumentError, match="decode_images"):
+        sf.dataset(tmp_path / "images.parquet", format_options={"decode": "rgb8", "center_crop": 28})
+
+
+def test_raw_image_folder(tmp_path: Path, fashion: np.ndarray) -> None:
+    for i, a in enumerate(fashion[:40]):
+        folder = tmp_path / ("shoes" if i % 2 else "shirts")
+        folder.mkdir(exist_ok=True)
+        Image.fromarray(a).save(folder / f"{i:03d}.{'png' if i % 3 else 'jpg'}")
+    ds = sf.dataset(tmp_path, format="raw", format_options={"label": True, "decode": {"png": "l8", "jpg": "l8"}, "center_crop": 28})
+    rows = {r["__key__"]: r for r in ds}
+    assert len(rows) == 40
+    for i, a in enumerate(fashion[:40]):
+        row = rows[f"{'shoes' if i % 2 else 'shirts'}/{i:03d}"]
+        assert row["bytes"].shape == (28, 28, 1) and row["label"] == ("shoes" if i % 2 else "shirts")
+        if i % 3:  # PNG: exact
+            np.testing.assert_array_equal(row["bytes"][..., 0], a)
+    only_png = sf.dataset(tmp_path, format="raw", format_options={"decode": {"png": "l8"}, "center_crop": 28})
+    with pytest.raises(sf.DecodeError, match=r'a jpg image, and decode= names only \["png"\]'):
+        list(only_png)
+
+
+def test_corrupt_images_raise_or_are_skipped_and_counted(tmp_path: Path, fashion: np.ndarray) -> None:
+    good = [encode(Image.fromarray(a), "PNG") for a in fashion[:20]]
+    bad = good[:]
+    bad[5] = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40  # a PNG signature, then garbage
+    bad[11] = good[11][: len(good[11]) // 2]  # truncated
+    write_tar(tmp_path / "bad.tar", [{"png": p, "cls": str(i).encode()} for i, p in enumerate(bad)])
+    options = {"decode": "l8", "center_crop": 28}
+    with pytest.raises(sf.DecodeError, match=r"bad\.tar.*image.*column \"png\"") as caught:
+        list(sf.DataLoader(sf.dataset(tmp_path / "bad.tar", format_options=options), batch_size=8))
+    assert caught.value.url.endswith("bad.tar")
+    loader = sf.DataLoader(sf.dataset(tmp_path / "bad.tar", format_options=options, on_error="skip"), batch_size=8)
+    batches = list(loader)
+    assert [c for b in batches for c in b["cls"]] == [i for i in range(20) if i not in (5, 11)]
+    assert loader.stats()["skipped_records"] == 2
+    np.testing.assert_array_equal(
+        np.concatenate([b["png"] for b in batches])[..., 0], np.delete(fashion[:20], [5, 11], axis=0)
+    )
