@@ -22,17 +22,16 @@ use shardflow::Dataset;
 const ROWS: i64 = 10_000;
 
 /// `id` 0..ROWS and a caption per row.
-fn sample_data() -> Dataset {
+fn sample_data() -> shardflow::Result<Dataset> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("caption", DataType::Utf8, false),
     ]));
     let ids = Int64Array::from_iter_values(0..ROWS);
     let captions = StringArray::from_iter_values((0..ROWS).map(|i| format!("sample {i}")));
-    match RecordBatch::try_new(schema.clone(), vec![Arc::new(ids), Arc::new(captions)]) {
-        Ok(batch) => Dataset::from_batches(schema, vec![batch]),
-        Err(e) => panic!("the sample batch is well-formed: {e}"),
-    }
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(ids), Arc::new(captions)])
+        .map_err(|e| shardflow::Error::Internal(e.to_string()))?;
+    Ok(Dataset::from_batches(schema, vec![batch]))
 }
 
 /// Reads one shuffled epoch; prints and returns (rows, sum of ids).
@@ -61,7 +60,7 @@ fn main() -> shardflow::Result<()> {
         None => std::env::temp_dir().join(format!("shardflow-example-{}", std::process::id())),
     };
     let dir = dir.to_string_lossy().into_owned();
-    let data = sample_data();
+    let data = sample_data()?;
 
     data.write(&dir, "parquet")
         .max_rows_per_shard(1_000)
