@@ -249,6 +249,14 @@ def test_mapped_filtered_interleaved_and_shuffled_datasets_write_their_rows(tmp_
     assert digest(tmp_path / "mixed") == digest(tmp_path / "again")
 
 
+def test_an_empty_dataset_writes_an_empty_manifest(tmp_path: Path) -> None:
+    empty = sf.from_arrow(table(10)).take(0)
+    manifest = empty.write(tmp_path, "parquet", compression="zstd")
+    assert manifest["shards"] == [] and manifest["rows"] == 0 and manifest["compression"] == "zstd"
+    with pytest.raises(sf.NotFoundError, match="lists no shards"):
+        sf.dataset(tmp_path)
+
+
 def test_shards_are_cut_by_bytes(tmp_path: Path) -> None:
     rows = 1000
     ds = sf.from_dict({"data": np.zeros((rows, 1000), np.uint8)})  # 1000 bytes a row
@@ -288,6 +296,9 @@ def test_existing_destination_needs_overwrite_and_stale_shards_go(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "_shardflow.json", "notes.txt", "part-00000.parquet", "part-00001.parquet", "part-00002.parquet",
     ]
+    assert len(sf.dataset(tmp_path)) == 100
+    with pytest.raises(sf.InvalidArgumentError, match="inside it"):
+        sf.dataset(tmp_path).write(tmp_path, "jsonl", overwrite=True)
     assert len(sf.dataset(tmp_path)) == 100
 
 

@@ -180,13 +180,21 @@ pub fn find(spec: &str, storage: &Arc<Storage>) -> Result<Option<Manifest>> {
 /// is missing, or whose size differs from the manifest's, means the directory changed
 /// after it was written, and its row counts cannot be trusted.
 pub fn shards(spec: &str, manifest: &Manifest, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
+    if manifest.shards.is_empty() {
+        return Err(Error::NoMatch {
+            pattern: format!(
+                "{} (its {MANIFEST_NAME} lists no shards: the dataset written was empty)",
+                spec
+            ),
+        });
+    }
     // A prefix lists what is below it only with its trailing `/`.
     let listing = match spec.starts_with("s3://") {
         true => join(spec, ""),
         false => spec.to_string(),
     };
     let listed = super::resolve(&[listing], storage).or_else(|e| match e {
-        // Every shard may be gone, or there may be none (an empty dataset).
+        // Every shard may be gone: each is reported missing below.
         Error::NoMatch { .. } => Ok(Vec::new()),
         other => Err(other),
     })?;

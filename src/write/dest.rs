@@ -81,6 +81,22 @@ impl Destination {
         })
     }
 
+    /// Whether `url` (a shard being read) lies inside the destination.
+    pub fn contains(&self, url: &str) -> bool {
+        match self {
+            Destination::Local { dir } => {
+                let (Ok(dir), Ok(file)) = (
+                    std::fs::canonicalize(dir),
+                    std::fs::canonicalize(url.strip_prefix("file://").unwrap_or(url)),
+                ) else {
+                    return false;
+                };
+                file.starts_with(dir)
+            }
+            Destination::S3 { url: prefix, .. } => url.starts_with(&format!("{prefix}/")),
+        }
+    }
+
     /// The destination itself, for messages and the shard URLs.
     pub fn url(&self) -> String {
         match self {
@@ -212,7 +228,12 @@ impl Destination {
                     std::process::id(),
                     TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
                 ));
-                let written = std::fs::write(&temp, &bytes)
+                // On disk before it is renamed: after a crash, a name is whole or absent.
+                let written = std::fs::File::create(&temp)
+                    .and_then(|mut file| {
+                        std::io::Write::write_all(&mut file, &bytes)?;
+                        file.sync_all()
+                    })
                     .and_then(|()| std::fs::rename(&temp, dir.join(name)));
                 if let Err(e) = written {
                     let _ = std::fs::remove_file(&temp);

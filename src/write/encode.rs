@@ -89,7 +89,17 @@ impl ShardFormat {
     /// The compression as the manifest records it.
     pub fn compression(self) -> Option<String> {
         match self {
-            ShardFormat::Parquet(c) => Some(c.to_string().to_lowercase()),
+            ShardFormat::Parquet(c) => Some(
+                match c {
+                    parquet::basic::Compression::UNCOMPRESSED => "none",
+                    parquet::basic::Compression::GZIP(_) => "gzip",
+                    parquet::basic::Compression::ZSTD(_) => "zstd",
+                    parquet::basic::Compression::LZ4_RAW => "lz4",
+                    parquet::basic::Compression::BROTLI(_) => "brotli",
+                    _ => "snappy",
+                }
+                .into(),
+            ),
             ShardFormat::Jsonl(true)
             | ShardFormat::WebDataset(true)
             | ShardFormat::TfRecord(true) => Some("gzip".into()),

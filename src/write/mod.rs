@@ -79,6 +79,18 @@ pub fn write(
     let schema = dataset.schema()?;
     format.check_schema(&schema)?;
     let destination = Destination::new(dest, storage)?;
+    // Overwriting shards while they are read would corrupt both.
+    if let Some(shard) = dataset
+        .shards()
+        .iter()
+        .find(|s| destination.contains(&s.url))
+    {
+        return Err(Error::invalid_argument(format!(
+            "{}: the dataset reads {}, inside it; write somewhere else",
+            destination.url(),
+            shard.url
+        )));
+    }
     let existing = destination.prepare(options.overwrite)?;
     let run = RunOptions {
         epoch,
