@@ -11,9 +11,10 @@ included). The parent samples the PSS of the child and all its descendants every
 and keeps the peak of the sum. Results go to ``benches/results/<machine>.md`` (and a PNG
 chart beside it when matplotlib is installed).
 
-Workloads: Parquet, chat JSONL, TFRecord, WebDataset tar and NPZ on local disk, and
-small objects on S3: a SeaweedFS started on this machine, read directly (with wrk's
-ceiling beside it) and through a proxy that adds 25 ms to every request.
+Workloads: Parquet, chat JSONL, TFRecord, WebDataset tar (raw bytes, and JPEG photos
+decoded, resized and cropped to 224x224) and NPZ on local disk, and small objects on S3:
+a SeaweedFS started on this machine, read directly (with wrk's ceiling beside it) and
+through a proxy that adds 25 ms to every request.
 
 LitData and MosaicML Streaming read formats of their own: each workload they take is
 converted once (``python benches/harness.py --convert WORKLOAD LOADER DATA``, untimed) into
@@ -86,6 +87,34 @@ def make_tar(directory: Path, scale: float) -> None:
 
     for shard in range(4):
         write_tar(str(directory / f"part-{shard}.tar"), int(5_000 * scale))
+
+
+def make_images(directory: Path, scale: float) -> None:
+    """JPEG photos with a class label: crops of scikit-learn's two sample photographs
+    (640x427), 256-448 px a side, zoomed up to 1.5x and flipped at random, at quality 90."""
+    import sklearn.datasets
+    import webdataset as wds
+    from PIL import Image
+
+    folder = Path(sklearn.datasets.__file__).parent / "images"
+    photos = [Image.open(folder / name).convert("RGB") for name in ("china.jpg", "flower.jpg")]
+    rng = random.Random(0)
+    per_shard = int(1_000 * scale)
+    for shard in range(4):
+        with wds.TarWriter(str(directory / f"part-{shard}.tar")) as sink:
+            for i in range(shard * per_shard, (shard + 1) * per_shard):
+                label = rng.randrange(len(photos))
+                photo = photos[label]
+                w, h = rng.randint(256, 448), rng.randint(256, 448)
+                zoom = rng.uniform(1.0, 1.5)
+                cw, ch = min(photo.width, round(w / zoom)), min(photo.height, round(h / zoom))
+                x, y = rng.randint(0, photo.width - cw), rng.randint(0, photo.height - ch)
+                image = photo.resize((w, h), Image.Resampling.BILINEAR, box=(x, y, x + cw, y + ch))
+                if rng.random() < 0.5:
+                    image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+                jpeg = io.BytesIO()
+                image.save(jpeg, "JPEG", quality=90)
+                sink.write({"__key__": f"s{i:06d}", "jpg": jpeg.getvalue(), "cls": label})
 
 
 def make_npz(directory: Path, scale: float) -> None:
@@ -204,6 +233,29 @@ def webdataset_for_torch(data: Path) -> object:
 
     urls = sorted(str(p) for p in data.glob("part-*.tar"))
     return wds.WebDataset(urls, shardshuffle=False, workersplitter=wds.split_by_worker).decode().to_tuple("jpg", "cls", "json").batched(BATCH)
+
+
+def resize_crop_224(image: object) -> object:
+    """torchvision's Resize(256) + CenterCrop(224) on a PIL image, as an (224, 224, 3) uint8
+    array: the shorter side scaled to 256 (antialiased bilinear), the centre cut out."""
+    import numpy as np
+    from PIL import Image
+
+    image = image.convert("RGB")  # type: ignore[attr-defined]
+    w, h = image.size
+    size = (256, int(256 * h / w)) if w <= h else (int(256 * w / h), 256)
+    image = image.resize(size, Image.Resampling.BILINEAR)
+    left, top = round((size[0] - 224) / 2), round((size[1] - 224) / 2)
+    return np.asarray(image.crop((left, top, left + 224, top + 224)))
+
+
+def webdataset_pil_for_torch(data: Path) -> object:
+    """Decoded by PIL and transformed sample by sample; torch's DataLoader batches them."""
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in data.glob("part-*.tar"))
+    ds = wds.WebDataset(urls, shardshuffle=False, workersplitter=wds.split_by_worker)
+    return ds.decode("pil").to_tuple("jpg", "cls").map_tuple(resize_crop_224, int)
 
 
 def npz_files_for_torch(data: Path) -> object:
@@ -466,7 +518,7 @@ IMPORTS = {
     "torch": ["torch.utils.data", "pyarrow.parquet"],
     "datasets": ["datasets"],
     "tf.data": ["tensorflow"],
-    "webdataset": ["webdataset", "torch.utils.data"],
+    "webdataset": ["webdataset", "torch.utils.data", "PIL.Image"],
     "np.load": ["torch.utils.data"],
     "s3torchconnector": ["s3torchconnector", "torch.utils.data"],
     "boto3": ["boto3", "torch.utils.data"],
@@ -523,6 +575,17 @@ WORKLOADS: dict[str, dict] = {
             "webdataset in torch DataLoader(0)": torch_loader(webdataset_for_torch, 0),
             "webdataset in torch DataLoader(2)": torch_loader(webdataset_for_torch, 2),
             **converted_peers(),
+        },
+    },
+    "images": {
+        "title": "WebDataset tar {jpg: a photo, 256-448 px a side, cls}, 4 shards; decoded, resized to 256, cropped to 224x224",
+        "make": make_images,
+        "files": "part-*.tar",
+        "loaders": {
+            "shardflow": sf_loader("part-*.tar", columns=["jpg", "cls"],
+                                   format_options={"decode": {"jpg": "rgb8"}, "resize": 256, "center_crop": 224}),
+            "webdataset + PIL in torch DataLoader(0)": torch_loader(webdataset_pil_for_torch, 0, BATCH),
+            "webdataset + PIL in torch DataLoader(2)": torch_loader(webdataset_pil_for_torch, 2, BATCH),
         },
     },
     "npz": {

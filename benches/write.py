@@ -19,9 +19,10 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
 import shardflow as sf
@@ -44,6 +45,13 @@ def shardflow_writer(fmt: str) -> Callable[[Path, Path], None]:
     return run
 
 
+def rows(table: object) -> Iterator[tuple[np.ndarray, int, str]]:
+    """(image, label, caption) per row, for the Python writers."""
+    for batch in table.to_batches():
+        images = batch.column("image").flatten().to_numpy().reshape(batch.num_rows, -1)
+        yield from zip(images, batch.column("label").to_numpy(), batch.column("caption").to_pylist())
+
+
 def pyarrow_parquet(source: Path, out: Path) -> Callable[[], None]:
     table = pq.read_table(source)
 
@@ -63,14 +71,8 @@ def webdataset_writer(source: Path, out: Path) -> Callable[[], None]:
     def run() -> None:
         out.mkdir()
         with wds.ShardWriter(str(out / "part-%05d.tar"), maxcount=ROWS_PER_SHARD, verbose=0) as sink:
-            row = 0
-            for batch in table.to_batches():
-                images = batch.column("image").flatten().to_numpy().reshape(batch.num_rows, -1)
-                labels = batch.column("label").to_numpy()
-                captions = batch.column("caption").to_pylist()
-                for image, label, caption in zip(images, labels, captions):
-                    sink.write({"__key__": f"{row:09d}", "image.npy": image, "cls": int(label), "txt": caption})
-                    row += 1
+            for row, (image, label, caption) in enumerate(rows(table)):
+                sink.write({"__key__": f"{row:09d}", "image.npy": image, "cls": int(label), "txt": caption})
 
     return run
 
@@ -82,25 +84,18 @@ def tf_writer(source: Path, out: Path) -> Callable[[], None]:
 
     def run() -> None:
         out.mkdir()
-        writer, shard = None, -1
-        row = 0
-        for batch in table.to_batches():
-            images = batch.column("image").flatten().to_numpy().reshape(batch.num_rows, -1)
-            labels = batch.column("label").to_numpy()
-            captions = batch.column("caption").to_pylist()
-            for image, label, caption in zip(images, labels, captions):
-                if row % ROWS_PER_SHARD == 0:
-                    if writer is not None:
-                        writer.close()
-                    shard += 1
-                    writer = tf.io.TFRecordWriter(str(out / f"part-{shard:05d}.tfrecord"))
-                feature = {
-                    "image": tf.train.Feature(int64_list=tf.train.Int64List(value=image)),
-                    "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                    "caption": tf.train.Feature(bytes_list=tf.train.BytesList(value=[caption.encode()])),
-                }
-                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-                row += 1
+        writer = None
+        for row, (image, label, caption) in enumerate(rows(table)):
+            if row % ROWS_PER_SHARD == 0:
+                if writer is not None:
+                    writer.close()
+                writer = tf.io.TFRecordWriter(str(out / f"part-{row // ROWS_PER_SHARD:05d}.tfrecord"))
+            feature = {
+                "image": tf.train.Feature(int64_list=tf.train.Int64List(value=image)),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                "caption": tf.train.Feature(bytes_list=tf.train.BytesList(value=[caption.encode()])),
+            }
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
         if writer is not None:
             writer.close()
 

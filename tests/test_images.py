@@ -127,6 +127,17 @@ def test_resize_and_center_crop_as_torchvision(tmp_path: Path, photos: list[Imag
     assert image.shape == (24, 30, 3) and not image[:2].any() and not image[-2:].any() and image[2:-2].any()
 
 
+def test_center_crop_offsets_round_as_python_does(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    arrays = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((351, 349), (100, 101), (64, 64))]
+    write_tar(tmp_path / "sizes.tar", [{"png": encode(Image.fromarray(a), "PNG")} for a in arrays])
+    got = decoded(tmp_path / "sizes.tar", "png", decode="rgb8", center_crop=60)
+    for a, image in zip(arrays, got):
+        # torchvision: round((size - 60) / 2), halves to even (349 wide: 144.5 -> 144)
+        top, left = round((a.shape[0] - 60) / 2), round((a.shape[1] - 60) / 2)
+        np.testing.assert_array_equal(image, a[top : top + 60, left : left + 60])
+
+
 def test_parquet_image_column_batches_share_memory(tmp_path: Path, fashion: np.ndarray) -> None:
     pngs = [encode(Image.fromarray(a), "PNG") for a in fashion]
     pq.write_table(

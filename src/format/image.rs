@@ -21,7 +21,8 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, BooleanArray, FixedSizeListArray, RecordBatch, UInt8Array};
 use arrow_buffer::{BooleanBuffer, NullBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use image::imageops::FilterType;
+use fast_image_resize::images::Image as FirImage;
+use fast_image_resize::{FilterType as FirFilter, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::{DynamicImage, ImageFormat};
 use rayon::prelude::*;
 
@@ -363,62 +364,75 @@ impl ImageDecode {
         }
         let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
         reader.limits(image::Limits::default());
-        let mut img = reader.decode().map_err(|e| e.to_string())?;
-        if let Some(resize) = self.resize {
-            let (w, h) = (img.width().max(1), img.height().max(1));
-            let (new_w, new_h) = match resize {
-                Resize::Exact(rh, rw) => (rw, rh),
-                Resize::Shorter(n) => {
-                    // torchvision's rounding: the longer side is int(n * long / short).
-                    if w <= h {
-                        (n, ((n as u64 * h as u64) / w as u64).max(1) as u32)
-                    } else {
-                        (((n as u64 * w as u64) / h as u64).max(1) as u32, n)
-                    }
-                }
-            };
-            if (new_w, new_h) != (w, h) {
-                img = img.resize_exact(new_w, new_h, FilterType::Triangle);
-            }
-        }
-        let channels = column.channels.count();
-        let (pixels, w, h) = match column.channels {
-            Channels::Rgb => {
-                let i = to_rgb8(img);
-                let (w, h) = i.dimensions();
-                (i.into_raw(), w, h)
-            }
-            Channels::Grey => {
-                let (w, h) = (img.width(), img.height());
-                (grey(img), w, h)
-            }
-            Channels::Rgba => {
-                let i = img.into_rgba8();
-                let (w, h) = i.dimensions();
-                (i.into_raw(), w, h)
-            }
+        let img = reader.decode().map_err(|e| e.to_string())?;
+        let (w, h) = (img.width(), img.height());
+        let (pixels, pixel_type) = match column.channels {
+            Channels::Rgb => (to_rgb8(img).into_raw(), PixelType::U8x3),
+            Channels::Grey => (grey(img), PixelType::U8),
+            Channels::Rgba => (img.into_rgba8().into_raw(), PixelType::U8x4),
         };
-        // Center crop (or place, padding with zeros) into the output shape, with
-        // torchvision's offsets: round((size - crop) / 2).
-        let (ow, oh) = (self.width as i64, self.height as i64);
-        let left = ((w as i64 - ow) as f64 / 2.0).round() as i64;
-        let top = ((h as i64 - oh) as f64 / 2.0).round() as i64;
-        out.fill(0);
-        for y in 0..oh {
-            let sy = y + top;
-            if sy < 0 || sy >= h as i64 {
-                continue;
+        let (nw, nh) = match self.resize {
+            None => (w, h),
+            Some(Resize::Exact(rh, rw)) => (rw, rh),
+            // torchvision's rounding: the longer side is int(n * long / short).
+            Some(Resize::Shorter(n)) if w <= h => {
+                (n, (n as u64 * h as u64 / w.max(1) as u64).max(1) as u32)
             }
-            let x0 = left.max(0);
-            let x1 = (left + ow).min(w as i64);
-            if x1 <= x0 {
-                continue;
-            }
-            let src = (sy as usize * w as usize + x0 as usize) * channels;
-            let dst = (y as usize * ow as usize + (x0 - left) as usize) * channels;
-            let len = (x1 - x0) as usize * channels;
-            out[dst..dst + len].copy_from_slice(&pixels[src..src + len]);
+            Some(Resize::Shorter(n)) => ((n as u64 * w as u64 / h.max(1) as u64).max(1) as u32, n),
+        };
+        // The center crop's corner in the resized image, as torchvision computes it:
+        // Python's round((size - crop) / 2), halves to even. Negative: zero padding.
+        let (ow, oh) = (self.width, self.height);
+        let left = ((nw as f64 - ow as f64) / 2.0).round_ties_even() as i64;
+        let top = ((nh as f64 - oh as f64) / 2.0).round_ties_even() as i64;
+        let source = FirImage::from_vec_u8(w, h, pixels, pixel_type).map_err(|e| e.to_string())?;
+        if (nw, nh) == (w, h) {
+            place(
+                source.buffer(),
+                w,
+                h,
+                left,
+                top,
+                ow,
+                oh,
+                column.channels.count(),
+                out,
+            );
+            return Ok(());
         }
+        let mut options =
+            ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FirFilter::Bilinear));
+        if left >= 0 && top >= 0 {
+            // Resize only the window the crop keeps, straight into the output: the same
+            // sample positions and filter width as resizing the whole image first.
+            let (sx, sy) = (w as f64 / nw as f64, h as f64 / nh as f64);
+            options = options.crop(
+                left as f64 * sx,
+                top as f64 * sy,
+                ow as f64 * sx,
+                oh as f64 * sy,
+            );
+            let mut target =
+                FirImage::from_slice_u8(ow, oh, out, pixel_type).map_err(|e| e.to_string())?;
+            return Resizer::new()
+                .resize(&source, &mut target, &options)
+                .map_err(|e| e.to_string());
+        }
+        let mut resized = FirImage::new(nw, nh, pixel_type);
+        Resizer::new()
+            .resize(&source, &mut resized, &options)
+            .map_err(|e| e.to_string())?;
+        place(
+            resized.buffer(),
+            nw,
+            nh,
+            left,
+            top,
+            ow,
+            oh,
+            column.channels.count(),
+            out,
+        );
         Ok(())
     }
 
@@ -521,6 +535,38 @@ impl ImageDecode {
                 skipped: rest.skipped + skipped,
             })
         })
+    }
+}
+
+/// Copies the `ow` x `oh` window at `(left, top)` of a `w` x `h` image into `out`, with
+/// zeros where the window reaches past the image.
+#[allow(clippy::too_many_arguments)]
+fn place(
+    pixels: &[u8],
+    w: u32,
+    h: u32,
+    left: i64,
+    top: i64,
+    ow: u32,
+    oh: u32,
+    channels: usize,
+    out: &mut [u8],
+) {
+    out.fill(0);
+    let x0 = left.max(0);
+    let x1 = (left + ow as i64).min(w as i64);
+    if x1 <= x0 {
+        return;
+    }
+    let len = (x1 - x0) as usize * channels;
+    for y in 0..oh as i64 {
+        let sy = y + top;
+        if sy < 0 || sy >= h as i64 {
+            continue;
+        }
+        let src = (sy as usize * w as usize + x0 as usize) * channels;
+        let dst = (y as usize * ow as usize + (x0 - left) as usize) * channels;
+        out[dst..dst + len].copy_from_slice(&pixels[src..src + len]);
     }
 }
 

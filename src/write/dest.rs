@@ -153,13 +153,8 @@ impl Destination {
                 }
                 Ok(names)
             }
-            Destination::S3 {
-                bucket,
-                prefix,
-                storage,
-                ..
-            } => {
-                let client = s3::client(storage)?;
+            Destination::S3 { .. } => {
+                let (client, bucket, prefix) = self.s3_parts()?;
                 let mut names = Vec::new();
                 let mut token: Option<String> = None;
                 loop {
@@ -167,7 +162,7 @@ impl Destination {
                         let request = client
                             .list_objects_v2()
                             .bucket(bucket)
-                            .prefix(prefix.as_str())
+                            .prefix(prefix)
                             .set_continuation_token(token.clone());
                         async move {
                             request
@@ -176,9 +171,11 @@ impl Destination {
                                 .map_err(|e| s3::failure(&self.url(), e))
                         }
                     })?;
-                    names.extend(page.contents().iter().filter_map(|o| {
-                        o.key()?.strip_prefix(prefix.as_str()).map(str::to_string)
-                    }));
+                    names.extend(
+                        page.contents()
+                            .iter()
+                            .filter_map(|o| o.key()?.strip_prefix(prefix).map(str::to_string)),
+                    );
                     token = page.next_continuation_token().map(str::to_string);
                     if token.is_none() {
                         return Ok(names);
@@ -196,13 +193,8 @@ impl Destination {
                 }
                 _ => Ok(()),
             },
-            Destination::S3 {
-                bucket,
-                prefix,
-                storage,
-                ..
-            } => {
-                let client = s3::client(storage)?;
+            Destination::S3 { .. } => {
+                let (client, bucket, prefix) = self.s3_parts()?;
                 let url = self.url_of(name);
                 self.retrying("DELETE", || {
                     let request = client

@@ -662,13 +662,18 @@ fn npy_elem(field: &Field) -> Option<(String, Vec<usize>)> {
     }
 }
 
+fn refuse_nulls(array: &ArrayRef, what: &str) -> Result<()> {
+    match array.null_count() {
+        0 => Ok(()),
+        _ => Err(Error::invalid_argument(format!(
+            "{what} holds nulls, which numpy arrays cannot"
+        ))),
+    }
+}
+
 /// The raw little-endian bytes of a fixed-width array without nulls.
 fn fixed_width_bytes(array: &ArrayRef, what: &str) -> Result<Vec<u8>> {
-    if array.null_count() > 0 {
-        return Err(Error::invalid_argument(format!(
-            "{what} holds nulls, which numpy arrays cannot"
-        )));
-    }
+    refuse_nulls(array, what)?;
     if *array.data_type() == DataType::Boolean {
         let bools = array.as_boolean();
         return Ok(bools.values().iter().map(u8::from).collect());
@@ -713,12 +718,8 @@ fn npy_file(field: &Field, column: &ArrayRef, one_row: bool) -> Result<Vec<u8>> 
         DataType::Utf8 | DataType::LargeUtf8 => {
             let texts =
                 arrow_cast::cast(column, &DataType::LargeUtf8).map_err(|e| failed("npy", e))?;
+            refuse_nulls(&texts, &what)?;
             let texts = texts.as_string::<i64>();
-            if texts.null_count() > 0 {
-                return Err(Error::invalid_argument(format!(
-                    "{what} holds nulls, which numpy arrays cannot"
-                )));
-            }
             let width = texts
                 .iter()
                 .map(|t| t.map_or(0, |t| t.chars().count()))
@@ -739,12 +740,8 @@ fn npy_file(field: &Field, column: &ArrayRef, one_row: bool) -> Result<Vec<u8>> 
         DataType::Binary | DataType::LargeBinary | DataType::FixedSizeBinary(_) => {
             let blobs =
                 arrow_cast::cast(column, &DataType::LargeBinary).map_err(|e| failed("npy", e))?;
+            refuse_nulls(&blobs, &what)?;
             let blobs = blobs.as_binary::<i64>();
-            if blobs.null_count() > 0 {
-                return Err(Error::invalid_argument(format!(
-                    "{what} holds nulls, which numpy arrays cannot"
-                )));
-            }
             let width = blobs
                 .iter()
                 .map(|b| b.map_or(0, <[u8]>::len))
