@@ -363,7 +363,8 @@ impl Writer {
         self
     }
 
-    /// Writes every shard, then the manifest, which it returns.
+    /// Writes every shard, then the manifest, which it returns. The rows come in the
+    /// dataset's order for epoch 0 (a shuffled dataset writes its first epoch's order).
     pub fn run(self) -> Result<Manifest> {
         let options = WriteOptions {
             format: ShardFormat::parse(&self.format, self.compression.as_deref())?,

@@ -12,7 +12,6 @@ import re
 import select
 import shutil
 import subprocess
-import sys
 import sysconfig
 import termios
 import time
@@ -36,9 +35,8 @@ def console_script() -> str | None:
     return beside if os.path.exists(beside) else shutil.which("shardflow")
 
 
-# Until the package is reinstalled with its console script, the module runs the same main().
 SCRIPT = console_script()
-CLI = [SCRIPT] if SCRIPT else [sys.executable, "-m", "shardflow"]
+CLI = [SCRIPT or "shardflow"]
 
 # tqdm's meter: a carriage return, then on one line "[elapsed..." and the rate's unit
 BAR = re.compile(r"\r[^\r\n]*\[\d\d:\d\d[^\r\n]*samples/s")

@@ -208,7 +208,11 @@ impl ImageSpec {
         }
         if spec.crop.is_none() && !matches!(spec.resize, Some(Resize::Exact(..))) {
             return Err(bad(
-                "decode",
+                if spec.by_column.is_empty() {
+                    "decode"
+                } else {
+                    "decode_images"
+                },
                 "decoded images need one shape: give resize=[H, W] or center_crop= (e.g. resize=256, center_crop=224)",
             ));
         }
