@@ -129,6 +129,28 @@ impl<'a> OptionReader<'a> {
         }
     }
 
+    /// A list of strings (or one string).
+    pub fn strings(&mut self, key: &'static str) -> Result<Option<Vec<String>>> {
+        let list = |items: &[OptionValue]| {
+            items
+                .iter()
+                .map(|v| match v {
+                    OptionValue::Str(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+        };
+        match self.get(key) {
+            None => Ok(None),
+            Some(OptionValue::Str(s)) => Ok(Some(vec![s.clone()])),
+            Some(OptionValue::List(items)) => match list(items) {
+                Some(strings) => Ok(Some(strings)),
+                None => Err(self.wrong(key, "a list of strings")),
+            },
+            Some(_) => Err(self.wrong(key, "a list of strings")),
+        }
+    }
+
     /// A number of seconds (int or float), from 0 to a week.
     pub fn seconds(&mut self, key: &'static str, default: Duration) -> Result<Duration> {
         let seconds = match self.get(key) {

@@ -8,6 +8,7 @@ mod blocks;
 pub mod compression;
 pub mod csv;
 pub mod example;
+pub mod hdf5;
 pub mod image;
 pub mod index;
 mod json_infer;
@@ -447,6 +448,11 @@ static REGISTRY: &[Registration] = &[
         name: "webdataset",
         extensions: &[".tar", ".tar.gz", ".tgz"],
         make: || Arc::new(webdataset::WebDataset),
+    },
+    Registration {
+        name: "hdf5",
+        extensions: &[".h5", ".hdf5"],
+        make: || Arc::new(self::hdf5::Hdf5),
     },
     Registration {
         name: "tfrecord",
