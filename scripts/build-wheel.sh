@@ -25,8 +25,11 @@ if [ ! -x "$TOOLS/bin/python" ]; then
 fi
 "$TOOLS/bin/python" -m pip install --quiet --disable-pip-version-check \
     maturin==1.16.0 ziglang==0.17.1 auditwheel==6.8.2
-# maturin runs zig as `python -m ziglang`, with the first python on PATH.
-export PATH="$TOOLS/bin:$PATH"
+# maturin runs zig as `python -m ziglang`, with the first python on PATH. Its `ar`
+# wrapper, which cmake runs for libhdf5's static library, looks for a `zig` binary on
+# PATH instead: the one the ziglang package ships.
+ZIG_DIR="$("$TOOLS/bin/python" -c 'import os, ziglang; print(os.path.dirname(ziglang.__file__))')"
+export PATH="$TOOLS/bin:$ZIG_DIR:$PATH"
 
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)"
 mkdir -p "$OUT"
