@@ -24,7 +24,7 @@ if [ ! -x "$TOOLS/bin/python" ]; then
     "$PYTHON" -m venv "$TOOLS"
 fi
 "$TOOLS/bin/python" -m pip install --quiet --disable-pip-version-check \
-    maturin==1.16.0 ziglang==0.17.1 auditwheel==6.8.2
+    maturin==1.16.0 ziglang==0.17.1 auditwheel==6.8.2 cmake==4.4.5
 # maturin runs zig as `python -m ziglang`, with the first python on PATH. Its `ar`
 # wrapper, which cmake runs for libhdf5's static library, looks for a `zig` binary on
 # PATH instead: the one the ziglang package ships.

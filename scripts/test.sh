@@ -20,6 +20,8 @@ fi
 
 echo "== installing shardflow (editable, release build) and test dependencies"
 "$PYTHON" -m pip install --quiet --editable ".[test]"
+# The test extra's cmake (which builds libhdf5 for `cargo test`) and console scripts.
+export PATH="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 
 echo "== building the wheel users install (the Python tests install it into a fresh venv)"
 export SHARDFLOW_WHEEL_DIR="${SHARDFLOW_WHEEL_DIR:-$HOME/.cache/shardflow/wheels}"
