@@ -135,6 +135,12 @@ def test_unsupported_and_corrupt_files_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "truncated.h5").write_bytes(data[: len(data) // 2])
     with pytest.raises(sf.DecodeError, match=r"truncated\.h5"):
         list(sf.dataset(tmp_path / "truncated.h5", format_options={"mode": "rows"}))
+    # A tiny file declaring a 2^40-byte dataset that its fill value stands for.
+    with h5py.File(tmp_path / "vast.h5", "w") as f:
+        f.create_dataset("x", shape=(2**37,), dtype=np.int64, chunks=(1024,), fillvalue=7)
+    assert (tmp_path / "vast.h5").stat().st_size < 100_000
+    with pytest.raises(sf.DecodeError, match=r"vast\.h5.*max_decompressed_bytes"):
+        list(sf.dataset(tmp_path / "vast.h5", format_options={"mode": "rows"}))
     (tmp_path / "garbage.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 8)
     with pytest.raises(sf.DecodeError, match=r"garbage\.h5") as caught:
         sf.dataset(tmp_path / "garbage.h5").column_names

@@ -162,7 +162,15 @@ fn arrays(url: &str, group: &::hdf5::Group, prefix: &str, out: &mut Vec<Array>) 
 }
 
 /// The raw bytes of a whole dataset, in its file type (byte order included).
-fn read_raw(url: &str, file: &::hdf5::File, path: &str, header: &Header) -> Result<Bytes> {
+/// At most `limit` bytes: a small file can declare a vast chunked dataset that its fill
+/// value stands for, and reading it must not allocate that much.
+fn read_raw(
+    url: &str,
+    file: &::hdf5::File,
+    path: &str,
+    header: &Header,
+    limit: u64,
+) -> Result<Bytes> {
     let dataset = file
         .dataset(path)
         .map_err(|e| bad(url, format!("{path}: {e}")))?;
@@ -171,8 +179,16 @@ fn read_raw(url: &str, file: &::hdf5::File, path: &str, header: &Header) -> Resu
         .map_err(|e| bad(url, format!("{path}: {e}")))?;
     let len = header
         .data_len()
+        .filter(|&n| n <= limit)
         .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| bad(url, format!("{path}: too large")))?;
+        .ok_or_else(|| {
+            bad(
+                url,
+                format!(
+                    "dataset {path:?} holds more than max_decompressed_bytes ({limit}) bytes; raise it in format_options to read it"
+                ),
+            )
+        })?;
     let mut buf = vec![0u8; len];
     if len > 0 {
         // libhdf5 applies the filters and copies into `buf`, which holds exactly the
@@ -210,6 +226,8 @@ struct PreparedHdf5 {
     mode: Mode,
     /// The datasets read, in column order, as the first file has them.
     arrays: Vec<Array>,
+    /// `max_decompressed_bytes`: the most one dataset may hold.
+    limit: u64,
 }
 
 impl Format for Hdf5 {
@@ -229,6 +247,7 @@ impl Format for Hdf5 {
             _ => Mode::Sample,
         };
         let chosen = opts.strings("datasets")?;
+        let limit = super::compression::limit_option(&mut opts)?;
         opts.finish()?;
         if options.schema.is_some() || options.features.is_some() {
             return Err(Error::invalid_argument(
@@ -318,6 +337,25 @@ impl Format for Hdf5 {
             fields.push(header.field(&a.path, rows_mode));
         }
         let schema = Schema::new(fields);
+        // Rows are planned from these shapes before any data is read: a dataset too large
+        // to read is refused now, not when the plan has been sized by it.
+        for (shard, listing) in shards.iter().zip(&listed) {
+            for array in listing
+                .iter()
+                .filter(|a| arrays.iter().any(|c| c.path == a.path))
+            {
+                let size = array.header.as_ref().ok().and_then(Header::data_len);
+                if size.is_none_or(|n| n > limit) {
+                    return Err(bad(
+                        &shard.url,
+                        format!(
+                            "dataset {:?} holds more than max_decompressed_bytes ({limit}) bytes; raise it in format_options to read it",
+                            array.path
+                        ),
+                    ));
+                }
+            }
+        }
         let units = shards
             .iter()
             .enumerate()
@@ -345,6 +383,7 @@ impl Format for Hdf5 {
                 schema,
                 mode,
                 arrays,
+                limit,
             }),
         ))
     }
@@ -406,7 +445,7 @@ impl PreparedHdf5 {
                 }
                 Some(_) => {}
             }
-            let data = read_raw(url, &opened.file, &array.path, header)?;
+            let data = read_raw(url, &opened.file, &array.path, header, self.limit)?;
             let leaf = npy::leaf_array(header, data, header.count().unwrap_or(0))
                 .map_err(|e| bad(url, format!("dataset {:?}: {e}", array.path)))?;
             columns.push(
