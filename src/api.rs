@@ -267,17 +267,15 @@ impl Loader {
             Some(seed) => self.dataset.shuffle(seed),
             None => self.dataset.clone(),
         };
-        let run = RunOptions {
+        let run = RunOptions::loader(
             epoch,
-            part: self.rank,
-            parts: self.world_size,
-            batch_rows: Some(self.batch_size),
-            drop_last: self.drop_last,
-            pad: self.world_size > 1 && !self.drop_last,
-            tuning: self.tuning.clone(),
-            count_rows: true,
-            ..RunOptions::default()
-        };
+            (self.rank, self.world_size),
+            self.batch_size,
+            self.drop_last,
+            // As Python's DataLoader (and DistributedSampler) by default.
+            self.world_size > 1 && !self.drop_last,
+            self.tuning.clone(),
+        );
         let receiver = dataset.inner.start(run, self.stats.clone())?;
         Ok(Batches { receiver })
     }
@@ -385,35 +383,5 @@ impl Writer {
             &options,
             &mut |_, _| Ok(()),
         )
-    }
-}
-
-impl From<bool> for OptionValue {
-    fn from(value: bool) -> Self {
-        OptionValue::Bool(value)
-    }
-}
-
-impl From<i64> for OptionValue {
-    fn from(value: i64) -> Self {
-        OptionValue::Int(value)
-    }
-}
-
-impl From<f64> for OptionValue {
-    fn from(value: f64) -> Self {
-        OptionValue::Float(value)
-    }
-}
-
-impl From<&str> for OptionValue {
-    fn from(value: &str) -> Self {
-        OptionValue::Str(value.to_string())
-    }
-}
-
-impl From<String> for OptionValue {
-    fn from(value: String) -> Self {
-        OptionValue::Str(value)
     }
 }

@@ -207,6 +207,36 @@ impl<'a> OptionReader<'a> {
     }
 }
 
+impl From<bool> for OptionValue {
+    fn from(value: bool) -> Self {
+        OptionValue::Bool(value)
+    }
+}
+
+impl From<i64> for OptionValue {
+    fn from(value: i64) -> Self {
+        OptionValue::Int(value)
+    }
+}
+
+impl From<f64> for OptionValue {
+    fn from(value: f64) -> Self {
+        OptionValue::Float(value)
+    }
+}
+
+impl From<&str> for OptionValue {
+    fn from(value: &str) -> Self {
+        OptionValue::Str(value.to_string())
+    }
+}
+
+impl From<String> for OptionValue {
+    fn from(value: String) -> Self {
+        OptionValue::Str(value)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

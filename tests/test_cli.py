@@ -192,8 +192,6 @@ def test_inspect_json(parquet_dir: Path, source: str) -> None:
 
 
 def test_inspect_shards_report_rows_from_parquet_footers(source: str) -> None:
-    if not hasattr(sf.dataset(source), "_shard_table"):
-        pytest.skip("waits for Dataset._shard_table in the extension")
     result = json.loads(run_ok("inspect", source, "--json"))
     assert [s["rows"] for s in result["shards"]] == [ROWS // FILES] * FILES
 

@@ -30,13 +30,13 @@ use arrow_array::RecordBatch;
 use arrow_schema::{Schema, SchemaRef};
 use bytes::Bytes;
 
-use super::npy::{self, Elem, Header};
+use super::npy::{self, Elem, Header, Mode};
 use super::{
     Decoded, Format, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit, column_indices,
     task, whole_file_job,
 };
 use crate::error::{Error, Position, Result};
-use crate::source::{Io, ShardMeta};
+use crate::source::{Io, ShardMeta, local_path, size_blocking};
 
 const FORMAT: &str = "HDF5";
 
@@ -51,13 +51,6 @@ struct Opened {
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn local_path(url: &str) -> Option<&str> {
-    match url.strip_prefix("file://") {
-        Some(path) => Some(path),
-        None => (!url.contains("://")).then_some(url),
-    }
-}
 
 fn open_path(url: &str, path: &str) -> Result<Opened> {
     let file = ::hdf5::File::open(path).map_err(|e| bad(url, format!("cannot open: {e}")))?;
@@ -83,12 +76,7 @@ fn open_shard(shard: &ShardMeta, io: &Io) -> Result<Opened> {
         return open_path(&shard.url, path);
     }
     let source = io.open(shard)?;
-    let size = match shard.size {
-        Some(size) => size,
-        None => {
-            crate::source::runtime::block_on_outside(crate::source::runtime()?, source.size())??
-        }
-    };
+    let size = size_blocking(source.as_ref(), shard.size)?;
     let bytes = source.read_range_blocking(0..size)?;
     open_bytes(&shard.url, &bytes)
 }
@@ -213,12 +201,6 @@ fn read_raw(
     Ok(Bytes::from(buf))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Sample,
-    Rows,
-}
-
 pub struct Hdf5;
 
 struct PreparedHdf5 {
@@ -242,18 +224,9 @@ impl Format for Hdf5 {
         io: &Io,
     ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("hdf5");
-        let mode = match opts.choice("mode", "sample", &["sample", "rows"])? {
-            "rows" => Mode::Rows,
-            _ => Mode::Sample,
-        };
+        let (mode, limit) = npy::mode_options(&mut opts, options, "hdf5")?;
         let chosen = opts.strings("datasets")?;
-        let limit = super::compression::limit_option(&mut opts)?;
         opts.finish()?;
-        if options.schema.is_some() || options.features.is_some() {
-            return Err(Error::invalid_argument(
-                "HDF5 files carry their own types and shapes: schema= and features= have no use",
-            ));
-        }
         if chosen.is_some() && mode == Mode::Sample {
             return Err(Error::invalid_argument(
                 "format_options[\"datasets\"] is for rows mode; in sample mode use columns=",

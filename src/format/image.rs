@@ -206,6 +206,13 @@ impl ImageSpec {
             let (h, w, _) = size("center_crop", value)?;
             spec.crop = Some((h, w));
         }
+        let (h, w) = spec.shape();
+        if (h as u64) * (w as u64) * 4 > i32::MAX as u64 {
+            return Err(bad(
+                "center_crop",
+                "an image of more than 2^31 values per sample is more than one tensor holds",
+            ));
+        }
         if spec.crop.is_none() && !matches!(spec.resize, Some(Resize::Exact(..))) {
             return Err(bad(
                 if spec.by_column.is_empty() {
@@ -371,7 +378,8 @@ impl ImageDecode {
         let img = reader.decode().map_err(|e| e.to_string())?;
         let (w, h) = (img.width(), img.height());
         let (pixels, pixel_type) = match column.channels {
-            Channels::Rgb => (to_rgb8(img).into_raw(), PixelType::U8x3),
+            // No copy when the decoder made RGB8 already (JPEG, most PNGs).
+            Channels::Rgb => (img.into_rgb8().into_raw(), PixelType::U8x3),
             Channels::Grey => (grey(img), PixelType::U8),
             Channels::Rgba => (img.into_rgba8().into_raw(), PixelType::U8x4),
         };
@@ -390,18 +398,9 @@ impl ImageDecode {
         let left = ((nw as f64 - ow as f64) / 2.0).round_ties_even() as i64;
         let top = ((nh as f64 - oh as f64) / 2.0).round_ties_even() as i64;
         let source = FirImage::from_vec_u8(w, h, pixels, pixel_type).map_err(|e| e.to_string())?;
+        let channels = column.channels.count();
         if (nw, nh) == (w, h) {
-            place(
-                source.buffer(),
-                w,
-                h,
-                left,
-                top,
-                ow,
-                oh,
-                column.channels.count(),
-                out,
-            );
+            place(&source, left, top, (ow, oh), channels, out);
             return Ok(());
         }
         let mut options =
@@ -426,17 +425,7 @@ impl ImageDecode {
         Resizer::new()
             .resize(&source, &mut resized, &options)
             .map_err(|e| e.to_string())?;
-        place(
-            resized.buffer(),
-            nw,
-            nh,
-            left,
-            top,
-            ow,
-            oh,
-            column.channels.count(),
-            out,
-        );
+        place(&resized, left, top, (ow, oh), channels, out);
         Ok(())
     }
 
@@ -542,41 +531,33 @@ impl ImageDecode {
     }
 }
 
-/// Copies the `ow` x `oh` window at `(left, top)` of a `w` x `h` image into `out`, with
+/// Copies the `(width, height)` window at `(left, top)` of `image` into `out`, with
 /// zeros where the window reaches past the image.
-#[allow(clippy::too_many_arguments)]
 fn place(
-    pixels: &[u8],
-    w: u32,
-    h: u32,
+    image: &FirImage,
     left: i64,
     top: i64,
-    ow: u32,
-    oh: u32,
+    (ow, oh): (u32, u32),
     channels: usize,
     out: &mut [u8],
 ) {
+    let (w, h, pixels) = (image.width() as i64, image.height() as i64, image.buffer());
     out.fill(0);
     let x0 = left.max(0);
-    let x1 = (left + ow as i64).min(w as i64);
+    let x1 = (left + ow as i64).min(w);
     if x1 <= x0 {
         return;
     }
     let len = (x1 - x0) as usize * channels;
     for y in 0..oh as i64 {
         let sy = y + top;
-        if sy < 0 || sy >= h as i64 {
+        if sy < 0 || sy >= h {
             continue;
         }
-        let src = (sy as usize * w as usize + x0 as usize) * channels;
+        let src = (sy * w + x0) as usize * channels;
         let dst = (y as usize * ow as usize + (x0 - left) as usize) * channels;
         out[dst..dst + len].copy_from_slice(&pixels[src..src + len]);
     }
-}
-
-/// RGB8 without a copy when the decoder already made RGB8 (JPEG, most PNGs).
-fn to_rgb8(img: DynamicImage) -> image::RgbImage {
-    img.into_rgb8()
 }
 
 /// One grey level per pixel. Colour becomes grey by ITU-R 601-2 luma, in Pillow's

@@ -137,10 +137,7 @@ pub trait RecordCodec: Send + Sync {
 /// version (an HTTP resource without ETag), so that no index of it is persisted.
 fn current_key(shard: &ShardMeta) -> Option<String> {
     let url = shard.url.as_str();
-    let local = url
-        .strip_prefix("file://")
-        .or_else(|| (!url.contains("://")).then_some(url));
-    if let Some(path) = local {
+    if let Some(path) = crate::source::local_path(url) {
         let meta = std::fs::metadata(path).ok()?;
         let mtime = meta
             .modified()

@@ -561,12 +561,23 @@ pub enum Mode {
 
 pub fn parse_mode(options: &ReadOptions, format: &'static str) -> Result<(Mode, u64)> {
     let mut opts = options.format_options.reader(format);
+    let parsed = mode_options(&mut opts, options, format)?;
+    opts.finish()?;
+    Ok(parsed)
+}
+
+/// `mode` and `max_decompressed_bytes` for a format of whole arrays (NPY, NPZ, HDF5),
+/// whose files carry their own types: `schema=` and `features=` are refused.
+pub fn mode_options(
+    opts: &mut crate::options::OptionReader,
+    options: &ReadOptions,
+    format: &'static str,
+) -> Result<(Mode, u64)> {
     let mode = match opts.choice("mode", "sample", &["sample", "rows"])? {
         "rows" => Mode::Rows,
         _ => Mode::Sample,
     };
-    let limit = super::compression::limit_option(&mut opts)?;
-    opts.finish()?;
+    let limit = super::compression::limit_option(opts)?;
     if options.schema.is_some() || options.features.is_some() {
         return Err(Error::invalid_argument(format!(
             "{format} files carry their own dtypes and shapes: schema= and features= have no use"

@@ -1379,6 +1379,30 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// How a loader reads epoch `epoch` as part `part` of `parts`, in batches of
+    /// `batch_rows`. Rows are counted exactly (stream formats through their index), so
+    /// parts get equal shares and every row has a position for an elastic resume.
+    pub fn loader(
+        epoch: u64,
+        (part, parts): (usize, usize),
+        batch_rows: usize,
+        drop_last: bool,
+        pad: bool,
+        tuning: Arc<Tuning>,
+    ) -> Self {
+        Self {
+            epoch,
+            part,
+            parts,
+            batch_rows: Some(batch_rows),
+            drop_last,
+            pad,
+            tuning,
+            count_rows: true,
+            ..Self::default()
+        }
+    }
+
     pub fn share(&self) -> Share {
         Share {
             part: self.part,

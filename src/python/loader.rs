@@ -139,22 +139,19 @@ impl PyDataLoader {
     /// How this loader reads epoch `epoch`, from its start.
     fn run_options(&self, epoch: u64) -> RunOptions {
         RunOptions {
-            epoch,
-            part: self.rank,
-            parts: self.world_size,
-            batch_rows: Some(self.batch_size),
-            drop_last: self.drop_last,
-            pad: self.pad,
-            tuning: self.tuning.clone(),
-            // Rows counted exactly (stream formats through their index): ranks get equal
-            // shares, and every row has a position for an elastic resume.
-            count_rows: true,
             remaining: self
                 .remaining
                 .as_ref()
                 .filter(|(e, _)| *e == epoch)
                 .map(|(_, rows)| rows.clone()),
-            ..RunOptions::default()
+            ..RunOptions::loader(
+                epoch,
+                (self.rank, self.world_size),
+                self.batch_size,
+                self.drop_last,
+                self.pad,
+                self.tuning.clone(),
+            )
         }
     }
 

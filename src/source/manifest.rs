@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{ShardMeta, Storage, runtime};
+use super::{ShardMeta, Storage};
 use crate::error::{Error, Position, Result};
 
 pub const MANIFEST_NAME: &str = "_shardflow.json";
@@ -143,15 +143,16 @@ pub fn find(spec: &str, storage: &Arc<Storage>) -> Result<Option<Manifest>> {
     if super::pattern::is_glob(spec) || spec.contains('{') {
         return Ok(None);
     }
-    let spec = spec.strip_prefix("file://").unwrap_or(spec);
-    let is_prefix = match spec.strip_prefix("s3://") {
-        Some(rest) => !rest.is_empty(),
-        None => !spec.contains("://") && std::path::Path::new(spec).is_dir(),
+    let is_prefix = match super::local_path(spec) {
+        Some(dir) => std::path::Path::new(dir).is_dir(),
+        None => spec
+            .strip_prefix("s3://")
+            .is_some_and(|rest| !rest.is_empty()),
     };
     if !is_prefix {
         return Ok(None);
     }
-    let url = join(spec, MANIFEST_NAME);
+    let url = join(super::local_path(spec).unwrap_or(spec), MANIFEST_NAME);
     let meta = ShardMeta {
         url: url.clone(),
         size: None,
@@ -159,7 +160,7 @@ pub fn find(spec: &str, storage: &Arc<Storage>) -> Result<Option<Manifest>> {
         rows: None,
     };
     let source = super::open(&meta, storage, Arc::default())?;
-    let size = match runtime::block_on_outside(super::runtime()?, source.size())? {
+    let size = match super::size_blocking(source.as_ref(), None) {
         Ok(size) => size,
         Err(Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e),
@@ -203,7 +204,7 @@ pub fn shards(spec: &str, manifest: &Manifest, storage: &Arc<Storage>) -> Result
         .iter()
         .map(|shard| {
             let url = join(spec, &shard.path);
-            let url = url.strip_prefix("file://").unwrap_or(&url).to_string();
+            let url = super::local_path(&url).unwrap_or(&url).to_string();
             let found = listed.iter().find(|s| s.url == url);
             match found {
                 None => Err(Error::NotFound { url }),

@@ -193,6 +193,23 @@ pub fn open(
     )))
 }
 
+/// The path of a local file (a plain path or a `file://` URL); `None` for remote URLs.
+pub fn local_path(url: &str) -> Option<&str> {
+    match scheme(url) {
+        Scheme::Local(path) => Some(path),
+        _ => None,
+    }
+}
+
+/// `source`'s size: the listing's, when it had one, else asked for (a HEAD for remote
+/// objects), waiting on the calling thread.
+pub fn size_blocking(source: &dyn Source, listed: Option<u64>) -> Result<u64> {
+    match listed {
+        Some(size) => Ok(size),
+        None => runtime::block_on_outside(runtime()?, source.size())?,
+    }
+}
+
 enum Scheme<'a> {
     Local(&'a str),
     S3,

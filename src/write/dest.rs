@@ -87,7 +87,7 @@ impl Destination {
             Destination::Local { dir } => {
                 let (Ok(dir), Ok(file)) = (
                     std::fs::canonicalize(dir),
-                    std::fs::canonicalize(url.strip_prefix("file://").unwrap_or(url)),
+                    std::fs::canonicalize(crate::source::local_path(url).unwrap_or(url)),
                 ) else {
                     return false;
                 };
