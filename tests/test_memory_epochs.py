@@ -1,6 +1,6 @@
 """Memory stays flat across epochs: many shuffled epochs in a fresh process, with the
 default settings, and the RSS of the late epochs is no higher than that of the early
-ones (beyond a small bound)."""
+ones (beyond a bound that a real leak soon crosses)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROWS = 30_000
-EPOCHS = 36
+EPOCHS = 100
+# RSS is compared between the first and the last WINDOW epochs (after the first).
+WINDOW = 20
 
 CHILD = """
 import json, sys
@@ -67,8 +69,11 @@ def test_rss_is_flat_across_shuffled_epochs(tmp_path: Path) -> None:
     dataset_mb = ROWS * 830 / 1e6
     for shuffle in ("full", "buffer"):
         rss = epochs_rss(source, shuffle)
-        # After the first epoch (caches, thread pools), the median RSS of the last 12
-        # epochs may not exceed that of epochs 2-12 by a quarter of the data: keeping
-        # one row in 100 of every epoch would cross that.
-        early, late = statistics.median(rss[1:12]), statistics.median(rss[-12:])
-        assert late - early < dataset_mb / 4, (shuffle, [round(r) for r in rss])
+        # After the first epoch (caches, thread pools, autotuned depths), RSS moves within
+        # a bounded band of about 10 MB from epoch to epoch: pages the allocator holds for
+        # its threads come and go (300-epoch runs stay within it). A leak grows without
+        # bound instead. The medians of two windows EPOCHS - WINDOW - 1 epochs apart may
+        # differ by half the data: keeping one row in 160 of every epoch would cross that.
+        early = statistics.median(rss[1:WINDOW + 1])
+        late = statistics.median(rss[-WINDOW:])
+        assert late - early < dataset_mb / 2, (shuffle, [round(r) for r in rss])
