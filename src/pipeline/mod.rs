@@ -413,9 +413,15 @@ impl Dataset {
     /// and a `fork()` meanwhile would leave the child a lock nobody releases. Callers that
     /// race each prepare, and all keep the first result stored.
     pub fn prepared(&self) -> Result<Arc<PreparedShards>> {
+        Ok(self.prepared_pair()?.1)
+    }
+
+    /// The format's own prepared shards (`plain`, which record indexes are built from)
+    /// and the same as read (with image columns decoded, when asked), prepared once.
+    fn prepared_pair(&self) -> Result<(Arc<PreparedShards>, Arc<PreparedShards>)> {
         let source = self.files()?;
-        if let Some((_, read)) = lock(&source.prepared).as_ref() {
-            return Ok(read.clone());
+        if let Some(pair) = lock(&source.prepared).as_ref() {
+            return Ok(pair.clone());
         }
         // Footers, headers and schema inference parse untrusted bytes: a panic there is
         // a bug, reported as an error rather than unwinding into Python.
@@ -435,7 +441,6 @@ impl Dataset {
         let read = self.as_read(prepared.clone())?;
         Ok(lock(&source.prepared)
             .get_or_insert((prepared, read))
-            .1
             .clone())
     }
 
@@ -460,11 +465,7 @@ impl Dataset {
         if let Some(indexed) = lock(&source.indexed).as_ref() {
             return Ok(indexed.clone());
         }
-        self.prepared()?;
-        let plain = match lock(&source.prepared).as_ref() {
-            Some((plain, _)) => plain.clone(),
-            None => return Err(Error::Internal("the prepared shards vanished".into())),
-        };
+        let (plain, _) = self.prepared_pair()?;
         let indexed = format::index::index_shards(plain, &source.io(), source.options.on_error)?;
         let indexed = self.as_read(indexed)?;
         Ok(lock(&source.indexed).get_or_insert(indexed).clone())

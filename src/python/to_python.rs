@@ -424,16 +424,25 @@ pub fn field_values(py: Python<'_>, column: &ArrayRef, field: &Field) -> PyResul
     // Fixed-size lists of numbers are tensors: one array per sample (a view of the
     // batch's), as in the batch output, rather than a list of Python numbers.
     let tensor = declared_tensor_shape(field).is_some() || tensor_parts(column.as_ref()).is_some();
-    if tensor && column.null_count() > 0 {
+    if tensor {
         // A missing sample (a WebDataset field a sample lacks) is None; the others are
-        // views of the values, as without nulls.
-        if let DataType::FixedSizeList(child, size) = column.data_type() {
-            let list = column.as_fixed_size_list();
-            let dense: ArrayRef = Arc::new(
-                FixedSizeListArray::try_new(child.clone(), *size, list.values().clone(), None)
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?,
-            );
+        // views of the values, read through a null-free view of the column.
+        let dense: Option<ArrayRef> = match column.data_type() {
+            _ if column.null_count() == 0 => Some(column.clone()),
+            DataType::FixedSizeList(child, size) => Some(Arc::new(
+                FixedSizeListArray::try_new(
+                    child.clone(),
+                    *size,
+                    column.as_fixed_size_list().values().clone(),
+                    None,
+                )
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            )),
+            _ => None,
+        };
+        if let Some(dense) = dense {
             let tensors = column_to_numpy(py, &dense, field)?;
+            // `a[i, ...]` keeps 0-d arrays as arrays (not numpy scalars), like `np.load`.
             let ellipsis = py.Ellipsis();
             return (0..n)
                 .map(|i| match column.is_null(i) {
@@ -442,14 +451,6 @@ pub fn field_values(py: Python<'_>, column: &ArrayRef, field: &Field) -> PyResul
                 })
                 .collect();
         }
-    }
-    if tensor && column.null_count() == 0 {
-        let tensors = column_to_numpy(py, column, field)?;
-        // `a[i, ...]` keeps 0-d arrays as arrays (not numpy scalars), like `np.load`.
-        let ellipsis = py.Ellipsis();
-        return (0..n)
-            .map(|i| Ok(tensors.get_item((i, &ellipsis))?.unbind()))
-            .collect();
     }
     if field.metadata().get(JSON_KEY).is_some() {
         let loads = py.import("json")?.getattr("loads")?;
