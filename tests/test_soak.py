@@ -50,7 +50,8 @@ def threads_named(prefix: str) -> int:
         try:
             with open(f"/proc/self/task/{task}/comm") as f:
                 count += f.read().startswith(prefix)
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
+            # The thread exited after listdir: before open (ENOENT) or between open and read (ESRCH).
             pass
     return count
 
