@@ -105,6 +105,27 @@ def test_jpeg_pixels_match_pillow_within_the_idct_tolerance(
     assert diff.max() <= JPEG_MAX_DIFF and diff.mean() <= JPEG_MEAN_DIFF, (diff.max(), diff.mean())
 
 
+def test_jpegs_of_mixed_sizes_and_colours_in_one_stream(
+    tmp_path: Path, photos: list[Image.Image], fashion: np.ndarray
+) -> None:
+    """Large and small, colour and grey JPEGs interleaved: each decode thread reuses one
+    buffer from image to image, so a small image after a large one must not show the
+    large one's pixels; colour becomes grey, and grey becomes colour, as Pillow converts."""
+    large = (SAMPLES / "china.jpg").read_bytes()
+    medium = encode(photos[1].crop((100, 0, 500, 400)), "JPEG", quality=95, subsampling=0)
+    jpegs = [j for a in fashion[:4] for j in (large, encode(Image.fromarray(a), "JPEG", quality=90), medium)]
+    write_tar(tmp_path / "mixed.tar", [{"jpg": j} for j in jpegs])
+    for channels, mode in (("rgb8", "RGB"), ("l8", "L"), ("rgba8", "RGBA")):
+        ours = decoded(tmp_path / "mixed.tar", "jpg", decode={"jpg": channels}, center_crop=28).astype(int)
+        expected = []
+        for jpeg in jpegs:
+            pixels = pil_pixels(jpeg, mode)
+            top, left = round((pixels.shape[0] - 28) / 2), round((pixels.shape[1] - 28) / 2)
+            expected.append(pixels[top : top + 28, left : left + 28].reshape(28, 28, -1))
+        diff = np.abs(ours - np.stack(expected).astype(int))
+        assert diff.max() <= JPEG_MAX_DIFF and diff.mean() <= JPEG_MEAN_DIFF, (channels, diff.max(), diff.mean())
+
+
 def test_resize_and_center_crop_as_torchvision(tmp_path: Path, photos: list[Image.Image]) -> None:
     data = [(SAMPLES / "china.jpg").read_bytes(), encode(photos[1].rotate(90, expand=True), "PNG")]
     write_tar(tmp_path / "mixed.tar", [{"jpg": data[0]}, {"png": data[1]}])

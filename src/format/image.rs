@@ -346,6 +346,75 @@ fn extension_of(format: ImageFormat) -> &'static str {
     }
 }
 
+/// The most bytes one decoded image may take (the `image` crate's default limit).
+const MAX_IMAGE_BYTES: usize = 512 << 20;
+/// A decode thread keeps its pixel buffer between images up to this size; a larger
+/// one (a rare huge image) is given back after use.
+const KEEP_SCRATCH_BYTES: usize = 64 << 20;
+
+/// What each decode thread reuses from one image to the next, so that decoding a
+/// stream of images allocates (and the kernel zeroes) no fresh pages per image.
+struct Scratch {
+    /// The decoded image at its own size, before resizing.
+    pixels: Vec<u8>,
+    resizer: Resizer,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch {
+        pixels: Vec::new(),
+        resizer: Resizer::new(),
+    });
+}
+
+/// Decodes a JPEG into `buf` (grown as needed, never shrunk) as RGB, or as grey when
+/// `channels` asks for it and the file is grey; returns `(width, height, layout)`.
+fn decode_jpeg(
+    bytes: &[u8],
+    channels: Channels,
+    buf: &mut Vec<u8>,
+) -> std::result::Result<(u32, u32, PixelType), String> {
+    use zune_core::colorspace::ColorSpace;
+    let options = zune_core::options::DecoderOptions::default()
+        .set_strict_mode(false)
+        .set_max_width(usize::from(u16::MAX))
+        .set_max_height(usize::from(u16::MAX));
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(
+        zune_core::bytestream::ZCursor::new(bytes),
+        options,
+    );
+    decoder.decode_headers().map_err(|e| e.to_string())?;
+    let grey_file = decoder.input_colorspace() == Some(ColorSpace::Luma);
+    let (space, pixel_type) = if channels == Channels::Grey && grey_file {
+        (ColorSpace::Luma, PixelType::U8)
+    } else {
+        (ColorSpace::RGB, PixelType::U8x3)
+    };
+    decoder.set_options(decoder.options().jpeg_set_out_colorspace(space));
+    let (Some((w, h)), Some(size)) = (decoder.dimensions(), decoder.output_buffer_size()) else {
+        return Err("the JPEG's dimensions could not be read".into());
+    };
+    if size > MAX_IMAGE_BYTES {
+        return Err(format!(
+            "a {w}x{h} image takes {size} bytes decoded, past the limit of {MAX_IMAGE_BYTES}"
+        ));
+    }
+    if buf.len() < size {
+        buf.resize(size, 0);
+    }
+    decoder
+        .decode_into(&mut buf[..size])
+        .map_err(|e| e.to_string())?;
+    if channels == Channels::Grey && pixel_type == PixelType::U8x3 {
+        // In place: pixel i's grey level goes to byte i, which its RGB bytes start at or past.
+        for i in 0..w * h {
+            buf[i] = pillow_luma([buf[3 * i], buf[3 * i + 1], buf[3 * i + 2]]);
+        }
+        return Ok((w as u32, h as u32, PixelType::U8));
+    }
+    Ok((w as u32, h as u32, pixel_type))
+}
+
 impl ImageDecode {
     /// Decodes one image into `out` (`height * width * channels` bytes).
     fn decode_one(
@@ -373,16 +442,45 @@ impl ImageDecode {
                 return Err(format!("a {ext} image, and decode= names only {allowed:?}"));
             }
         }
-        let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
-        reader.limits(image::Limits::default());
-        let img = reader.decode().map_err(|e| e.to_string())?;
-        let (w, h) = (img.width(), img.height());
-        let (pixels, pixel_type) = match column.channels {
-            // No copy when the decoder made RGB8 already (JPEG, most PNGs).
-            Channels::Rgb => (img.into_rgb8().into_raw(), PixelType::U8x3),
-            Channels::Grey => (grey(img), PixelType::U8),
-            Channels::Rgba => (img.into_rgba8().into_raw(), PixelType::U8x4),
+        SCRATCH.with_borrow_mut(|scratch| {
+            let outcome = self.decode_into(scratch, column, format, bytes, out);
+            if scratch.pixels.capacity() > KEEP_SCRATCH_BYTES {
+                scratch.pixels = Vec::new();
+            }
+            outcome
+        })
+    }
+
+    fn decode_into(
+        &self,
+        scratch: &mut Scratch,
+        column: &ImageColumn,
+        format: ImageFormat,
+        bytes: &[u8],
+        out: &mut [u8],
+    ) -> std::result::Result<(), String> {
+        let Scratch { pixels, resizer } = scratch;
+        let (w, h, pixel_type) = if format == ImageFormat::Jpeg && column.channels != Channels::Rgba
+        {
+            decode_jpeg(bytes, column.channels, pixels)?
+        } else {
+            let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
+            reader.limits(image::Limits::default());
+            let img = reader.decode().map_err(|e| e.to_string())?;
+            let (w, h) = (img.width(), img.height());
+            let (decoded, pixel_type) = match column.channels {
+                // No copy when the decoder made RGB8 already (most PNGs).
+                Channels::Rgb => (img.into_rgb8().into_raw(), PixelType::U8x3),
+                Channels::Grey => (grey(img), PixelType::U8),
+                Channels::Rgba => (img.into_rgba8().into_raw(), PixelType::U8x4),
+            };
+            *pixels = decoded;
+            (w, h, pixel_type)
         };
+        let channels = column.channels.count();
+        let len = w as usize * h as usize * channels;
+        let source = FirImage::from_slice_u8(w, h, &mut pixels[..len], pixel_type)
+            .map_err(|e| e.to_string())?;
         let (nw, nh) = match self.resize {
             None => (w, h),
             Some(Resize::Exact(rh, rw)) => (rw, rh),
@@ -397,8 +495,6 @@ impl ImageDecode {
         let (ow, oh) = (self.width, self.height);
         let left = ((nw as f64 - ow as f64) / 2.0).round_ties_even() as i64;
         let top = ((nh as f64 - oh as f64) / 2.0).round_ties_even() as i64;
-        let source = FirImage::from_vec_u8(w, h, pixels, pixel_type).map_err(|e| e.to_string())?;
-        let channels = column.channels.count();
         if (nw, nh) == (w, h) {
             place(&source, left, top, (ow, oh), channels, out);
             return Ok(());
@@ -417,12 +513,12 @@ impl ImageDecode {
             );
             let mut target =
                 FirImage::from_slice_u8(ow, oh, out, pixel_type).map_err(|e| e.to_string())?;
-            return Resizer::new()
+            return resizer
                 .resize(&source, &mut target, &options)
                 .map_err(|e| e.to_string());
         }
         let mut resized = FirImage::new(nw, nh, pixel_type);
-        Resizer::new()
+        resizer
             .resize(&source, &mut resized, &options)
             .map_err(|e| e.to_string())?;
         place(&resized, left, top, (ow, oh), channels, out);
@@ -571,12 +667,15 @@ fn grey(img: DynamicImage) -> Vec<u8> {
         other => other
             .into_rgb8()
             .pixels()
-            .map(|p| {
-                let [r, g, b] = p.0.map(u32::from);
-                ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8
-            })
+            .map(|p| pillow_luma(p.0))
             .collect(),
     }
+}
+
+/// ITU-R 601-2 luma in Pillow's fixed-point arithmetic.
+fn pillow_luma(rgb: [u8; 3]) -> u8 {
+    let [r, g, b] = rgb.map(u32::from);
+    ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8
 }
 
 /// A prepared dataset's jobs with their batches' images decoded on the decode threads.
