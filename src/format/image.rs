@@ -11,8 +11,9 @@
 //! - `center_crop`: `[H, W]` or `N` (padding with zeros where the image is smaller).
 //!
 //! Channels: `"rgb8"` (3), `"l8"` (grey, 1), `"rgba8"` (4). Decoded images have one
-//! shape, so `resize=[H, W]` or `center_crop` is required. Decoding a row is bounded by
-//! the image crate's limits (no allocation past 512 MiB for one image).
+//! shape, so `resize=[H, W]` or `center_crop` is required. No decoded image may take
+//! more than 512 MiB: the image crate's limits for PNG and WebP, and for JPEG (decoded by
+//! zune-jpeg directly, into a buffer each decode thread reuses) a check of its header.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -443,7 +444,7 @@ impl ImageDecode {
             }
         }
         SCRATCH.with_borrow_mut(|scratch| {
-            let outcome = self.decode_into(scratch, column, format, bytes, out);
+            let outcome = self.decode_with(scratch, column, format, bytes, out);
             if scratch.pixels.capacity() > KEEP_SCRATCH_BYTES {
                 scratch.pixels = Vec::new();
             }
@@ -451,7 +452,9 @@ impl ImageDecode {
         })
     }
 
-    fn decode_into(
+    /// `decode_one` with this thread's scratch: decodes `bytes` (of type `format`) into
+    /// `scratch.pixels`, then resizes and crops them into `out`.
+    fn decode_with(
         &self,
         scratch: &mut Scratch,
         column: &ImageColumn,
