@@ -47,6 +47,12 @@ def pil_pixels(data: bytes, mode: str = "RGB") -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert(mode))
 
 
+def center_crop(pixels: np.ndarray, size: int) -> np.ndarray:
+    """torchvision's CenterCrop: offsets round((side - size) / 2), halves to even."""
+    top, left = round((pixels.shape[0] - size) / 2), round((pixels.shape[1] - size) / 2)
+    return pixels[top : top + size, left : left + size]
+
+
 @pytest.fixture(scope="module")
 def photos() -> list[Image.Image]:
     return [Image.open(SAMPLES / name) for name in ("china.jpg", "flower.jpg")]
@@ -117,12 +123,8 @@ def test_jpegs_of_mixed_sizes_and_colours_in_one_stream(
     write_tar(tmp_path / "mixed.tar", [{"jpg": j} for j in jpegs])
     for channels, mode in (("rgb8", "RGB"), ("l8", "L"), ("rgba8", "RGBA")):
         ours = decoded(tmp_path / "mixed.tar", "jpg", decode={"jpg": channels}, center_crop=28).astype(int)
-        expected = []
-        for jpeg in jpegs:
-            pixels = pil_pixels(jpeg, mode)
-            top, left = round((pixels.shape[0] - 28) / 2), round((pixels.shape[1] - 28) / 2)
-            expected.append(pixels[top : top + 28, left : left + 28].reshape(28, 28, -1))
-        diff = np.abs(ours - np.stack(expected).astype(int))
+        expected = np.stack([center_crop(pil_pixels(jpeg, mode), 28).reshape(28, 28, -1) for jpeg in jpegs])
+        diff = np.abs(ours - expected.astype(int))
         assert diff.max() <= JPEG_MAX_DIFF and diff.mean() <= JPEG_MEAN_DIFF, (channels, diff.max(), diff.mean())
 
 
@@ -137,9 +139,7 @@ def test_resize_and_center_crop_as_torchvision(tmp_path: Path, photos: list[Imag
         w, h = image.size
         short = 64
         size = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
-        resized = image.resize(size, Image.Resampling.BILINEAR)
-        left, top = round((size[0] - 56) / 2), round((size[1] - 56) / 2)
-        expected = np.asarray(resized.crop((left, top, left + 56, top + 56))).astype(int)
+        expected = center_crop(np.asarray(image.resize(size, Image.Resampling.BILINEAR)), 56).astype(int)
         # Both filters are antialiased bilinear; their weights round differently.
         assert np.abs(got.astype(int) - expected).mean() < 4
     # Exact sizes; a crop larger than the image pads with zeros, as torchvision does.
@@ -154,9 +154,8 @@ def test_center_crop_offsets_round_as_python_does(tmp_path: Path) -> None:
     write_tar(tmp_path / "sizes.tar", [{"png": encode(Image.fromarray(a), "PNG")} for a in arrays])
     got = decoded(tmp_path / "sizes.tar", "png", decode="rgb8", center_crop=60)
     for a, image in zip(arrays, got):
-        # torchvision: round((size - 60) / 2), halves to even (349 wide: 144.5 -> 144)
-        top, left = round((a.shape[0] - 60) / 2), round((a.shape[1] - 60) / 2)
-        np.testing.assert_array_equal(image, a[top : top + 60, left : left + 60])
+        # Halves round to even: 349 wide gives a left offset of 144.5 -> 144.
+        np.testing.assert_array_equal(image, center_crop(a, 60))
 
 
 def test_parquet_image_column_batches_share_memory(tmp_path: Path, fashion: np.ndarray) -> None:

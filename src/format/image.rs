@@ -347,8 +347,6 @@ fn extension_of(format: ImageFormat) -> &'static str {
     }
 }
 
-/// The most bytes one decoded image may take (the `image` crate's default limit).
-const MAX_IMAGE_BYTES: usize = 512 << 20;
 /// A decode thread keeps its pixel buffer between images up to this size; a larger
 /// one (a rare huge image) is given back after use.
 const KEEP_SCRATCH_BYTES: usize = 64 << 20;
@@ -395,11 +393,10 @@ fn decode_jpeg(
     let (Some((w, h)), Some(size)) = (decoder.dimensions(), decoder.output_buffer_size()) else {
         return Err("the JPEG's dimensions could not be read".into());
     };
-    if size > MAX_IMAGE_BYTES {
-        return Err(format!(
-            "a {w}x{h} image takes {size} bytes decoded, past the limit of {MAX_IMAGE_BYTES}"
-        ));
-    }
+    // The same bound as PNG and WebP get: the image crate's default limits.
+    image::Limits::default()
+        .reserve_usize(size)
+        .map_err(|e| format!("a {w}x{h} image, {size} bytes decoded: {e}"))?;
     if buf.len() < size {
         buf.resize(size, 0);
     }
@@ -482,8 +479,12 @@ impl ImageDecode {
         };
         let channels = column.channels.count();
         let len = w as usize * h as usize * channels;
-        let source = FirImage::from_slice_u8(w, h, &mut pixels[..len], pixel_type)
-            .map_err(|e| e.to_string())?;
+        let have = pixels.len();
+        let decoded = pixels
+            .get_mut(..len)
+            .ok_or_else(|| format!("{w}x{h} pixels decoded into {have} bytes"))?;
+        let source =
+            FirImage::from_slice_u8(w, h, decoded, pixel_type).map_err(|e| e.to_string())?;
         let (nw, nh) = match self.resize {
             None => (w, h),
             Some(Resize::Exact(rh, rw)) => (rw, rh),
