@@ -1,7 +1,12 @@
-"""The wheel users install, as built by scripts/build-wheel.sh (scripts/test.sh builds it
-first and names its folder in SHARDFLOW_WHEEL_DIR): its tags and metadata, and a fresh
-virtual environment with no Rust toolchain on PATH that installs it, imports shardflow
-without torch or tensorflow, runs the demo and reads a dataset from S3 (SeaweedFS)."""
+"""A wheel of shardflow, from the folder named in SHARDFLOW_WHEEL_DIR: its tags and
+metadata, and a fresh virtual environment with no Rust toolchain on PATH that installs
+it, imports shardflow without torch or tensorflow, runs the demo and reads a dataset
+from S3 (SeaweedFS).
+
+scripts/test.sh builds that wheel from the same release build the other tests use, so
+it is tagged for this machine's glibc. scripts/release-check.sh runs this module on the
+release wheel of scripts/build-wheel.sh with SHARDFLOW_RELEASE_WHEEL=1, which also
+requires its manylinux_2_17 tag."""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from conftest import Seaweed
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL_DIR = os.environ.get("SHARDFLOW_WHEEL_DIR")
+RELEASE = os.environ.get("SHARDFLOW_RELEASE_WHEEL") == "1"
 VERSION = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]["version"]
 
 pytestmark = pytest.mark.skipif(
@@ -79,8 +85,9 @@ def test_wheel_tags_and_metadata(wheel: Path) -> None:
     assert (name, version, python_tag, abi_tag) == ("shardflow", VERSION, "cp311", "abi3")
     # maturin writes the legacy alias too: manylinux2014_x86_64.manylinux_2_17_x86_64
     platforms = platform_tag.split(".")
-    assert "manylinux_2_17_x86_64" in platforms
     assert all(p.startswith("manylinux") and p.endswith("_x86_64") for p in platforms)
+    if RELEASE:
+        assert "manylinux_2_17_x86_64" in platforms
     with zipfile.ZipFile(wheel) as archive:
         info = f"shardflow-{VERSION}.dist-info"
         tags = Parser().parsestr(archive.read(f"{info}/WHEEL").decode())
