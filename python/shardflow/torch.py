@@ -62,13 +62,13 @@ class _SharedEpoch:
     """
 
     # Slots of the shared array.
-    _SEED, _EPOCH, _NEXT, _SET_EPOCH, _SET_VERSION = range(5)
+    _SEED, _EPOCH, _NEXT, _SET_EPOCH, _SET_VERSION, _RESUME, _RESUME_TAKEN, _RESUMED_BY = range(8)
 
     def __init__(self, epoch: int) -> None:
         # The spawn context's primitives can also be inherited by forked workers.
         context = multiprocessing.get_context("spawn")
         self._lock = context.Lock()
-        self._values = context.RawArray("q", 5)
+        self._values = context.RawArray("q", 8)
         self._values[self._SEED] = -1
         self._values[self._NEXT] = epoch
         self._values[self._SET_EPOCH] = epoch
@@ -81,6 +81,26 @@ class _SharedEpoch:
             self._values[self._NEXT] = epoch
             self._values[self._SET_EPOCH] = epoch
             self._values[self._SET_VERSION] += 1
+
+    def new_resume(self) -> int:
+        """A token for a resume loaded in the main process: the first iteration whose
+        workers present it (see :meth:`take_resume`) resumes, and later ones do not."""
+        with self._lock:
+            self._values[self._RESUME] += 1
+            self._values[self._RESUME_TAKEN] = 0
+            return self._values[self._RESUME]
+
+    def take_resume(self, token: int, base_seed: int) -> bool:
+        """Whether the iteration with `base_seed` resumes at the state of `token`:
+        every worker of the first iteration to ask does; a later iteration's workers,
+        forked again from a main process that still holds the state, do not."""
+        with self._lock:
+            if self._values[self._RESUME] != token:
+                return False
+            if not self._values[self._RESUME_TAKEN]:
+                self._values[self._RESUME_TAKEN] = 1
+                self._values[self._RESUMED_BY] = base_seed
+            return self._values[self._RESUMED_BY] == base_seed
 
     def resume(self, base_seed: int, epoch: int) -> None:
         """Workers resuming a saved state all run its epoch; the next iteration the one after."""
@@ -198,7 +218,9 @@ class IterableDataset(_TorchIterableDataset):
         # out. (Taking a loader's state costs about as much as making a batch, and
         # torch's loop asks for it only when saving.)
         self._position: Callable[[], dict[str, Any]] | None = None
-        self._resume: dict[str, Any] | None = None
+        self._resume: dict[str, Any] | list[dict[str, Any]] | None = None
+        # Set when the resume was loaded in the main process (see _SharedEpoch.new_resume).
+        self._resume_token: int | None = None
         self._main_passes = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -237,8 +259,11 @@ class IterableDataset(_TorchIterableDataset):
             self._main_passes += 1
             iteration = -1 - self._main_passes
         skip = 0
-        if self._resume is not None:
-            resume, self._resume = self._resume, None
+        resume, self._resume = self._resume, None
+        token, self._resume_token = self._resume_token, None
+        if resume is not None and token is not None and not self._epoch.take_resume(token, iteration):
+            resume = None  # an earlier iteration of this loader resumed it already
+        if resume is not None:
             if isinstance(resume, list):
                 # Every worker of every rank, saved at one step: the rest of that epoch,
                 # divided between this run's ranks and workers.
@@ -302,6 +327,10 @@ class IterableDataset(_TorchIterableDataset):
             self._resume = [s["position"] for s in states]
         else:
             self._resume = state["position"]
+        # Loaded in a worker (as StatefulDataLoader does), the state is that worker's
+        # alone. Loaded in the main process, each later iteration forks workers that
+        # inherit it again, and only the first of them may resume.
+        self._resume_token = self._epoch.new_resume() if get_worker_info() is None else None
 
 
 def _delivered(position: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ use crate::source::{self, Io, IoCounters, ShardMeta, Storage};
 pub use autotune::{DEFAULT_MEMORY_LIMIT, Tuning};
 pub use batch::Rebatch;
 use decode::UnitSlice;
-pub use ops::{BatchTransform, BufferBounds, Columns, Indices, Op, Weights};
+pub use ops::{BatchTransform, BufferBounds, Columns, Draws, Indices, Op, Weights};
 pub use prefetch::{BatchReceiver, Received};
 pub use random_access::RandomAccess;
 use rng::Rng;
@@ -145,12 +145,15 @@ enum HeadKind {
 }
 
 impl Combined {
-    /// How part `i` is read within `run`: split the same way (so every reader gets its
-    /// share of every part), its positions numbered from its first leaf, not batched.
-    fn part_run(&self, i: usize, run: &RunOptions) -> RunOptions {
+    /// How part `i` is read within `run` of the combination, whose ops draw as `outer`:
+    /// split the same way (so every reader gets its share of every part), its positions
+    /// numbered from its first leaf, not batched, in the epoch the combination's origin
+    /// draws for.
+    fn part_run(&self, i: usize, run: &RunOptions, outer: Draws) -> RunOptions {
         let leaf = run.leaf + self.parts[..i].iter().map(Dataset::leaves).sum::<u64>();
         RunOptions {
             leaf,
+            epoch: outer.origin(),
             batch_rows: None,
             skip_rows: 0,
             ..run.clone()
@@ -237,12 +240,40 @@ impl Dataset {
                     parts.len()
                 )));
             }
-            if weights.iter().any(|w| !w.is_finite() || *w < 0.0)
-                || weights.iter().sum::<f64>() <= 0.0
-            {
+            if weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
                 return Err(Error::invalid_argument(
-                    "probabilities must be non-negative and not all zero",
+                    "probabilities must be non-negative numbers",
                 ));
+            }
+            // As `datasets` (numpy's `choice`) checks them: never normalised silently.
+            let sum: f64 = weights.iter().sum();
+            if (sum - 1.0).abs() > 1e-6 {
+                return Err(Error::invalid_argument(format!(
+                    "probabilities must sum to 1, not {sum}"
+                )));
+            }
+        }
+        if let Some(mix) = mix.as_ref().filter(|m| m.stopping != Stopping::FirstExhausted) {
+            // Under these strategies every dataset must run out for the mixing to end:
+            // one that is never drawn would make it endless (all_exhausted) or lose its
+            // rows (without replacement). `datasets` refuses both.
+            let strategy = match mix.stopping {
+                Stopping::AllExhausted => "all_exhausted",
+                _ => "all_exhausted_without_replacement",
+            };
+            if let Some(i) = mix.weights.as_ref().and_then(|w| w.iter().position(|&w| w == 0.0)) {
+                return Err(Error::invalid_argument(format!(
+                    "dataset {i} has probability 0, so stopping_strategy={strategy:?} would never \
+                     draw it; remove it or give it a probability"
+                )));
+            }
+            for (i, part) in parts.iter().enumerate() {
+                if part.num_rows()? == Some(0) {
+                    return Err(Error::invalid_argument(format!(
+                        "dataset {i} is empty, so stopping_strategy={strategy:?} cannot run it out; \
+                         leave it out"
+                    )));
+                }
             }
         }
         let schemas = parts
@@ -525,13 +556,19 @@ impl Dataset {
 
     /// Map-style access by row index, as in epoch `epoch` (see `RandomAccess`).
     pub fn random_access(&self, epoch: u64) -> Result<RandomAccess> {
+        self.random_access_with(Draws::new(&self.ops, epoch))
+    }
+
+    /// Map-style access with each op drawing for the epoch `draws` gives it: a prefix
+    /// of the ops draws as the whole chain would (see [`Draws`]).
+    fn random_access_with(&self, draws: Draws) -> Result<RandomAccess> {
         let rows = match &self.origin {
             Origin::Files(source) => RandomAccess::files(self.indexed()?, source.io())?,
             Origin::Combined(c) if c.mix.is_none() => {
                 let parts = c
                     .parts
                     .iter()
-                    .map(|p| p.random_access(epoch).map(Arc::new))
+                    .map(|p| p.random_access(draws.origin()).map(Arc::new))
                     .collect::<Result<Vec<_>>>()?;
                 RandomAccess::concat(parts, c.schema.clone())
             }
@@ -541,7 +578,7 @@ impl Dataset {
                 ));
             }
         };
-        rows.with_ops(&self.ops, epoch, 0)
+        rows.with_ops(&self.ops, draws)
     }
 
     /// Whether rows can be addressed by index through every op: what `select` and a
@@ -588,7 +625,7 @@ impl Dataset {
                 origin: self.origin.clone(),
                 ops: self.ops[..=last].to_vec(),
             };
-            let access = prefix.random_access(epoch)?;
+            let access = prefix.random_access_with(Draws::new(&self.ops, epoch))?;
             return Ok(Head {
                 rows: Some(access.len()),
                 kind: HeadKind::Indexed(Arc::new(access)),
@@ -687,7 +724,7 @@ impl Dataset {
         }
         let mut total = 0;
         for i in 0..c.parts.len() {
-            match c.parts[i].rows_of_run(&c.part_run(i, run))? {
+            match c.parts[i].rows_of_run(&c.part_run(i, run, Draws::new(&self.ops, run.epoch)))? {
                 Some(rows) => total += rows,
                 None => return Ok(None),
             }
@@ -723,7 +760,8 @@ impl Dataset {
     /// The units in this epoch's order: permuted when a shuffle comes first.
     fn unit_order(&self, prepared: &PreparedShards, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..prepared.units.len()).collect();
-        if let Some(seed) = unit_shuffle_seed(&self.ops) {
+        if let Some((stage, seed)) = unit_shuffle_seed(&self.ops) {
+            let epoch = Draws::new(&self.ops, epoch).stage(stage);
             Rng::new(seed, epoch, 0).shuffle(&mut order);
         }
         order
@@ -801,10 +839,11 @@ impl Dataset {
                 Box::new(ops::Padding::new(Box::new(stream), share, stats.clone()))
             }
             HeadKind::Combined(c) => {
+                let draws = Draws::new(&self.ops, run.epoch);
                 let open: combine::Open = {
                     let (c, stats, run) = (c.clone(), stats.clone(), run.clone());
                     Box::new(move |i| {
-                        let stream = c.parts[i].stream(&c.part_run(i, &run), stats.clone())?;
+                        let stream = c.parts[i].stream(&c.part_run(i, &run, draws), stats.clone())?;
                         let (schema, track) = (c.schema.clone(), run.track);
                         Ok(Box::new(stream.map(move |b| {
                             let (b, positions) = rows::detach(b?);
@@ -824,7 +863,7 @@ impl Dataset {
                         open,
                         c.parts.len(),
                         mix,
-                        Rng::new(mix.seed, run.epoch, run.part as u64),
+                        Rng::new(mix.seed, draws.origin(), run.part as u64),
                         c.schema.clone(),
                     )),
                 }
@@ -835,6 +874,7 @@ impl Dataset {
     /// Builds this epoch's stream of batches. Runs on the pipeline thread.
     pub fn stream(&self, run: &RunOptions, stats: Arc<Stats>) -> Result<BatchIter> {
         let head = self.head(run.epoch, run.count_rows)?;
+        let draws = Draws::new(&self.ops, run.epoch);
         let ops = &self.ops[head.rest..];
         let split = split(&head, ops);
         let mut stream = match &split {
@@ -867,7 +907,7 @@ impl Dataset {
             stream = match op {
                 Op::Shuffle { seed, buffer } => Box::new(shuffle::ShuffleBuffer::new(
                     stream,
-                    Rng::new(*seed, run.epoch, 1 + stage as u64),
+                    Rng::new(*seed, draws.stage(stage), 1 + stage as u64),
                     *buffer,
                     stats.clone(),
                 )),
@@ -1010,7 +1050,7 @@ impl Dataset {
         if let HeadKind::Combined(c) = &head.kind {
             let mut all = Vec::new();
             for i in 0..c.parts.len() {
-                all.extend(c.parts[i].planned_rows(&c.part_run(i, run))?);
+                all.extend(c.parts[i].planned_rows(&c.part_run(i, run, Draws::new(&self.ops, run.epoch)))?);
             }
             return Ok(all);
         }
@@ -1047,12 +1087,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The seed that permutes unit order: the first shuffle's, unless a take/skip comes
-/// before it (then *which* rows are taken must not depend on the seed).
-fn unit_shuffle_seed(ops: &[Op]) -> Option<u64> {
-    for op in ops {
+/// The stage and seed of the shuffle that permutes unit order: the first shuffle's, unless
+/// a take/skip comes before it (then *which* rows are taken must not depend on the seed).
+fn unit_shuffle_seed(ops: &[Op]) -> Option<(usize, u64)> {
+    for (stage, op) in ops.iter().enumerate() {
         match op {
-            Op::Shuffle { seed, .. } => return Some(*seed),
+            Op::Shuffle { seed, .. } => return Some((stage, *seed)),
             Op::Take(_) | Op::Skip(_) | Op::Select(_) | Op::Permute { .. } | Op::Sample { .. } => {
                 return None;
             }

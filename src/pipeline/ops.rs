@@ -185,6 +185,53 @@ impl Op {
     pub fn needs_index(&self) -> bool {
         matches!(self, Op::Select(_) | Op::Permute { .. } | Op::Sample { .. })
     }
+
+    /// Whether the op picks rows by their position in the order before it: a split
+    /// (take, skip, select, and so shard and train_test_split) or a weighted_sample,
+    /// which reads its weights through that order. See [`Draws`].
+    pub fn picks_by_position(&self) -> bool {
+        matches!(
+            self,
+            Op::Take(_) | Op::Skip(_) | Op::Select(_) | Op::Sample { .. }
+        )
+    }
+}
+
+/// Which epoch each seeded draw of a dataset follows. A split must select the same rows
+/// in every epoch (or a test split would leak into train), and a weighted_sample must
+/// read its weights in the order it draws from; so everything before the last op that
+/// picks rows by position (the source's order, an interleave's draws, the parts of a
+/// combination, shuffles) draws as in epoch 0. Ops after it draw anew each epoch, so
+/// `DataLoader(ds.shuffle(seed))` still reshuffles every epoch.
+#[derive(Clone, Copy, Debug)]
+pub struct Draws {
+    epoch: u64,
+    /// Index of the last op that picks by position.
+    last_pick: Option<usize>,
+}
+
+impl Draws {
+    pub fn new(ops: &[Op], epoch: u64) -> Self {
+        Self {
+            epoch,
+            last_pick: ops.iter().rposition(Op::picks_by_position),
+        }
+    }
+
+    /// The epoch of the dataset's origin: its unit order, an interleave's draws, and the
+    /// epoch its combined parts run.
+    pub fn origin(&self) -> u64 {
+        if self.last_pick.is_some() { 0 } else { self.epoch }
+    }
+
+    /// The epoch the op at `stage` draws for.
+    pub fn stage(&self, stage: usize) -> u64 {
+        if self.last_pick.is_some_and(|last| stage < last) {
+            0
+        } else {
+            self.epoch
+        }
+    }
 }
 
 impl std::fmt::Debug for Op {

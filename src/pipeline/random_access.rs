@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use super::ops::{BatchTransform, Indices, Op, Weights};
+use super::ops::{BatchTransform, Draws, Indices, Op, Weights};
 use super::rng::Rng;
 use crate::error::{Error, Position, Result};
 use crate::format::index::RecordAccess;
@@ -204,7 +204,7 @@ impl RandomAccess {
 
     /// These rows with `ops` applied, in `epoch` (which a full-permutation shuffle
     /// depends on). Only ops that keep rows addressable can be.
-    pub(super) fn with_ops(mut self, ops: &[Op], epoch: u64, first_stage: usize) -> Result<Self> {
+    pub(super) fn with_ops(mut self, ops: &[Op], draws: Draws) -> Result<Self> {
         for (stage, op) in ops.iter().enumerate() {
             match op {
                 Op::Take(n) => self.len = self.len.min(*n),
@@ -225,7 +225,7 @@ impl RandomAccess {
                 }
                 Op::Permute { seed } => {
                     let mut order: Vec<u64> = (0..self.len).collect();
-                    Rng::new(*seed, epoch, 1 + (first_stage + stage) as u64).shuffle(&mut order);
+                    Rng::new(*seed, draws.stage(stage), 1 + stage as u64).shuffle(&mut order);
                     self.maps.push(IndexMap::Permute(order));
                 }
                 Op::Sample {
@@ -236,7 +236,7 @@ impl RandomAccess {
                 } => {
                     let weights = self.weights(weights)?;
                     let n = num_samples.unwrap_or(self.len);
-                    let mut rng = Rng::new(*seed, epoch, 1 + (first_stage + stage) as u64);
+                    let mut rng = Rng::new(*seed, draws.stage(stage), 1 + stage as u64);
                     let order = if *replacement {
                         sample::with_replacement(&weights, n, &mut rng)
                     } else {

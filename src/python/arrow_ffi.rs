@@ -103,7 +103,7 @@ impl Iterator for ReceiverReader {
         let wait = |receiver: &mut BatchReceiver| receiver.recv_timeout(Duration::from_secs(3600));
         loop {
             let receiver = &mut self.receiver;
-            let got = match Python::try_attach(|py| py.detach(|| wait(receiver))) {
+            let got = match super::fork::attach(|py| py.detach(|| wait(receiver))) {
                 Some(got) => got,
                 None => wait(receiver),
             };

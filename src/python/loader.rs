@@ -185,6 +185,7 @@ impl PyDataLoader {
             world_size: get("world_size")?.extract()?,
             remaining: rows("remaining")?,
             consumed: rows("consumed")?,
+            pad: get("pad")?.extract()?,
         };
         if saved.world_size == 0 || saved.rank >= saved.world_size {
             return Err(PyValueError::new_err(format!(
@@ -202,9 +203,11 @@ impl PyDataLoader {
     fn remaining_after(&self, saved: Vec<Saved>) -> crate::error::Result<RowSet> {
         let world = saved[0].world_size;
         let dataset = self.dataset();
+        // The epoch as the saving run divided it, padding included.
         let run = |part: usize| RunOptions {
             part,
             parts: world,
+            pad: saved[0].pad,
             remaining: saved[0].remaining.clone().map(Arc::new),
             ..self.run_options(saved[0].epoch)
         };
@@ -276,7 +279,6 @@ impl PyDataLoader {
             "drop_last",
             self.drop_last.into_pyobject(py)?.to_owned().into_any(),
         )?;
-        compare("pad", self.pad.into_pyobject(py)?.to_owned().into_any())?;
         if same_ranks {
             compare("rank", self.rank.into_pyobject(py)?.into_any())?;
             compare("world_size", self.world_size.into_pyobject(py)?.into_any())?;
@@ -487,7 +489,8 @@ impl PyDataLoader {
         // Ranks (and a rank's workers) may stand at different batches; they must share
         // the epoch and how it was divided.
         for (s, other) in saved.iter().zip(&states).skip(1) {
-            if (s.epoch, s.world_size, &s.remaining) != (saved[0].epoch, world, &saved[0].remaining)
+            if (s.epoch, s.world_size, s.pad, &s.remaining)
+                != (saved[0].epoch, world, saved[0].pad, &saved[0].remaining)
             {
                 return Err(PyValueError::new_err(format!(
                     "the states are not of one checkpoint of one run (their epochs, world sizes or divisions of the epoch differ): {} and {}",
@@ -500,7 +503,7 @@ impl PyDataLoader {
             .get_item("seed")?
             .ok_or_else(|| PyKeyError::new_err("state_dict has no \"seed\""))?
             .extract()?;
-        if world == self.world_size {
+        if world == self.world_size && saved[0].pad == self.pad {
             // The same split: replay this rank's own stream to where it stood.
             let own = saved
                 .into_iter()
@@ -626,6 +629,9 @@ struct Saved {
     world_size: usize,
     remaining: Option<RowSet>,
     consumed: Option<RowSet>,
+    /// How the saving run padded its shares. It need not match this loader's `pad`,
+    /// which shapes only the new division (the default differs between 1 and N ranks).
+    pad: bool,
 }
 
 /// Yields the batches of one epoch.

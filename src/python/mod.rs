@@ -5,6 +5,7 @@ mod arrow_ffi;
 mod batch;
 mod dataset;
 mod errors;
+mod fork;
 mod from_python;
 mod loader;
 mod to_python;
@@ -69,9 +70,10 @@ mod _native {
     use pyo3::prelude::*;
 
     /// `__version__` is the crate's version, compiled in, so the Python package reports
-    /// the version of the extension that is really loaded.
+    /// the version of the extension that is really loaded. Fork handlers: see `fork`.
     #[pymodule_init]
     fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
+        super::fork::register(module.py())?;
         module.add("__version__", env!("CARGO_PKG_VERSION"))
     }
 }

@@ -1,6 +1,7 @@
 //! User functions (`filter`, `map`, `flat_map`) run by the pipeline thread, which takes
 //! the GIL for each batch.
 
+use std::mem::ManuallyDrop;
 use std::sync::OnceLock;
 
 use arrow_array::{BooleanArray, RecordBatch};
@@ -9,6 +10,7 @@ use arrow_select::filter::filter_record_batch;
 use pyo3::prelude::*;
 
 use super::errors::callback_error;
+use super::fork;
 use super::from_python::{columns_to_batch, rows_to_batch};
 use super::to_python::{batch_to_numpy, batch_to_rows};
 use crate::error::{Error, Result};
@@ -26,7 +28,8 @@ pub enum Kind {
 }
 
 pub struct PyTransform {
-    pub func: Py<PyAny>,
+    /// Dropped with the GIL (see `Drop`).
+    func: ManuallyDrop<Py<PyAny>>,
     pub kind: Kind,
     /// e.g. `map(train.normalize)`: names the function in errors and fingerprints.
     pub name: String,
@@ -58,7 +61,7 @@ impl PyTransform {
             let _ = fixed.set(schema);
         }
         Self {
-            func: func.clone().unbind(),
+            func: ManuallyDrop::new(func.clone().unbind()),
             kind,
             name: format!("{verb}({function})"),
             schema: fixed,
@@ -178,11 +181,22 @@ fn widens(from: &DataType, to: &DataType) -> bool {
 }
 
 fn with_gil<T>(f: impl FnOnce(Python<'_>) -> PyResult<T>) -> Result<T> {
-    Python::try_attach(|py| f(py).map_err(callback_error)).unwrap_or_else(|| {
+    fork::attach(|py| f(py).map_err(callback_error)).unwrap_or_else(|| {
         Err(Error::Internal(
             "the Python interpreter is shutting down".into(),
         ))
     })
+}
+
+impl Drop for PyTransform {
+    fn drop(&mut self) {
+        // The last reference often goes on a pipeline thread. Dropped there without the
+        // GIL, the function would go on pyo3's list of deferred decrefs, under a lock
+        // that a fork could copy taken (see `fork`).
+        // SAFETY: `func` is not used again.
+        let func = unsafe { ManuallyDrop::take(&mut self.func) };
+        let _ = fork::attach(move |_py| drop(func));
+    }
 }
 
 impl PyTransform {

@@ -1,0 +1,200 @@
+"""Ops composed the way users chain them: what each epoch, rank and worker gets when a
+split or a weighted draw follows a shuffle (see the README's "Defaults you can rely on":
+everything before the last split or weighted_sample draws as in epoch 0)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_id_shards
+from torch.utils.data import DataLoader as TorchLoader
+
+import shardflow as sf
+from shardflow.torch import IterableDataset
+
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def thousand(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_id_shards(tmp_path_factory.mktemp("thousand"), [400, 350, 250], row_group_size=50)
+
+
+def ids_of(ds: sf.Dataset, epoch: int, **loader_args: object) -> list[int]:
+    loader = sf.DataLoader(ds, batch_size=64, **loader_args)  # type: ignore[arg-type]
+    loader.set_epoch(epoch)
+    return [i for batch in loader for i in batch["id"].tolist()]
+
+
+def test_weighted_sample_after_a_shuffle_reads_weights_in_every_epoch() -> None:
+    # Only 10 of 1,000 rows may be drawn; the shuffle before the draw used to move each
+    # epoch while the weights stayed as read in epoch 0.
+    ids = np.arange(1000)
+    weights = np.where(ids % 100 == 7, 1.0, 0.0)
+    allowed = set(ids[weights > 0].tolist())
+    ds = sf.from_dict({"id": ids, "w": weights}).shuffle(seed=7).weighted_sample("w", 200)
+    for epoch in range(EPOCHS):
+        drawn = ids_of(ds, epoch)
+        assert len(drawn) == 200 and set(drawn) <= allowed, epoch
+        ds.set_epoch(epoch)
+        assert {ds[i]["id"] for i in range(0, 200, 7)} <= allowed, epoch
+    # A dataset used first at epoch 1 (a resumed run) reads its weights there.
+    fresh = sf.from_dict({"id": ids, "w": weights}).shuffle(seed=7).weighted_sample("w", 200)
+    assert set(ids_of(fresh, 1)) <= allowed
+    fresh.set_epoch(2)
+    assert fresh[0]["id"] in allowed
+    # The draw itself is new each epoch.
+    assert ids_of(ds, 0) != ids_of(ds, 1)
+
+
+def test_split_after_full_shuffle_is_the_same_every_epoch(thousand: str) -> None:
+    ds = sf.dataset(thousand).shuffle(seed=42)
+    split = ds.train_test_split(test_size=0.2, shuffle=False)
+    test_rows = set(ids_of(split["test"], 0))
+    assert len(test_rows) == 200
+    for epoch in range(EPOCHS):
+        train = ids_of(split["train"], epoch)
+        assert len(train) == 800 and not set(train) & test_rows, epoch
+        assert set(ids_of(split["test"], epoch)) == test_rows
+        # The train split's own shuffle still changes each epoch.
+    orders = {tuple(ids_of(split["train"], e, shuffle=True, seed=1)) for e in range(EPOCHS)}
+    assert len(orders) == EPOCHS
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["full", "buffer"])
+def test_cookbook_take_skip_after_shuffle_never_leaks(thousand: str, buffered: bool) -> None:
+    # The cookbook idiom: shuffle once, the first n rows as test, the rest as train;
+    # then 3 epochs of a shuffled loader over train on 4 ranks x 2 torch workers.
+    base = sf.dataset(thousand)
+    shuffled = base.shuffle(seed=0, buffer_size=100) if buffered else base.shuffle(seed=0)
+    test, train = shuffled.take(100), shuffled.skip(100)
+    test_rows = set(ids_of(test, 0))
+    assert len(test_rows) == 100
+    ranks = [
+        TorchLoader(
+            IterableDataset(train, batch_size=16, shuffle=True, rank=rank, world_size=4, drop_last=False),
+            batch_size=None, num_workers=2, multiprocessing_context="fork",
+        )
+        for rank in range(4)
+    ]
+    orders = []
+    for epoch in range(EPOCHS):
+        seen: list[int] = []
+        for loader in ranks:
+            for batch in loader:
+                seen.extend(batch["id"].tolist())
+        assert not set(seen) & test_rows, f"epoch {epoch}: test rows in train"
+        assert set(seen) == set(range(1000)) - test_rows, epoch
+        assert set(ids_of(test, epoch)) == test_rows
+        orders.append(seen)
+    assert len({tuple(o) for o in orders}) == EPOCHS  # train is still reshuffled
+
+
+def test_interleave_before_a_take_draws_the_same_rows_every_epoch(thousand: str) -> None:
+    a = sf.from_dict({"id": np.arange(0, 500)})
+    b = sf.from_dict({"id": np.arange(500, 1000)})
+    mixed = sf.interleave([a, b], probabilities=[0.3, 0.7], seed=5).take(300)
+    first = ids_of(mixed, 0)
+    assert len(first) == 300
+    for epoch in range(1, EPOCHS):
+        assert ids_of(mixed, epoch) == first
+
+
+def test_concatenated_shuffles_before_a_select_stay_put(tmp_path: Path) -> None:
+    a = sf.from_dict({"id": np.arange(0, 60)}).shuffle(seed=3)
+    b = sf.from_dict({"id": np.arange(60, 100)}).shuffle(seed=4)
+    picked = sf.concatenate([a, b]).select(range(10, 90, 3))
+    first = ids_of(picked, 0)
+    for epoch in range(1, EPOCHS):
+        assert ids_of(picked, epoch) == first
+    # Without a split after it, a concatenation of shuffles reshuffles each epoch.
+    whole = sf.concatenate([a, b])
+    assert ids_of(whole, 0) != ids_of(whole, 1)
+    assert sorted(ids_of(whole, 1)) == list(range(100))
+
+
+@pytest.mark.parametrize("strategy", ["all_exhausted", "all_exhausted_without_replacement"])
+def test_interleave_refuses_what_could_not_run_out(strategy: str) -> None:
+    a = sf.from_dict({"id": np.arange(10)})
+    b = sf.from_dict({"id": np.arange(10, 20)})
+    # Endless before (still drawing at 100,000 rows), or B's rows silently dropped.
+    with pytest.raises(ValueError, match="dataset 1 has probability 0"):
+        sf.interleave([a, b], probabilities=[1.0, 0.0], stopping_strategy=strategy)
+    with pytest.raises(ValueError, match="dataset 0 is empty"):
+        sf.interleave([a.take(0), b], stopping_strategy=strategy)
+    with pytest.raises(ValueError, match="dataset 1 is empty"):
+        sf.interleave([b, a.skip(10)], stopping_strategy=strategy)
+    # first_exhausted may take a zero probability: that dataset is just never drawn.
+    assert sorted(ids_of(sf.interleave([a, b], probabilities=[1.0, 0.0], seed=1), 0)) == list(range(10))
+
+
+def test_interleave_probabilities_must_sum_to_one() -> None:
+    a = sf.from_dict({"id": np.arange(10)})
+    with pytest.raises(ValueError, match="sum to 1"):
+        sf.interleave([a, a], probabilities=[2.0, 1.0])
+    sf.interleave([a, a], probabilities=[0.1, 0.9])  # rounding in the sum is fine
+
+
+def test_elastic_resume_between_one_and_many_ranks_with_the_defaults(thousand: str) -> None:
+    # The default pad differs between 1 rank (off) and N ranks (on); a state's pad shapes
+    # only how the saving run divided its epoch, not the loader that resumes it.
+    ds = sf.dataset(thousand)
+
+    def loader(rank: int = 0, world_size: int = 1) -> sf.DataLoader:
+        return sf.DataLoader(ds, batch_size=10, shuffle=True, seed=1, rank=rank, world_size=world_size)
+
+    def first_batches(source: sf.DataLoader, n: int) -> list[int]:
+        batches = iter(source)
+        return [i for _ in range(n) for i in next(batches)["id"].tolist()]
+
+    # 2 ranks -> 1
+    ranks = [loader(r, 2) for r in range(2)]
+    delivered = [i for r in ranks for i in first_batches(r, 3)]
+    one = loader()
+    one.load_state_dict([r.state_dict() for r in ranks])
+    rest = [i for batch in one for i in batch["id"].tolist()]
+    assert sorted(delivered + rest) == list(range(1000))
+    # 1 rank -> 2 (one state is enough: plain shuffled data moves in lockstep)
+    single = loader()
+    delivered = first_batches(single, 7)
+    state = single.state_dict()
+    rest = []
+    for rank in range(2):
+        resumed = loader(rank, 2)
+        resumed.load_state_dict([state])
+        rest += [i for batch in resumed for i in batch["id"].tolist()]
+    assert sorted(delivered + rest) == list(range(1000))
+
+
+def test_a_torch_resume_is_consumed_by_one_iteration(thousand: str) -> None:
+    # The README's recipe: the workers' states into IterableDataset.load_state_dict,
+    # then a new StatefulDataLoader with torch's default (non-persistent) workers. The
+    # first pass finishes the saved epoch; later passes are whole epochs again.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from shardflow.torch import dataset_states
+
+    def dataset() -> IterableDataset:
+        return IterableDataset(sf.dataset(thousand), batch_size=50, shuffle=True, seed=3)
+
+    def loader(ds: IterableDataset) -> StatefulDataLoader:
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+
+    first = loader(dataset())
+    delivered: list[int] = []
+    for step, batch in enumerate(first):
+        delivered += batch["id"].tolist()
+        if step == 5:
+            break
+    state = first.state_dict()
+    ds = dataset()
+    ds.load_state_dict(dataset_states(state))
+    resumed = loader(ds)
+    rest = [i for batch in resumed for i in batch["id"].tolist()]
+    assert sorted(delivered + rest) == list(range(1000))
+    later = [[i for batch in resumed for i in batch["id"].tolist()] for _ in range(2)]
+    for epoch in later:
+        assert sorted(epoch) == list(range(1000))
+    assert later[0] != later[1]
