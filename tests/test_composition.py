@@ -198,3 +198,35 @@ def test_a_torch_resume_is_consumed_by_one_iteration(thousand: str) -> None:
     for epoch in later:
         assert sorted(epoch) == list(range(1000))
     assert later[0] != later[1]
+
+
+def test_sample_mode_resumes_from_the_states_list(thousand: str) -> None:
+    # Samples handed out one by one: the states list resumes exactly on the same number
+    # of parts (samples already out are not repeated), a flat_map included, and on
+    # another number of parts a flat_map's epoch gives the clear error (its rows have no
+    # positions), where the adapter used to fail with a TypeError.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from shardflow.torch import dataset_states
+
+    def twice(row: dict) -> list[dict]:
+        return [row, row]
+
+    for flat in (False, True):
+        def dataset() -> IterableDataset:
+            base = sf.dataset(thousand)
+            return IterableDataset(base.flat_map(twice) if flat else base, shuffle=True, seed=2)
+
+        first = StatefulDataLoader(dataset(), batch_size=10)
+        batches = iter(first)
+        delivered = [i for _ in range(7) for i in next(batches)["id"].tolist()]
+        state = first.state_dict()
+        ds = dataset()
+        ds.load_state_dict(dataset_states(state))
+        rest = [i for batch in StatefulDataLoader(ds, batch_size=10) for i in batch["id"].tolist()]
+        expected = sorted(list(range(1000)) * (2 if flat else 1))
+        assert sorted(delivered + rest) == expected, flat
+    elastic = dataset()
+    elastic.load_state_dict(dataset_states(state))
+    with pytest.raises(ValueError, match="only on the world size that saved it"):
+        next(iter(StatefulDataLoader(elastic, batch_size=10, num_workers=2, multiprocessing_context="fork")))

@@ -264,15 +264,16 @@ class IterableDataset(_TorchIterableDataset):
         if resume is not None and token is not None and not self._epoch.take_resume(token, iteration):
             resume = None  # an earlier iteration of this loader resumed it already
         if resume is not None:
-            if isinstance(resume, list):
+            own = _own_state(loader, resume) if isinstance(resume, list) else resume
+            if own is None:
                 # Every worker of every rank, saved at one step: the rest of that epoch,
-                # divided between this run's ranks and workers.
+                # divided anew between this run's ranks and workers.
                 loader.load_state_dict([_delivered(p) for p in resume])
                 epoch = resume[0]["loader"]["epoch"]
             else:
-                loader.load_state_dict(resume["loader"])
-                skip = resume["samples_out"]
-                epoch = resume["loader"]["epoch"]
+                loader.load_state_dict(own["loader"])
+                skip = own["samples_out"]
+                epoch = own["loader"]["epoch"]
             self._epoch.resume(iteration, epoch)
         else:
             loader.set_epoch(self._epoch.claim(iteration))
@@ -333,11 +334,29 @@ class IterableDataset(_TorchIterableDataset):
         self._resume_token = self._epoch.new_resume() if get_worker_info() is None else None
 
 
+def _own_state(loader: sf.DataLoader, resume: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """This part's own state among `resume`, when the states divided the epoch as this
+    run does: it replays its own stream, and the samples it had handed out of its batch
+    in progress are skipped, not repeated. None: the epoch is divided anew."""
+    mine = loader.state_dict()
+    saved = resume[0]["loader"]
+    if (saved["world_size"], saved["pad"]) != (mine["world_size"], mine["pad"]):
+        return None
+    own = [p for p in resume if p["loader"]["rank"] == mine["rank"]]
+    return own[0] if own else None
+
+
 def _delivered(position: dict[str, Any]) -> dict[str, Any]:
     """A worker's loader state with the samples it handed out of its batch in progress
     counted as delivered."""
     loader = dict(position["loader"])
-    out = position["positions"][: position["samples_out"]] if "positions" in position else []
+    positions = position.get("positions")
+    if position["samples_out"] and positions is None:
+        raise ValueError(
+            "a state does not say which samples it handed out (a flat_map or batched map "
+            "changed the rows), so its epoch can resume only on the world size that saved it"
+        )
+    out = positions[: position["samples_out"]] if positions else []
     if out and loader.get("consumed") is not None:
         loader["consumed"] = list(loader["consumed"]) + [v for p in out for v in (p, p + 1)]
     return loader
