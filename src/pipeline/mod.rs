@@ -253,7 +253,10 @@ impl Dataset {
                 )));
             }
         }
-        if let Some(mix) = mix.as_ref().filter(|m| m.stopping != Stopping::FirstExhausted) {
+        if let Some(mix) = mix
+            .as_ref()
+            .filter(|m| m.stopping != Stopping::FirstExhausted)
+        {
             // Under these strategies every dataset must run out for the mixing to end:
             // one that is never drawn would make it endless (all_exhausted) or lose its
             // rows (without replacement). `datasets` refuses both.
@@ -261,7 +264,11 @@ impl Dataset {
                 Stopping::AllExhausted => "all_exhausted",
                 _ => "all_exhausted_without_replacement",
             };
-            if let Some(i) = mix.weights.as_ref().and_then(|w| w.iter().position(|&w| w == 0.0)) {
+            if let Some(i) = mix
+                .weights
+                .as_ref()
+                .and_then(|w| w.iter().position(|&w| w == 0.0))
+            {
                 return Err(Error::invalid_argument(format!(
                     "dataset {i} has probability 0, so stopping_strategy={strategy:?} would never \
                      draw it; remove it or give it a probability"
@@ -843,7 +850,8 @@ impl Dataset {
                 let open: combine::Open = {
                     let (c, stats, run) = (c.clone(), stats.clone(), run.clone());
                     Box::new(move |i| {
-                        let stream = c.parts[i].stream(&c.part_run(i, &run, draws), stats.clone())?;
+                        let stream =
+                            c.parts[i].stream(&c.part_run(i, &run, draws), stats.clone())?;
                         let (schema, track) = (c.schema.clone(), run.track);
                         Ok(Box::new(stream.map(move |b| {
                             let (b, positions) = rows::detach(b?);
@@ -1050,7 +1058,11 @@ impl Dataset {
         if let HeadKind::Combined(c) = &head.kind {
             let mut all = Vec::new();
             for i in 0..c.parts.len() {
-                all.extend(c.parts[i].planned_rows(&c.part_run(i, run, Draws::new(&self.ops, run.epoch)))?);
+                all.extend(c.parts[i].planned_rows(&c.part_run(
+                    i,
+                    run,
+                    Draws::new(&self.ops, run.epoch),
+                ))?);
             }
             return Ok(all);
         }

@@ -221,7 +221,11 @@ impl Draws {
     /// The epoch of the dataset's origin: its unit order, an interleave's draws, and the
     /// epoch its combined parts run.
     pub fn origin(&self) -> u64 {
-        if self.last_pick.is_some() { 0 } else { self.epoch }
+        if self.last_pick.is_some() {
+            0
+        } else {
+            self.epoch
+        }
     }
 
     /// The epoch the op at `stage` draws for.

@@ -88,7 +88,10 @@ fn after_fork_in_child() {
 pub fn register(py: Python<'_>) -> PyResult<()> {
     let kwargs = pyo3::types::PyDict::new(py);
     kwargs.set_item("before", wrap_pyfunction!(before_fork, py)?)?;
-    kwargs.set_item("after_in_parent", wrap_pyfunction!(after_fork_in_parent, py)?)?;
+    kwargs.set_item(
+        "after_in_parent",
+        wrap_pyfunction!(after_fork_in_parent, py)?,
+    )?;
     kwargs.set_item("after_in_child", wrap_pyfunction!(after_fork_in_child, py)?)?;
     py.import("os")?
         .getattr("register_at_fork")?
