@@ -9,6 +9,7 @@ Usage: python scripts/fork_storm.py [ITERATIONS] [THREADS]   (scripts/stress-for
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -28,6 +29,8 @@ def main() -> int:
     iterations = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     threads = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     stop = threading.Event()
+    # The workers' "no Python work to share" hint, once per worker, would fill the output.
+    logging.getLogger("shardflow").setLevel(logging.ERROR)
 
     def background() -> None:
         mapped = sf.from_dict({"id": np.arange(200)}).map(plus_one)
