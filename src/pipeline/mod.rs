@@ -561,9 +561,14 @@ impl Dataset {
         }
     }
 
+    /// Which epoch each of this dataset's seeded draws follows in epoch `epoch`.
+    fn draws(&self, epoch: u64) -> Draws {
+        Draws::new(&self.ops, epoch)
+    }
+
     /// Map-style access by row index, as in epoch `epoch` (see `RandomAccess`).
     pub fn random_access(&self, epoch: u64) -> Result<RandomAccess> {
-        self.random_access_with(Draws::new(&self.ops, epoch))
+        self.random_access_with(self.draws(epoch))
     }
 
     /// Map-style access with each op drawing for the epoch `draws` gives it: a prefix
@@ -632,7 +637,7 @@ impl Dataset {
                 origin: self.origin.clone(),
                 ops: self.ops[..=last].to_vec(),
             };
-            let access = prefix.random_access_with(Draws::new(&self.ops, epoch))?;
+            let access = prefix.random_access_with(self.draws(epoch))?;
             return Ok(Head {
                 rows: Some(access.len()),
                 kind: HeadKind::Indexed(Arc::new(access)),
@@ -729,9 +734,9 @@ impl Dataset {
         {
             return Ok(None);
         }
-        let mut total = 0;
+        let (draws, mut total) = (self.draws(run.epoch), 0);
         for i in 0..c.parts.len() {
-            match c.parts[i].rows_of_run(&c.part_run(i, run, Draws::new(&self.ops, run.epoch)))? {
+            match c.parts[i].rows_of_run(&c.part_run(i, run, draws))? {
                 Some(rows) => total += rows,
                 None => return Ok(None),
             }
@@ -768,7 +773,7 @@ impl Dataset {
     fn unit_order(&self, prepared: &PreparedShards, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..prepared.units.len()).collect();
         if let Some((stage, seed)) = unit_shuffle_seed(&self.ops) {
-            let epoch = Draws::new(&self.ops, epoch).stage(stage);
+            let epoch = self.draws(epoch).stage(stage);
             Rng::new(seed, epoch, 0).shuffle(&mut order);
         }
         order
@@ -846,7 +851,7 @@ impl Dataset {
                 Box::new(ops::Padding::new(Box::new(stream), share, stats.clone()))
             }
             HeadKind::Combined(c) => {
-                let draws = Draws::new(&self.ops, run.epoch);
+                let draws = self.draws(run.epoch);
                 let open: combine::Open = {
                     let (c, stats, run) = (c.clone(), stats.clone(), run.clone());
                     Box::new(move |i| {
@@ -882,7 +887,7 @@ impl Dataset {
     /// Builds this epoch's stream of batches. Runs on the pipeline thread.
     pub fn stream(&self, run: &RunOptions, stats: Arc<Stats>) -> Result<BatchIter> {
         let head = self.head(run.epoch, run.count_rows)?;
-        let draws = Draws::new(&self.ops, run.epoch);
+        let draws = self.draws(run.epoch);
         let ops = &self.ops[head.rest..];
         let split = split(&head, ops);
         let mut stream = match &split {
@@ -1058,11 +1063,7 @@ impl Dataset {
         if let HeadKind::Combined(c) = &head.kind {
             let mut all = Vec::new();
             for i in 0..c.parts.len() {
-                all.extend(c.parts[i].planned_rows(&c.part_run(
-                    i,
-                    run,
-                    Draws::new(&self.ops, run.epoch),
-                ))?);
+                all.extend(c.parts[i].planned_rows(&c.part_run(i, run, self.draws(run.epoch)))?);
             }
             return Ok(all);
         }
