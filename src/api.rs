@@ -269,7 +269,7 @@ impl Loader {
         };
         let run = RunOptions::loader(
             epoch,
-            (self.rank, self.world_size),
+            (self.rank, self.world_size, 1),
             self.batch_size,
             self.drop_last,
             // As Python's DataLoader (and DistributedSampler) by default.

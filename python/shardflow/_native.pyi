@@ -160,6 +160,8 @@ class DataLoader:
         memory_limit: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        worker: int | None = None,
+        num_workers: int | None = None,
         output: str = "numpy",
         pin_memory: bool = False,
     ) -> DataLoader: ...

@@ -9,8 +9,9 @@
   ``DistributedSampler`` included.
 
 Several ranks each get the same number of batches (their shares are padded with the
-first rows again, as ``DistributedSampler`` pads, unless ``drop_last=True``), so a DDP
-step never waits on a rank that ran out. To resume on another number of ranks or
+first rows again, as ``DistributedSampler`` pads, unless ``drop_last=True`` or
+``pad=False``), so a DDP step never waits on a rank that ran out. A rank's share is then
+cut between its workers, each row once: workers are never padded. To resume on another number of ranks or
 workers, collect every worker's state from every rank (:func:`dataset_states` of each
 rank's ``StatefulDataLoader.state_dict()``) and pass the list to
 :meth:`IterableDataset.load_state_dict` before starting the new loader.
@@ -196,6 +197,7 @@ class IterableDataset(_TorchIterableDataset):
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
+        pad: bool | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         num_threads: int | None = None,
@@ -208,6 +210,7 @@ class IterableDataset(_TorchIterableDataset):
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
+        self.pad = pad
         self.rank = rank
         self.world_size = world_size
         self.num_threads = num_threads
@@ -233,16 +236,19 @@ class IterableDataset(_TorchIterableDataset):
             _hint_workers_cost()
         rank, world = _rank_and_world(self.rank, self.world_size)
         # Every (rank, worker) pair is one part of the epoch. Ranks must take the same
-        # number of steps, so their parts are padded; the workers of one rank need not.
+        # number of steps, so their shares are padded (by default); the workers of one
+        # rank read its share between them, each row once.
         return sf.DataLoader(
             self.dataset,
             batch_size=self.batch_size or 256,
             shuffle=self.shuffle,
             seed=self.seed if self.shuffle else None,
             drop_last=self.drop_last,
-            pad=world > 1 and not self.drop_last,
-            rank=rank * workers + worker,
-            world_size=world * workers,
+            pad=self.pad,
+            rank=rank,
+            world_size=world,
+            worker=worker,
+            num_workers=workers,
             num_threads=self.num_threads or (1 if info is not None else None),
             prefetch=self.prefetch,
             output="torch" if self.batch_size else "numpy",
@@ -340,7 +346,8 @@ def _own_state(loader: sf.DataLoader, resume: list[dict[str, Any]]) -> dict[str,
     in progress are skipped, not repeated. None: the epoch is divided anew."""
     mine = loader.state_dict()
     saved = resume[0]["loader"]
-    if (saved["world_size"], saved["pad"]) != (mine["world_size"], mine["pad"]):
+    division = ("world_size", "workers", "pad")
+    if [saved.get(k, 1) for k in division] != [mine.get(k, 1) for k in division]:
         return None
     own = [p for p in resume if p["loader"]["rank"] == mine["rank"]]
     return own[0] if own else None

@@ -570,7 +570,49 @@ struct PreparedStream {
     limit: u64,
 }
 
-/// IPC streams: the schema from the first stream's head, then each stream is one unit.
+/// Rows of the IPC stream in `source`, from its messages' headers alone (a few hundred
+/// bytes each), so that streams get exact shares like IPC files do. A stream whose
+/// framing cannot be walked is left uncounted: reading it reports what is wrong.
+async fn stream_rows(source: &dyn Source, size: u64) -> Result<Option<u64>> {
+    let (mut at, mut rows) = (0u64, 0u64);
+    while at + 4 <= size {
+        let head = source.read_range(at..(at + 8).min(size)).await?;
+        // Before Arrow 0.15 a message started with its length alone.
+        let (prefix, word) = match head.get(..4) {
+            Some(marker) if marker == CONTINUATION_MARKER && head.len() == 8 => (8, &head[4..8]),
+            _ => (4, &head[..4]),
+        };
+        let meta_len = i32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+        if meta_len == 0 {
+            break;
+        }
+        let Ok(meta_len) = u64::try_from(meta_len) else {
+            return Ok(None);
+        };
+        let meta_start = at + prefix;
+        if meta_start + meta_len > size {
+            return Ok(None);
+        }
+        let meta = source.read_range(meta_start..meta_start + meta_len).await?;
+        let Ok(message) = arrow_ipc::root_as_message(&meta) else {
+            return Ok(None);
+        };
+        let Ok(body_len) = u64::try_from(message.bodyLength()) else {
+            return Ok(None);
+        };
+        if let Some(batch) = message.header_as_record_batch() {
+            let Ok(length) = u64::try_from(batch.length()) else {
+                return Ok(None);
+            };
+            rows += length;
+        }
+        at = meta_start + meta_len + body_len;
+    }
+    Ok(Some(rows))
+}
+
+/// IPC streams: the schema from the first stream's head, then each stream is one unit,
+/// its rows counted from its message headers.
 fn prepare_streams(
     shards: Vec<ShardMeta>,
     options: &ReadOptions,
@@ -593,7 +635,13 @@ fn prepare_streams(
             (schema, projection)
         }
     };
-    let units = whole_files(&shards);
+    let counts = per_shard(&shards, io, FORMAT, |source, size| {
+        Box::pin(async move { stream_rows(source.as_ref(), size).await })
+    })?;
+    let mut units = whole_files(&shards);
+    for (unit, rows) in units.iter_mut().zip(counts) {
+        unit.rows = unit.rows.or(rows.ok().flatten());
+    }
     Ok(PreparedShards::new(
         FORMAT,
         schema.clone(),

@@ -80,6 +80,12 @@ pub struct Mixer {
     stopping: Stopping,
     /// Which parts have run out at least once.
     exhausted: Vec<bool>,
+    /// Parts no longer drawn: run out without replacement, or empty for this reader.
+    retired: Vec<bool>,
+    /// Rows to deliver, when the mixing is cut or carried on to a length every reader
+    /// shares (see `Combined::plan`); `None`: as the stopping strategy ends it.
+    target: Option<u64>,
+    produced: u64,
     schema: SchemaRef,
     done: bool,
     /// The row just drawn was the last of the mixing.
@@ -95,7 +101,14 @@ enum Drawn {
 }
 
 impl Mixer {
-    pub fn new(open: Open, parts: usize, mix: &Mix, rng: Rng, schema: SchemaRef) -> Self {
+    pub fn new(
+        open: Open,
+        parts: usize,
+        mix: &Mix,
+        rng: Rng,
+        schema: SchemaRef,
+        target: Option<u64>,
+    ) -> Self {
         let mut mixer = Self {
             open,
             feeds: (0..parts).map(|_| None).collect(),
@@ -105,6 +118,9 @@ impl Mixer {
             rng,
             stopping: mix.stopping,
             exhausted: vec![false; parts],
+            retired: vec![false; parts],
+            target,
+            produced: 0,
             schema,
             done: false,
             finished: false,
@@ -128,7 +144,18 @@ impl Mixer {
 
     /// Whether part `i` can still be drawn.
     fn live(&self, i: usize) -> bool {
-        self.stopping != Stopping::AllWithoutReplacement || !self.exhausted[i]
+        !self.retired[i]
+    }
+
+    /// Takes part `part` out of the draws; whether another part is left to draw.
+    fn retire(&mut self, part: usize) -> Drawn {
+        self.retired[part] = true;
+        self.reweigh();
+        if self.any_live() {
+            Drawn::Again
+        } else {
+            Drawn::End
+        }
     }
 
     fn draw(&mut self) -> usize {
@@ -196,7 +223,9 @@ impl Mixer {
                         None => {
                             self.exhausted[part] = true;
                             self.feeds[part] = None;
-                            self.finished = self.exhausted.iter().all(|&e| e);
+                            // With a target, the mixing carries on to it instead.
+                            self.finished =
+                                self.target.is_none() && self.exhausted.iter().all(|&e| e);
                         }
                     }
                 }
@@ -213,22 +242,18 @@ impl Mixer {
                     self.feeds[part] = None;
                     return Ok(match self.stopping {
                         Stopping::FirstExhausted => Drawn::End,
-                        // Start it over until every part has run out once.
-                        Stopping::AllExhausted => {
-                            if self.exhausted.iter().all(|&e| e) || !had_rows {
-                                Drawn::End
-                            } else {
-                                continue;
-                            }
+                        // A part with no rows for this reader cannot start over: the
+                        // others go on without it.
+                        Stopping::AllExhausted if !had_rows => self.retire(part),
+                        Stopping::AllExhausted
+                            if self.target.is_none() && self.exhausted.iter().all(|&e| e) =>
+                        {
+                            Drawn::End
                         }
-                        Stopping::AllWithoutReplacement => {
-                            self.reweigh();
-                            if self.any_live() {
-                                Drawn::Again
-                            } else {
-                                Drawn::End
-                            }
-                        }
+                        // Start it over until every part has run out once (or the
+                        // target is reached).
+                        Stopping::AllExhausted => continue,
+                        Stopping::AllWithoutReplacement => self.retire(part),
                     });
                 }
             }
@@ -246,7 +271,7 @@ impl Iterator for Mixer {
         let mut batches: Vec<RecordBatch> = Vec::new();
         let mut picks: Vec<(usize, usize)> = Vec::with_capacity(MIX_BATCH_ROWS);
         while picks.len() < MIX_BATCH_ROWS {
-            if !self.any_live() {
+            if !self.any_live() || self.target.is_some_and(|t| self.produced >= t) {
                 self.done = true;
                 break;
             }
@@ -269,6 +294,7 @@ impl Iterator for Mixer {
                             batches.len() - 1
                         });
                     picks.push((at, row));
+                    self.produced += 1;
                     if self.finished {
                         self.done = true;
                         break;
@@ -294,4 +320,28 @@ impl Iterator for Mixer {
                 .and_then(|b| super::rows::around(b, |b| super::conform(b, &self.schema))),
         )
     }
+}
+
+/// Rows a mixing of parts holding `counts` rows delivers, drawn with `rng` (as a reader
+/// whose parts hold those rows would draw them): the mixer itself, run over rows with
+/// no columns.
+pub fn mixed_rows(counts: &[u64], mix: &Mix, rng: Rng) -> Result<u64> {
+    let empty = std::sync::Arc::new(arrow_schema::Schema::empty());
+    let (parts, counts) = (counts.len(), counts.to_vec());
+    let schema = empty.clone();
+    let open: Open = Box::new(move |i| {
+        let rows = counts[i] as usize;
+        let batch = RecordBatch::try_new_with_options(
+            schema.clone(),
+            Vec::new(),
+            &arrow_array::RecordBatchOptions::new().with_row_count(Some(rows)),
+        )
+        .map_err(|e| Error::Internal(format!("counting a mixing: {e}")))?;
+        Ok(Box::new((rows > 0).then_some(Ok(batch)).into_iter()) as BatchIter)
+    });
+    let mut rows = 0;
+    for batch in Mixer::new(open, parts, mix, rng, empty, None) {
+        rows += batch?.num_rows() as u64;
+    }
+    Ok(rows)
 }

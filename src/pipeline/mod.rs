@@ -144,21 +144,263 @@ enum HeadKind {
     Combined(Arc<Combined>),
 }
 
+/// How one reader reads a combined dataset in an epoch (see [`Combined::plan`]).
+struct Plan {
+    /// The reader's share of each part.
+    shares: Vec<Share>,
+    /// Rows the reader reads from the parts, and rows it delivers after its stream is
+    /// cut or padded to what every reader delivers; `None` when a part's rows are not
+    /// known.
+    rows: Option<(u64, u64)>,
+}
+
 impl Combined {
     /// How part `i` is read within `run` of the combination, whose ops draw as `outer`:
-    /// split the same way (so every reader gets its share of every part), its positions
-    /// numbered from its first leaf, not batched, in the epoch the combination's origin
-    /// draws for.
-    fn part_run(&self, i: usize, run: &RunOptions, outer: Draws) -> RunOptions {
+    /// as `share` of it, its positions numbered from its first leaf, not batched, in the
+    /// epoch the combination's origin draws for.
+    fn part_run(&self, i: usize, run: &RunOptions, outer: Draws, share: Share) -> RunOptions {
         let leaf = run.leaf + self.parts[..i].iter().map(Dataset::leaves).sum::<u64>();
         RunOptions {
             leaf,
             epoch: outer.origin(),
             batch_rows: None,
             skip_rows: 0,
+            part: share.part,
+            parts: share.parts,
+            workers: share.workers,
+            drop_last: share.even,
+            pad: share.pad,
+            first: share.first,
             ..run.clone()
         }
     }
+
+    /// Every part's rows in `run`'s epoch (all readers' together), when known.
+    fn part_counts(&self, run: &RunOptions, outer: Draws) -> Result<Option<Vec<u64>>> {
+        (0..self.parts.len())
+            .map(|i| self.parts[i].rows_of_run(&self.part_run(i, run, outer, Share::WHOLE)))
+            .collect()
+    }
+
+    /// How `run`'s reader reads the combination. Each part is split between the ranks
+    /// (and a rank's rows between its workers) on its own, but where the rows left over
+    /// by the parts before it stopped, so that every reader reads as many rows of the
+    /// parts together, give or take one (see [`rows::cut`]). Padding and `drop_last`
+    /// then apply once, against the combined total, not to each part. Mixings that
+    /// repeat or leave out rows (`first_exhausted`, `all_exhausted`) are cut to the
+    /// shortest reader's mixing or carried on to the longest's, so that ranks take as
+    /// many steps.
+    fn plan(&self, run: &RunOptions, outer: Draws) -> Result<Plan> {
+        let share = run.share();
+        let Some(counts) = self.part_counts(run, outer)? else {
+            // Rows unknown: every row once, but readers' counts may differ.
+            let plain = Share {
+                pad: false,
+                even: false,
+                ..share
+            };
+            return Ok(Plan {
+                shares: vec![plain; self.parts.len()],
+                rows: None,
+            });
+        };
+        let shares = part_shares(share, &counts);
+        let total: u64 = counts.iter().sum();
+        let rows = match &self.mix {
+            Some(mix) if mix.stopping != Stopping::AllWithoutReplacement => {
+                let mixed = (0..share.parts)
+                    .map(|reader| {
+                        let shares = part_shares(
+                            Share {
+                                part: reader,
+                                ..share
+                            },
+                            &counts,
+                        );
+                        let held: Vec<u64> = shares
+                            .iter()
+                            .zip(&counts)
+                            .map(|(s, &n)| s.rows(n))
+                            .collect();
+                        let rng = Rng::new(mix.seed, outer.origin(), reader as u64);
+                        Ok((combine::mixed_rows(&held, mix, rng)?, held))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let lengths = mixed.iter().map(|(rows, _)| *rows);
+                let target = match mix.stopping {
+                    Stopping::FirstExhausted => lengths.min(),
+                    _ => lengths.max(),
+                }
+                .unwrap_or(0);
+                // Readers that cannot reach a length every reader shares: one with no
+                // rows of a part under first_exhausted stops every rank at once; one
+                // with no rows at all cannot carry on under all_exhausted.
+                let stuck = mixed.iter().find(|(rows, held)| match mix.stopping {
+                    Stopping::FirstExhausted => *rows == 0 && total > 0,
+                    _ => target > 0 && held.iter().all(|&n| n == 0),
+                });
+                if let Some((_, held)) = stuck {
+                    let i = held.iter().position(|&n| n == 0).unwrap_or(0);
+                    return Err(Error::invalid_argument(format!(
+                        "interleave: dataset {i} has {} rows, too few to give each of the {} \
+                         readers (ranks x workers) one, so the readers cannot take as many \
+                         steps; give it more rows or use fewer ranks or workers",
+                        counts[i], share.parts
+                    )));
+                }
+                Some((mixed[share.part].0, target))
+            }
+            _ => {
+                let (ranks, rank) = (share.ranks(), share.rank());
+                let rank_own = rows::cut_len(total, ranks, rank, share.first.0);
+                let rank_target = if share.even {
+                    total / ranks
+                } else if share.pad {
+                    total.div_ceil(ranks)
+                } else {
+                    rank_own
+                };
+                let of_rank =
+                    |rows| rows::cut_len(rows, share.workers(), share.worker(), share.first.1);
+                Some((of_rank(rank_own), of_rank(rank_target)))
+            }
+        };
+        Ok(Plan { shares, rows })
+    }
+
+    /// The combination's rows for `run`'s reader (see [`Combined::plan`]).
+    fn stream(
+        self: &Arc<Self>,
+        run: &RunOptions,
+        outer: Draws,
+        stats: &Arc<Stats>,
+    ) -> Result<BatchIter> {
+        let plan = self.plan(run, outer)?;
+        let open: combine::Open = {
+            let (c, stats, run, shares) = (
+                self.clone(),
+                stats.clone(),
+                run.clone(),
+                plan.shares.clone(),
+            );
+            Box::new(move |i| {
+                let stream =
+                    c.parts[i].stream(&c.part_run(i, &run, outer, shares[i]), stats.clone())?;
+                let (schema, track) = (c.schema.clone(), run.track);
+                Ok(Box::new(stream.map(move |b| {
+                    let (b, positions) = rows::detach(b?);
+                    let b = conform(b, &schema)?;
+                    // Parts must agree on the hidden column for their rows to mix.
+                    match positions {
+                        Some(positions) => rows::attach(b, positions),
+                        None if track => rows::attach_unknown(b),
+                        None => Ok(b),
+                    }
+                })) as BatchIter)
+            })
+        };
+        let stream: BatchIter = match &self.mix {
+            None => Box::new(combine::Chain::new(open, self.parts.len())),
+            Some(mix) => {
+                // One reader's mixing ends as its strategy says; several share a length.
+                let target = plan
+                    .rows
+                    .filter(|_| mix.stopping != Stopping::AllWithoutReplacement && run.parts > 1)
+                    .map(|(_, target)| target);
+                return Ok(Box::new(combine::Mixer::new(
+                    open,
+                    self.parts.len(),
+                    mix,
+                    Rng::new(mix.seed, outer.origin(), run.part as u64),
+                    self.schema.clone(),
+                    target,
+                )));
+            }
+        };
+        let Some((own, target)) = plan.rows else {
+            return Ok(stream);
+        };
+        Ok(if target < own {
+            Box::new(ops::Take::new(stream, target))
+        } else if target > own {
+            // Padded with the first rows of the whole combination, as a single reader
+            // reads it (again, if it has fewer rows than are missing).
+            let whole = run.whole();
+            let total = self
+                .part_counts(&whole, outer)?
+                .unwrap_or_default()
+                .iter()
+                .sum::<u64>();
+            let rounds = (target - own).div_ceil(total.max(1));
+            let (c, padding_stats) = (self.clone(), stats.clone());
+            let padding = (0..rounds).flat_map(move |_| {
+                c.stream(&whole, outer, &padding_stats)
+                    .unwrap_or_else(|e| Box::new(std::iter::once(Err(e))))
+            });
+            let padded = stream.chain(ops::Take::new(Box::new(padding), target - own));
+            Box::new(ops::Padding::new(Box::new(padded), own, stats.clone()))
+        } else {
+            stream
+        })
+    }
+
+    /// The rows (tagged positions) `run`'s reader reads, padding included (what
+    /// [`Dataset::planned_rows`] says of a combination).
+    fn planned_rows(&self, run: &RunOptions, outer: Draws) -> Result<RowList> {
+        let plan = self.plan(run, outer)?;
+        let mut all = Vec::new();
+        for i in 0..self.parts.len() {
+            all.extend(self.parts[i].planned_rows(&self.part_run(
+                i,
+                run,
+                outer,
+                plan.shares[i],
+            ))?);
+        }
+        let Some((own, target)) = plan.rows.filter(|_| {
+            self.mix
+                .as_ref()
+                .is_none_or(|m| m.stopping == Stopping::AllWithoutReplacement)
+        }) else {
+            return Ok(all);
+        };
+        if target < own {
+            // A mixing's cut row is one of them, but which depends on the draws: all of
+            // them are listed (at most one row more to read after an elastic resume).
+            if self.mix.is_none() {
+                all = rows::sublist(&all, 0, target);
+            }
+        } else if target > own {
+            let whole = self.planned_rows(&run.whole(), outer)?;
+            let mut missing = target - own;
+            while missing > 0 && !whole.is_empty() {
+                let n = missing.min(rows::list_len(&whole));
+                all.extend(rows::sublist(&whole, 0, n));
+                missing -= n;
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// `share` of each of the parts of a combination holding `counts` rows: each part's
+/// left-over rows go to the ranks (and workers) after the previous part's.
+fn part_shares(share: Share, counts: &[u64]) -> Vec<Share> {
+    let (mut first_rank, mut first_worker) = share.first;
+    counts
+        .iter()
+        .map(|&n| {
+            let part = Share {
+                pad: false,
+                even: false,
+                first: (first_rank % share.ranks(), first_worker % share.workers()),
+                ..share
+            };
+            first_rank += n;
+            first_worker += rows::cut_len(n, share.ranks(), share.rank(), part.first.0);
+            part
+        })
+        .collect()
 }
 
 impl Dataset {
@@ -690,8 +932,10 @@ impl Dataset {
         let run = RunOptions {
             part: share.part,
             parts: share.parts,
+            workers: share.workers,
             drop_last: share.even,
             pad: share.pad,
+            first: share.first,
             count_rows,
             ..RunOptions::default()
         };
@@ -706,7 +950,7 @@ impl Dataset {
         let (rows, rest) = match &split {
             Split::Rows { after } => {
                 let global = rows_through(head.rows, &ops[..*after]);
-                (global.map(|t| dealt_rows(t, run.share())), *after)
+                (global.map(|t| run.share().rows(t)), *after)
             }
             Split::Units | Split::Window { .. } => {
                 let rest = match split {
@@ -714,7 +958,10 @@ impl Dataset {
                     _ => 0,
                 };
                 let rows = match &head.kind {
-                    HeadKind::Combined(c) => self.combined_rows(c, run)?,
+                    HeadKind::Combined(c) => c
+                        .plan(run, self.draws(run.epoch))?
+                        .rows
+                        .map(|(_, rows)| rows),
                     _ => self
                         .part_rows(&head, &split, run)
                         .map(|(rows, padding)| rows::list_len(&rows) + rows::list_len(&padding)),
@@ -723,25 +970,6 @@ impl Dataset {
             }
         };
         Ok(rows_through(rows, &ops[rest..]))
-    }
-
-    /// Rows a part of a combined head reads: its share of every part's rows, when the
-    /// mixing reads them all.
-    fn combined_rows(&self, c: &Combined, run: &RunOptions) -> Result<Option<u64>> {
-        if c.mix
-            .as_ref()
-            .is_some_and(|m| m.stopping != Stopping::AllWithoutReplacement)
-        {
-            return Ok(None);
-        }
-        let (draws, mut total) = (self.draws(run.epoch), 0);
-        for i in 0..c.parts.len() {
-            match c.parts[i].rows_of_run(&c.part_run(i, run, draws))? {
-                Some(rows) => total += rows,
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(total))
     }
 
     /// The rows of this dataset's head that part `run.part` reads this epoch, in order,
@@ -850,37 +1078,7 @@ impl Dataset {
                 let stream = random_access::IndexStream::new(access.clone(), all, leaf);
                 Box::new(ops::Padding::new(Box::new(stream), share, stats.clone()))
             }
-            HeadKind::Combined(c) => {
-                let draws = self.draws(run.epoch);
-                let open: combine::Open = {
-                    let (c, stats, run) = (c.clone(), stats.clone(), run.clone());
-                    Box::new(move |i| {
-                        let stream =
-                            c.parts[i].stream(&c.part_run(i, &run, draws), stats.clone())?;
-                        let (schema, track) = (c.schema.clone(), run.track);
-                        Ok(Box::new(stream.map(move |b| {
-                            let (b, positions) = rows::detach(b?);
-                            let b = conform(b, &schema)?;
-                            // Parts must agree on the hidden column for their rows to mix.
-                            match positions {
-                                Some(positions) => rows::attach(b, positions),
-                                None if track => rows::attach_unknown(b),
-                                None => Ok(b),
-                            }
-                        })) as BatchIter)
-                    })
-                };
-                match &c.mix {
-                    None => Box::new(combine::Chain::new(open, c.parts.len())),
-                    Some(mix) => Box::new(combine::Mixer::new(
-                        open,
-                        c.parts.len(),
-                        mix,
-                        Rng::new(mix.seed, draws.origin(), run.part as u64),
-                        c.schema.clone(),
-                    )),
-                }
-            }
+            HeadKind::Combined(c) => c.stream(run, self.draws(run.epoch), stats)?,
         })
     }
 
@@ -898,12 +1096,8 @@ impl Dataset {
                 // Every part reads the whole epoch up to the last take/skip, then keeps
                 // its own rows of it (so positions of the head mean nothing after).
                 let whole = RunOptions {
-                    part: 0,
-                    parts: 1,
-                    drop_last: false,
-                    pad: false,
                     track: false,
-                    ..run.clone()
+                    ..run.whole()
                 };
                 self.head_stream(&head, &split, &whole, &stats)?
             }
@@ -935,15 +1129,15 @@ impl Dataset {
                 && i + 1 == after
                 && run.parts > 1
             {
-                let global = rows_through(head.rows, &ops[..after]);
+                let (global, share) = (rows_through(head.rows, &ops[..after]), run.share());
                 let limit = match (run.drop_last, global) {
-                    (true, Some(rows)) => Some(rows / run.parts as u64 * run.parts as u64),
+                    (true, Some(rows)) => Some(rows / share.ranks() * share.ranks()),
                     _ => None,
                 };
                 let pad_to = global
                     .filter(|_| run.pad && !run.drop_last)
-                    .map(|rows| dealt_rows(rows, run.share()));
-                let mut deal = ops::Deal::new(stream, run.part, run.parts, limit);
+                    .map(|rows| share.rank_rows(rows));
+                let mut deal = ops::Deal::new(stream, share, limit);
                 if let Some(target) = pad_to {
                     deal = deal.padded_to(target, stats.clone());
                 }
@@ -1061,11 +1255,7 @@ impl Dataset {
             return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
         }
         if let HeadKind::Combined(c) = &head.kind {
-            let mut all = Vec::new();
-            for i in 0..c.parts.len() {
-                all.extend(c.parts[i].planned_rows(&c.part_run(i, run, self.draws(run.epoch)))?);
-            }
-            return Ok(all);
+            return c.planned_rows(run, self.draws(run.epoch));
         }
         let (rows, padding) = self.part_rows(&head, &split, run).ok_or_else(|| {
             Error::invalid_argument(
@@ -1359,20 +1549,6 @@ const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a shuf
     such an epoch can resume only on the same number of ranks and workers (put take/skip \
     first, or use a full shuffle, to resume on another)";
 
-/// Rows that a part keeps when rows are dealt round-robin (see [`ops::Deal`]); padded,
-/// as many as the first parts are dealt.
-fn dealt_rows(total: u64, share: Share) -> u64 {
-    let parts = share.parts.max(1) as u64;
-    let each = total / parts;
-    if share.pad && !share.even {
-        total.div_ceil(parts)
-    } else if share.even || (share.part as u64) >= total % parts {
-        each
-    } else {
-        each + 1
-    }
-}
-
 /// Bytes of `batch`'s values: the slices it covers, not the whole buffers it may share
 /// with other batches.
 pub fn batch_bytes(batch: &RecordBatch) -> u64 {
@@ -1400,9 +1576,13 @@ pub struct PartPlan {
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub epoch: u64,
-    /// This reader's share of the data: part `part` of `parts` (rank and worker combined).
+    /// This reader's share of the data: part `part` of `parts` (rank and worker combined:
+    /// part = rank x workers + worker), see [`Share`].
     pub part: usize,
     pub parts: usize,
+    pub workers: usize,
+    /// Where left-over rows start between ranks and between workers (see [`Share`]).
+    pub first: (u64, u64),
     /// Re-batch to exactly this many rows; `None` passes decoded batches through.
     pub batch_rows: Option<usize>,
     /// Drop a last short batch; across several parts, also give every part the same
@@ -1438,7 +1618,7 @@ impl RunOptions {
     /// parts get equal shares and every row has a position for an elastic resume.
     pub fn loader(
         epoch: u64,
-        (part, parts): (usize, usize),
+        (part, parts, workers): (usize, usize, usize),
         batch_rows: usize,
         drop_last: bool,
         pad: bool,
@@ -1448,6 +1628,7 @@ impl RunOptions {
             epoch,
             part,
             parts,
+            workers,
             batch_rows: Some(batch_rows),
             drop_last,
             pad,
@@ -1461,8 +1642,25 @@ impl RunOptions {
         Share {
             part: self.part,
             parts: self.parts,
+            workers: self.workers,
             even: self.drop_last,
             pad: self.pad,
+            first: self.first,
+        }
+    }
+
+    /// This run as a single reader reads it: every row once, no padding.
+    pub fn whole(&self) -> RunOptions {
+        RunOptions {
+            part: 0,
+            parts: 1,
+            workers: 1,
+            first: (0, 0),
+            drop_last: false,
+            pad: false,
+            skip_rows: 0,
+            batch_rows: None,
+            ..self.clone()
         }
     }
 }
@@ -1473,6 +1671,8 @@ impl Default for RunOptions {
             epoch: 0,
             part: 0,
             parts: 1,
+            workers: 1,
+            first: (0, 0),
             batch_rows: None,
             drop_last: false,
             tuning: Arc::default(),

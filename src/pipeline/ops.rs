@@ -345,53 +345,63 @@ impl Iterator for Skip {
     }
 }
 
-/// Part `part` of `parts`' rows of a stream that every part reads whole: rows `part`,
-/// `part + parts`, ... (dealt like cards), of the first `limit` rows when given; with
-/// padding, a part dealt one row fewer than `pad_to` ends with the stream's first row.
+/// Part `share`'s rows of a stream that every part reads whole, dealt like cards: row
+/// `j` goes to rank `(j + first) % ranks`, and a rank's `k`-th row to its worker
+/// `(k + first) % workers` (see [`super::rows::Share`]), of the first `limit` rows when
+/// given. With padding, a rank dealt fewer than `pad_to` rows gets the stream's first
+/// row again, to the worker whose turn it is.
 pub struct Deal {
     upstream: Option<BatchIter>,
-    part: u64,
-    parts: u64,
+    share: super::rows::Share,
     /// Position in the whole stream of the next upstream row.
     at: u64,
+    /// Rows dealt to this part's rank so far.
+    rank_dealt: u64,
     limit: Option<u64>,
     pad_to: Option<(u64, Arc<super::Stats>)>,
     /// The stream's first row, kept for padding.
     first: Option<RecordBatch>,
-    dealt: u64,
 }
 
 impl Deal {
-    pub fn new(upstream: BatchIter, part: usize, parts: usize, limit: Option<u64>) -> Self {
+    pub fn new(upstream: BatchIter, share: super::rows::Share, limit: Option<u64>) -> Self {
         Self {
             upstream: Some(upstream),
-            part: part as u64,
-            parts: parts.max(1) as u64,
+            share,
             at: 0,
+            rank_dealt: 0,
             limit,
             pad_to: None,
             first: None,
-            dealt: 0,
         }
     }
 
-    pub fn padded_to(mut self, rows: u64, stats: Arc<super::Stats>) -> Self {
-        self.pad_to = Some((rows, stats));
+    pub fn padded_to(mut self, rank_rows: u64, stats: Arc<super::Stats>) -> Self {
+        self.pad_to = Some((rank_rows, stats));
         self
     }
 
-    /// The padding row, once the stream is dealt, if this part is short of it.
+    /// Whether the rank's `k`-th row goes to this part's worker.
+    fn ours(&self, k: u64) -> bool {
+        (k + self.share.first.1) % self.share.workers() == self.share.worker()
+    }
+
+    /// The padding rows of this part, once the stream is dealt.
     fn pad(&mut self) -> Option<Result<RecordBatch>> {
         let (target, stats) = self.pad_to.take()?;
         let first = self.first.take()?;
-        if self.dealt >= target {
+        let rows = (self.rank_dealt..target).filter(|&k| self.ours(k)).count();
+        if rows == 0 {
             return None;
         }
         stats
             .padded_rows
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.dealt += 1;
-        Some(Ok(first))
+            .fetch_add(rows as u64, std::sync::atomic::Ordering::Relaxed);
+        let batches = vec![first; rows];
+        Some(
+            arrow_select::concat::concat_batches(&batches[0].schema(), &batches)
+                .map_err(|e| Error::Internal(format!("cannot pad this part: {e}"))),
+        )
     }
 }
 
@@ -421,14 +431,20 @@ impl Iterator for Deal {
             if let Some(limit) = self.limit {
                 rows = rows.min(limit - self.at);
             }
-            // The first row of this batch that is ours, then every `parts`-th.
-            let first = (self.part + self.parts - self.at % self.parts) % self.parts;
-            let mine: Vec<u64> = (first..rows).step_by(self.parts as usize).collect();
+            let (rank, ranks) = (self.share.rank(), self.share.ranks());
+            let mut mine = Vec::new();
+            for j in 0..rows {
+                if (self.at + j + self.share.first.0) % ranks == rank {
+                    if self.ours(self.rank_dealt) {
+                        mine.push(j);
+                    }
+                    self.rank_dealt += 1;
+                }
+            }
             self.at += batch.num_rows() as u64;
             if mine.is_empty() {
                 continue;
             }
-            self.dealt += mine.len() as u64;
             let indices = arrow_array::UInt64Array::from(mine);
             return Some(
                 arrow_select::take::take_record_batch(&batch, &indices)

@@ -287,59 +287,131 @@ pub fn sublist(list: &[Range<u64>], from: u64, to: u64) -> RowList {
     out
 }
 
-/// How an epoch's rows are dealt to its parts: part `part` of `parts` gets a
-/// contiguous share of the rows in order. Shares differ by at most one row; `even`
-/// makes them equal by leaving out the remainder, `pad` by repeating the first rows
-/// in the shorter ones (as `DistributedSampler(drop_last=False)` does).
+/// Rows `[start, end)` of `total` that piece `piece` of `pieces` gets when `total` rows
+/// are cut into contiguous pieces in order, each `total / pieces` rows, and the
+/// `total % pieces` rows left over go one each to the pieces from `first` on
+/// (cyclically). A combined dataset's parts start where the previous part's left-overs
+/// stopped, so that across its parts every piece gets as many rows, give or take one.
+pub fn cut(total: u64, pieces: u64, piece: u64, first: u64) -> (u64, u64) {
+    let pieces = pieces.max(1);
+    let (each, extra) = (total / pieces, total % pieces);
+    let first = first % pieces;
+    // Pieces before `piece` that get an extra row: those of [first, first + extra) and,
+    // past the end, of [0, first + extra - pieces).
+    let extras_before = piece.min(first + extra).saturating_sub(first)
+        + piece.min((first + extra).saturating_sub(pieces));
+    let start = piece * each + extras_before;
+    let gets_extra = (piece + pieces - first) % pieces < extra;
+    (start, start + each + u64::from(gets_extra))
+}
+
+/// How many rows piece `piece` of `pieces` gets by [`cut`].
+pub fn cut_len(total: u64, pieces: u64, piece: u64, first: u64) -> u64 {
+    let (start, end) = cut(total, pieces, piece, first);
+    end - start
+}
+
+/// How an epoch's rows are dealt to its parts: `parts` readers, grouped in ranks of
+/// `workers` consecutive parts (part = rank x workers + worker). Each rank gets a
+/// contiguous share of the rows in order (see [`cut`]); `even` makes the ranks' shares
+/// equal by leaving out the remainder, `pad` by repeating the first rows in the shorter
+/// ones (as `DistributedSampler(drop_last=False)` does). A rank's rows, padding
+/// included, are then cut between its workers, never padded or trimmed: the workers of
+/// one rank read every row of it once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Share {
     pub part: usize,
     pub parts: usize,
+    pub workers: usize,
     pub even: bool,
     pub pad: bool,
+    /// Where the left-over rows start, between ranks and between a rank's workers (see
+    /// [`cut`]): a part of a combined dataset carries on from the parts before it.
+    pub first: (u64, u64),
 }
 
 impl Share {
     pub const WHOLE: Share = Share {
         part: 0,
         parts: 1,
+        workers: 1,
         even: false,
         pad: false,
+        first: (0, 0),
     };
 
-    /// Rows `[start, end)` of `total` that this part reads (before any padding).
-    pub fn range(&self, total: u64) -> (u64, u64) {
-        let (part, parts, total) = (self.part as u128, self.parts.max(1) as u128, total as u128);
+    pub fn ranks(&self) -> u64 {
+        (self.parts.max(1) / self.workers.max(1)).max(1) as u64
+    }
+
+    pub fn rank(&self) -> u64 {
+        (self.part / self.workers.max(1)) as u64
+    }
+
+    pub fn worker(&self) -> u64 {
+        (self.part % self.workers.max(1)) as u64
+    }
+
+    pub fn workers(&self) -> u64 {
+        self.workers.max(1) as u64
+    }
+
+    /// Rows `[start, end)` of `total` that this part's rank reads (before any padding).
+    pub fn rank_range(&self, total: u64) -> (u64, u64) {
+        let (rank, ranks) = (self.rank(), self.ranks());
         if self.even {
-            let each = total / parts;
-            ((part * each) as u64, ((part + 1) * each) as u64)
+            let each = total / ranks;
+            (rank * each, (rank + 1) * each)
         } else {
-            (
-                (part * total / parts) as u64,
-                ((part + 1) * total / parts) as u64,
-            )
+            cut(total, ranks, rank, self.first.0)
         }
     }
 
-    /// This part's rows of `list`: its share, then (with `pad`) the first rows of the
-    /// list again until it has as many as the largest share. The second element is the
-    /// padding.
+    /// Rows this part's rank reads of `total`, padding included.
+    pub fn rank_rows(&self, total: u64) -> u64 {
+        let (start, end) = self.rank_range(total);
+        if self.pad && !self.even && total > 0 {
+            total.div_ceil(self.ranks())
+        } else {
+            end - start
+        }
+    }
+
+    /// This part's rows of `list`: its worker's cut of its rank's share followed by the
+    /// rank's padding (the first rows of the list again, until the rank has as many as
+    /// the largest share). The second element is the padding.
     pub fn of(&self, list: &[Range<u64>]) -> (RowList, RowList) {
         let total = list_len(list);
-        let (start, end) = self.range(total);
-        let share = sublist(list, start, end);
-        let mut padding = Vec::new();
-        if self.pad && !self.even && total > 0 {
-            let largest = total.div_ceil(self.parts.max(1) as u64);
-            let mut missing = largest - (end - start);
-            // A dataset smaller than the number of parts wraps around more than once.
-            while missing > 0 {
-                let n = missing.min(total);
-                padding.extend(sublist(list, 0, n));
-                missing -= n;
-            }
+        let (start, end) = self.rank_range(total);
+        let mut rank_rows = sublist(list, start, end);
+        let share = end - start;
+        let mut missing = self.rank_rows(total) - share;
+        // A dataset smaller than the number of ranks wraps around more than once.
+        while missing > 0 {
+            let n = missing.min(total);
+            rank_rows.extend(sublist(list, 0, n));
+            missing -= n;
         }
-        (share, padding)
+        let (from, to) = cut(
+            list_len(&rank_rows),
+            self.workers(),
+            self.worker(),
+            self.first.1,
+        );
+        (
+            sublist(&rank_rows, from, to.min(share)),
+            sublist(&rank_rows, from.max(share), to.max(share)),
+        )
+    }
+
+    /// Rows this part reads of `total`, padding included.
+    pub fn rows(&self, total: u64) -> u64 {
+        cut_len(
+            self.rank_rows(total),
+            self.workers(),
+            self.worker(),
+            self.first.1,
+        )
     }
 }
 
@@ -382,49 +454,83 @@ mod tests {
     }
 
     #[test]
-    fn shares_cover_every_row_once_or_pad_evenly() {
-        let list: RowList = vec![100..110, 0..3, 50..55];
-        for parts in 1..8 {
-            let mut seen = Vec::new();
-            for part in 0..parts {
-                let share = Share {
-                    part,
-                    parts,
-                    even: false,
-                    pad: false,
-                };
-                let (rows, pad) = share.of(&list);
-                assert!(pad.is_empty());
-                seen.extend(rows.into_iter().flatten());
-            }
-            let expected: Vec<u64> = list.iter().cloned().flatten().collect();
-            assert_eq!(seen, expected, "{parts} parts");
-            for part in 0..parts {
-                let padded = Share {
-                    part,
-                    parts,
-                    even: false,
-                    pad: true,
-                };
-                let (rows, pad) = padded.of(&list);
-                assert_eq!(
-                    list_len(&rows) + list_len(&pad),
-                    18u64.div_ceil(parts as u64)
-                );
-                let even = Share {
-                    even: true,
-                    ..padded
-                };
-                assert_eq!(list_len(&even.of(&list).0), 18 / parts as u64);
+    fn cut_gives_left_overs_cyclically_from_first() {
+        for total in 0..30u64 {
+            for pieces in 1..7u64 {
+                for first in 0..pieces {
+                    let mut at = 0;
+                    for piece in 0..pieces {
+                        let (start, end) = cut(total, pieces, piece, first);
+                        assert_eq!(start, at, "{total} {pieces} {piece} {first}");
+                        let extra = (piece + pieces - first) % pieces < total % pieces;
+                        assert_eq!(end - start, total / pieces + u64::from(extra));
+                        at = end;
+                    }
+                    assert_eq!(at, total);
+                }
             }
         }
-        // More parts than rows: padding wraps around.
+        // Parts of a combination carry the left-overs on: 4 parts of 3 rows on 2 ranks.
+        let mut per_rank = [0u64; 2];
+        let mut first = 0;
+        for _ in 0..4 {
+            for (rank, rows) in per_rank.iter_mut().enumerate() {
+                *rows += cut_len(3, 2, rank as u64, first);
+            }
+            first = (first + 3) % 2;
+        }
+        assert_eq!(per_rank, [6, 6]);
+    }
+
+    #[test]
+    fn shares_cover_every_row_once_or_pad_ranks_evenly() {
+        let list: RowList = vec![100..110, 0..3, 50..55];
+        let expected: Vec<u64> = list.iter().cloned().flatten().collect();
+        for ranks in 1..6usize {
+            for workers in 1..4usize {
+                let share = |part, even, pad| Share {
+                    part,
+                    parts: ranks * workers,
+                    workers,
+                    even,
+                    pad,
+                    first: (0, 0),
+                };
+                let mut seen = Vec::new();
+                for part in 0..ranks * workers {
+                    let (rows, pad) = share(part, false, false).of(&list);
+                    assert!(pad.is_empty());
+                    assert_eq!(list_len(&rows), share(part, false, false).rows(18));
+                    seen.extend(rows.into_iter().flatten());
+                }
+                assert_eq!(seen, expected, "{ranks} x {workers}");
+                for rank in 0..ranks {
+                    // A rank's workers read its padded or even share between them.
+                    let of_rank = |even, pad| -> (u64, u64) {
+                        (0..workers)
+                            .map(|w| {
+                                let (rows, padding) =
+                                    share(rank * workers + w, even, pad).of(&list);
+                                (list_len(&rows), list_len(&padding))
+                            })
+                            .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+                    };
+                    let (rows, padding) = of_rank(false, true);
+                    assert_eq!(rows + padding, 18u64.div_ceil(ranks as u64));
+                    assert!(padding <= 1);
+                    assert_eq!(of_rank(true, false), (18 / ranks as u64, 0));
+                }
+            }
+        }
+        // More ranks than rows: padding wraps around.
         let tiny: RowList = vec![0..2];
         let share = Share {
             part: 4,
             parts: 5,
+            workers: 1,
             even: false,
             pad: true,
+            first: (0, 0),
         };
         let (rows, pad) = share.of(&tiny);
         assert_eq!(list_len(&rows) + list_len(&pad), 1);

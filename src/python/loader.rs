@@ -60,9 +60,12 @@ pub struct PyDataLoader {
     shuffle: bool,
     seed: u64,
     drop_last: bool,
-    /// This loader's share of the data: rank `rank` of `world_size` readers.
+    /// This loader's share of the data: part `rank` of `world_size` readers, grouped in
+    /// ranks of `workers` (see `Share`): padding and `drop_last` even out ranks, never
+    /// the workers of one rank.
     rank: usize,
     world_size: usize,
+    workers: usize,
     /// Decode threads, read-ahead and prefetch depths, memory limit: shared by the
     /// loader's epochs, so each starts from the depths the one before reached.
     tuning: Arc<Tuning>,
@@ -146,7 +149,7 @@ impl PyDataLoader {
                 .map(|(_, rows)| rows.clone()),
             ..RunOptions::loader(
                 epoch,
-                (self.rank, self.world_size),
+                (self.rank, self.world_size, self.workers),
                 self.batch_size,
                 self.drop_last,
                 self.pad,
@@ -186,8 +189,17 @@ impl PyDataLoader {
             remaining: rows("remaining")?,
             consumed: rows("consumed")?,
             pad: get("pad")?.extract()?,
+            // States saved before workers were told apart from ranks divided by parts.
+            workers: match state.get_item("workers")? {
+                Some(workers) => workers.extract()?,
+                None => 1,
+            },
         };
-        if saved.world_size == 0 || saved.rank >= saved.world_size {
+        if saved.world_size == 0
+            || saved.rank >= saved.world_size
+            || saved.workers == 0
+            || saved.world_size % saved.workers != 0
+        {
             return Err(PyValueError::new_err(format!(
                 "state_dict has rank {} of world_size {}",
                 saved.rank, saved.world_size
@@ -207,6 +219,7 @@ impl PyDataLoader {
         let run = |part: usize| RunOptions {
             part,
             parts: world,
+            workers: saved[0].workers,
             pad: saved[0].pad,
             remaining: saved[0].remaining.clone().map(Arc::new),
             ..self.run_options(saved[0].epoch)
@@ -290,7 +303,7 @@ impl PyDataLoader {
 #[pymethods]
 impl PyDataLoader {
     #[new]
-    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, pad=None, num_threads=None, prefetch=None, prefetch_bytes=None, memory_limit=None, rank=None, world_size=None, output="numpy", pin_memory=false))]
+    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, pad=None, num_threads=None, prefetch=None, prefetch_bytes=None, memory_limit=None, rank=None, world_size=None, worker=None, num_workers=None, output="numpy", pin_memory=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -306,6 +319,8 @@ impl PyDataLoader {
         memory_limit: Option<u64>,
         rank: Option<usize>,
         world_size: Option<usize>,
+        worker: Option<usize>,
+        num_workers: Option<usize>,
         output: &str,
         pin_memory: bool,
     ) -> PyResult<Self> {
@@ -339,6 +354,23 @@ impl PyDataLoader {
             }
             _ => return Err(PyValueError::new_err("give rank= and world_size= together")),
         };
+        // A rank's share read by several workers: each is one part, and the rank's
+        // padding or trimming is cut between them.
+        let (worker, workers) = match (worker, num_workers) {
+            (None, None) => (0, 1),
+            (Some(worker), Some(workers)) if workers >= 1 && worker < workers => (worker, workers),
+            (Some(worker), Some(workers)) => {
+                return Err(PyValueError::new_err(format!(
+                    "worker must be in 0..num_workers, got worker={worker}, num_workers={workers}"
+                )));
+            }
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give worker= and num_workers= together",
+                ));
+            }
+        };
+        let (rank, world_size) = (rank * workers + worker, world_size * workers);
         let output = match output {
             "numpy" => Output::Numpy,
             "arrow" => Output::Arrow,
@@ -364,10 +396,11 @@ impl PyDataLoader {
             drop_last,
             rank,
             world_size,
+            workers,
             tuning: Arc::new(tuning),
             output,
             // Several ranks must each take as many steps: pad unless told otherwise.
-            pad: pad.unwrap_or(world_size > 1) && !drop_last,
+            pad: pad.unwrap_or(world_size > workers) && !drop_last,
             position: Arc::new(Mutex::new(Position::start(0))),
             resuming: false,
             remaining: None,
@@ -444,6 +477,7 @@ impl PyDataLoader {
         state.set_item("pad", self.pad)?;
         state.set_item("rank", self.rank)?;
         state.set_item("world_size", self.world_size)?;
+        state.set_item("workers", self.workers)?;
         let remaining = self
             .remaining
             .as_ref()
@@ -489,8 +523,14 @@ impl PyDataLoader {
         // Ranks (and a rank's workers) may stand at different batches; they must share
         // the epoch and how it was divided.
         for (s, other) in saved.iter().zip(&states).skip(1) {
-            if (s.epoch, s.world_size, s.pad, &s.remaining)
-                != (saved[0].epoch, world, saved[0].pad, &saved[0].remaining)
+            if (s.epoch, s.world_size, s.workers, s.pad, &s.remaining)
+                != (
+                    saved[0].epoch,
+                    world,
+                    saved[0].workers,
+                    saved[0].pad,
+                    &saved[0].remaining,
+                )
             {
                 return Err(PyValueError::new_err(format!(
                     "the states are not of one checkpoint of one run (their epochs, world sizes or divisions of the epoch differ): {} and {}",
@@ -503,7 +543,7 @@ impl PyDataLoader {
             .get_item("seed")?
             .ok_or_else(|| PyKeyError::new_err("state_dict has no \"seed\""))?
             .extract()?;
-        if world == self.world_size && saved[0].pad == self.pad {
+        if (world, saved[0].workers, saved[0].pad) == (self.world_size, self.workers, self.pad) {
             // The same split: replay this rank's own stream to where it stood.
             let own = saved
                 .into_iter()
@@ -632,6 +672,7 @@ struct Saved {
     /// How the saving run padded its shares. It need not match this loader's `pad`,
     /// which shapes only the new division (the default differs between 1 and N ranks).
     pad: bool,
+    workers: usize,
 }
 
 /// Yields the batches of one epoch.
