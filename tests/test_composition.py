@@ -230,3 +230,140 @@ def test_sample_mode_resumes_from_the_states_list(thousand: str) -> None:
     elastic.load_state_dict(dataset_states(state))
     with pytest.raises(ValueError, match="only on the world size that saved it"):
         next(iter(StatefulDataLoader(elastic, batch_size=10, num_workers=2, multiprocessing_context="fork")))
+
+
+def rank_rows(ds: sf.Dataset, world: int, batch_size: int = 2, **loader_args: object) -> list[list[list[int]]]:
+    """Every rank's batches (as id lists) of epoch 0, checking len() against them."""
+    ranks = []
+    for rank in range(world):
+        loader = sf.DataLoader(ds, batch_size=batch_size, rank=rank, world_size=world, **loader_args)  # type: ignore[arg-type]
+        expected = len(loader)
+        batches = [b["id"].tolist() for b in loader]
+        assert len(batches) == expected, (rank, expected, len(batches))
+        ranks.append(batches)
+    return ranks
+
+
+@pytest.mark.parametrize("strategy", [None, "all_exhausted_without_replacement"], ids=["concatenate", "without_replacement"])
+def test_combined_datasets_pad_and_drop_once_against_the_total(strategy: str | None) -> None:
+    # Finding 3: 4 datasets of 3 rows on 2 ranks gave 16 rows (4 repeats) padded, 8 of 12
+    # with drop_last, and with pad=False over 10 parts, 10 batches on rank 0 and 20 on 1.
+    def combined(n: int) -> sf.Dataset:
+        parts = [sf.from_dict({"id": np.arange(3 * i, 3 * i + 3)}) for i in range(n)]
+        return sf.concatenate(parts) if strategy is None else sf.interleave(parts, stopping_strategy=strategy)
+
+    for args in ({}, {"drop_last": True}, {"pad": False}):
+        ranks = rank_rows(combined(4), 2, **args)
+        rows = [i for batches in ranks for b in batches for i in b]
+        assert sorted(rows) == list(range(12)), args
+        assert [len(batches) for batches in ranks] == [3, 3], args
+    ranks = rank_rows(combined(10), 2, pad=False)
+    assert [len(batches) for batches in ranks] == [8, 8]
+    # 13 rows on 4 ranks: one rank pads one row, drop_last drops one row in all.
+    parts = [sf.from_dict({"id": np.arange(a, b)}) for a, b in ((0, 5), (5, 9), (9, 13))]
+    ds = sf.concatenate(parts) if strategy is None else sf.interleave(parts, stopping_strategy=strategy)
+    padded = [i for batches in rank_rows(ds, 4, batch_size=4) for b in batches for i in b]
+    assert len(padded) == 16 and set(padded) == set(range(13))
+    dropped = [i for batches in rank_rows(ds, 4, batch_size=3, drop_last=True) for b in batches for i in b]
+    assert len(dropped) == 12 == len(set(dropped))
+
+
+def test_interleave_all_exhausted_goes_on_past_a_part_a_rank_has_none_of() -> None:
+    # Finding 4: with 4 ranks, one source's short share ended the whole mix: 15 of its 60
+    # rows lost with pad=False; with drop_last three ranks got 0 rows and one 120.
+    a = sf.from_dict({"id": np.arange(0, 60)})
+    b = sf.from_dict({"id": np.arange(1000, 1005)})  # 5 rows: ranks get 2, 1, 1, 1
+    mixed = sf.interleave([a, b], stopping_strategy="all_exhausted")
+    for args in ({"pad": False}, {"drop_last": True}, {}):
+        ranks = rank_rows(mixed, 4, batch_size=4, **args)
+        rows = [i for batches in ranks for b in batches for i in b]
+        if "drop_last" not in args:  # (a short last batch may hold a last row)
+            assert set(range(60)) <= set(rows), args  # every row of the longer source
+        assert set(rows) - set(range(60)) == set(range(1000, 1005)), args
+        assert len({len(batches) for batches in ranks}) == 1, args
+    # An elastic resume 2 -> 3 ranks after one source ran out delivers the rest.
+    loaders = [sf.DataLoader(mixed, batch_size=4, rank=r, world_size=2) for r in range(2)]
+    before, states = [], []
+    for loader in loaders:
+        it = iter(loader)
+        for _ in range(8):
+            before += next(it)["id"].tolist()
+        states.append(loader.state_dict())
+    after = []
+    for rank in range(3):
+        resumed = sf.DataLoader(mixed, batch_size=4, rank=rank, world_size=3)
+        resumed.load_state_dict(states)
+        after += [i for b in resumed for i in b["id"].tolist()]
+    assert set(range(60)) <= set(before) | set(after)
+    assert after, "the resumed epoch delivered nothing"
+    # A dataset too small for the readers is a clear error under first_exhausted.
+    with pytest.raises(ValueError, match="too few to give each"):
+        rank_rows(sf.interleave([a, b]), 8)
+
+
+@pytest.mark.parametrize("probabilities", [None, [0.3, 0.7]], ids=["round_robin", "weighted"])
+@pytest.mark.parametrize("strategy", ["first_exhausted", "all_exhausted"])
+def test_interleave_ranks_take_as_many_steps(strategy: str, probabilities: list[float] | None) -> None:
+    # Finding 6: ranks of an interleave got [31, 31, 31, 30] batches, and a DDP step waits
+    # forever on the short one. Now every rank mixes to one shared length.
+    a = sf.from_dict({"id": np.arange(0, 997)})
+    b = sf.from_dict({"id": np.arange(10_000, 13_001)})
+    mixed = sf.interleave([a, b], probabilities=probabilities, seed=11, stopping_strategy=strategy)
+    for args in ({}, {"drop_last": True}, {"pad": False}):
+        counts = [len(batches) for batches in rank_rows(mixed, 4, batch_size=32, **args)]
+        assert len(set(counts)) == 1, (args, counts)
+    # Torch workers too: every (rank, worker) reader shares the length.
+    per_rank = []
+    for rank in range(3):
+        rows = 0
+        for worker in range(2):
+            loader = sf.DataLoader(mixed, batch_size=32, rank=rank, world_size=3, worker=worker, num_workers=2)
+            rows += sum(len(b["id"]) for b in loader)
+        per_rank.append(rows)
+    assert len(set(per_rank)) == 1, per_rank
+
+
+def test_arrow_ipc_streams_get_exact_shares(tmp_path: Path) -> None:
+    # Finding 7: .arrows files were dealt whole, round-robin: 11 and 1 batches on 2 ranks,
+    # and len() raised TypeError.
+    import pyarrow as pa
+
+    sizes, start = [10, 150, 40], 0
+    for i, n in enumerate(sizes):
+        table = pa.table({"id": np.arange(start, start + n)})
+        with pa.ipc.new_stream(tmp_path / f"part-{i}.arrows", table.schema) as writer:
+            for at in range(0, n, 7):
+                writer.write_table(table.slice(at, 7))
+        start += n
+    ds = sf.dataset(str(tmp_path / "*.arrows"))
+    assert len(ds) == 200
+    ranks = rank_rows(ds, 2, batch_size=10)
+    assert [len(batches) for batches in ranks] == [10, 10]
+    assert sorted(i for batches in ranks for b in batches for i in b) == list(range(200))
+    # Contiguous shares, in file order, as for every other format.
+    assert ranks[0][0][0] == 0 and ranks[1][0][0] == 100
+
+
+def test_torch_workers_of_a_rank_never_repeat_a_row(tmp_path: Path) -> None:
+    # Finding 9: 7,665 rows on 3 ranks x 2 workers: each rank got 2,556 rows, one a repeat
+    # (each worker was padded); 7,665 divides by 3, so nothing needs repeating.
+    path = write_id_shards(tmp_path, [3000, 4665], row_group_size=500)
+    ds = sf.dataset(path)
+    per_rank = []
+    for rank in range(3):
+        loader = TorchLoader(
+            IterableDataset(ds, batch_size=64, rank=rank, world_size=3),
+            batch_size=None, num_workers=2, multiprocessing_context="fork",
+        )
+        per_rank.append([i for batch in loader for i in batch["id"].tolist()])
+    assert [len(rows) for rows in per_rank] == [2555] * 3
+    assert sorted(i for rows in per_rank for i in rows) == list(range(7665))
+    # pad= as in DataLoader: 7,666 rows pad one rank by one row, or not at all.
+    (tmp_path / "uneven").mkdir()
+    uneven = sf.dataset(write_id_shards(tmp_path / "uneven", [7666], row_group_size=500))
+    for pad, expected in ((True, [2556] * 3), (False, [2556, 2555, 2555])):
+        counts = []
+        for rank in range(3):
+            adapter = IterableDataset(uneven, batch_size=64, rank=rank, world_size=3, pad=pad)
+            counts.append(sum(len(b["id"]) for b in TorchLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork")))
+        assert counts == expected, pad

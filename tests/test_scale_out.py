@@ -81,16 +81,22 @@ def test_every_rank_gets_as_many_batches(
     assert len(set(counts)) == 1, counts
     rows = [i for batches in per_rank for b in batches for i in b]
     seen = collections.Counter(rows)
+    # A rank's share (even with drop_last, padded otherwise) is cut between its workers,
+    # each row once, and each worker batches its own rows.
+    workers = max(workers, 1)
+
+    def worker_rows(rank_rows: int) -> list[int]:
+        return [rank_rows // workers + (w < rank_rows % workers) for w in range(workers)]
+
     if drop_last:
-        # Each of the world x workers parts drops its remainder; nothing comes twice.
         assert max(seen.values(), default=1) == 1 and set(seen) <= set(range(total))
-        parts = world * max(workers, 1)
-        assert len(rows) == sum(total // parts // batch_size * batch_size for _ in range(parts))
+        kept = [n // batch_size * batch_size for n in worker_rows(total // world)]
+        assert len(rows) == world * sum(kept)
     elif world > 1:
-        # Padded: every row once, and the shorter parts again read the first rows.
-        parts = world * max(workers, 1)
+        # Padded: every row once, and the shorter ranks (not workers) read first rows again.
         assert set(seen) == set(range(total))
-        assert len(rows) == parts * -(-total // parts)
+        assert len(rows) == world * -(-total // world)
+        assert sum(seen.values()) - len(seen) == world * -(-total // world) - total
     else:
         assert sorted(rows) == list(range(total))
 

@@ -235,12 +235,15 @@ impl Combined {
                 // Readers that cannot reach a length every reader shares: one with no
                 // rows of a part under first_exhausted stops every rank at once; one
                 // with no rows at all cannot carry on under all_exhausted.
-                let stuck = mixed.iter().find(|(rows, held)| match mix.stopping {
-                    Stopping::FirstExhausted => *rows == 0 && total > 0,
+                let drawn = |i: usize| mix.weights.as_ref().is_none_or(|w| w[i] > 0.0);
+                let stuck = mixed.iter().find(|(_, held)| match mix.stopping {
+                    Stopping::FirstExhausted => (0..held.len()).any(|i| held[i] == 0 && drawn(i)),
                     _ => target > 0 && held.iter().all(|&n| n == 0),
                 });
                 if let Some((_, held)) = stuck {
-                    let i = held.iter().position(|&n| n == 0).unwrap_or(0);
+                    let i = (0..held.len())
+                        .find(|&i| held[i] == 0 && drawn(i))
+                        .unwrap_or(0);
                     return Err(Error::invalid_argument(format!(
                         "interleave: dataset {i} has {} rows, too few to give each of the {} \
                          readers (ranks x workers) one, so the readers cannot take as many \
@@ -303,18 +306,23 @@ impl Combined {
             None => Box::new(combine::Chain::new(open, self.parts.len())),
             Some(mix) => {
                 // One reader's mixing ends as its strategy says; several share a length.
+                let replaces = mix.stopping != Stopping::AllWithoutReplacement;
                 let target = plan
                     .rows
-                    .filter(|_| mix.stopping != Stopping::AllWithoutReplacement && run.parts > 1)
+                    .filter(|_| replaces && run.parts > 1)
                     .map(|(_, target)| target);
-                return Ok(Box::new(combine::Mixer::new(
+                let mixer = combine::Mixer::new(
                     open,
                     self.parts.len(),
                     mix,
                     Rng::new(mix.seed, outer.origin(), run.part as u64),
                     self.schema.clone(),
                     target,
-                )));
+                );
+                if replaces {
+                    return Ok(Box::new(mixer));
+                }
+                Box::new(mixer)
             }
         };
         let Some((own, target)) = plan.rows else {
