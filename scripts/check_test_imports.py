@@ -43,7 +43,8 @@ def imported_modules(path: Path) -> set[str]:
 def main() -> int:
     tests = ROOT / "tests"
     files = sorted(tests.rglob("*.py"))
-    local = {p.stem for p in files} | {"shardflow"}
+    # The tests' own modules and packages (tests/model/ is imported as `model`).
+    local = {p.stem for p in files} | {p.parent.name for p in files if p.name == "__init__.py"} | {"shardflow"}
     modules = set(EXTRA)
     for path in files:
         modules |= imported_modules(path)

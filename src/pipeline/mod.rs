@@ -189,8 +189,10 @@ impl Combined {
     /// then apply once, against the combined total, not to each part. Mixings that
     /// repeat or leave out rows (`first_exhausted`, `all_exhausted`) are cut to the
     /// shortest reader's mixing or carried on to the longest's, so that ranks take as
-    /// many steps.
-    fn plan(&self, run: &RunOptions, outer: Draws) -> Result<Plan> {
+    /// many steps. Those lengths come from replaying every reader's draws on row counts
+    /// (a pass over the epoch's draws, no data): with `mixed_lengths` false they are
+    /// left out (`rows: None` for such mixings).
+    fn plan(&self, run: &RunOptions, outer: Draws, mixed_lengths: bool) -> Result<Plan> {
         let share = run.share();
         let Some(counts) = self.part_counts(run, outer)? else {
             // Rows unknown: every row once, but readers' counts may differ.
@@ -207,6 +209,7 @@ impl Combined {
         let shares = part_shares(share, &counts);
         let total: u64 = counts.iter().sum();
         let rows = match &self.mix {
+            Some(mix) if mix.stopping != Stopping::AllWithoutReplacement && !mixed_lengths => None,
             Some(mix) if mix.stopping != Stopping::AllWithoutReplacement => {
                 let mixed = (0..share.parts)
                     .map(|reader| {
@@ -278,7 +281,8 @@ impl Combined {
         outer: Draws,
         stats: &Arc<Stats>,
     ) -> Result<BatchIter> {
-        let plan = self.plan(run, outer)?;
+        // A single reader's mixing ends as its strategy says: no length to share.
+        let plan = self.plan(run, outer, run.parts > 1)?;
         let open: combine::Open = {
             let (c, stats, run, shares) = (
                 self.clone(),
@@ -355,7 +359,7 @@ impl Combined {
     /// The rows (tagged positions) `run`'s reader reads, padding included (what
     /// [`Dataset::planned_rows`] says of a combination).
     fn planned_rows(&self, run: &RunOptions, outer: Draws) -> Result<RowList> {
-        let plan = self.plan(run, outer)?;
+        let plan = self.plan(run, outer, false)?;
         let mut all = Vec::new();
         for i in 0..self.parts.len() {
             all.extend(self.parts[i].planned_rows(&self.part_run(
@@ -365,11 +369,8 @@ impl Combined {
                 plan.shares[i],
             ))?);
         }
-        let Some((own, target)) = plan.rows.filter(|_| {
-            self.mix
-                .as_ref()
-                .is_none_or(|m| m.stopping == Stopping::AllWithoutReplacement)
-        }) else {
+        // (A mixing that repeats rows reads from all of them: its length is not needed.)
+        let Some((own, target)) = plan.rows else {
             return Ok(all);
         };
         if target < own {
@@ -967,7 +968,7 @@ impl Dataset {
                 };
                 let rows = match &head.kind {
                     HeadKind::Combined(c) => c
-                        .plan(run, self.draws(run.epoch))?
+                        .plan(run, self.draws(run.epoch), true)?
                         .rows
                         .map(|(_, rows)| rows),
                     _ => self
