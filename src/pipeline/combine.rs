@@ -212,10 +212,19 @@ impl Mixer {
             {
                 feed.row += 1;
                 let row = feed.row - 1;
-                // With all_exhausted, the mixing ends on the row that completes the
-                // last part's pass (as in `datasets`): look ahead at each part's end.
-                if self.stopping == Stopping::AllExhausted && feed.row == batch.num_rows() {
-                    match feed.stream.next() {
+                // As in `datasets`, the mixing ends on the row that runs out the first
+                // part (first_exhausted) or completes the last part's pass
+                // (all_exhausted): look ahead at each part's end.
+                if self.stopping != Stopping::AllWithoutReplacement && feed.row == batch.num_rows()
+                {
+                    // (Empty batches say nothing of whether rows are left.)
+                    let next = loop {
+                        match feed.stream.next() {
+                            Some(Ok(b)) if b.num_rows() == 0 => {}
+                            other => break other,
+                        }
+                    };
+                    match next {
                         Some(next) => {
                             feed.batch = Some(next?);
                             feed.row = 0;
@@ -223,9 +232,10 @@ impl Mixer {
                         None => {
                             self.exhausted[part] = true;
                             self.feeds[part] = None;
-                            // With a target, the mixing carries on to it instead.
-                            self.finished =
-                                self.target.is_none() && self.exhausted.iter().all(|&e| e);
+                            // With a target, all_exhausted carries on to it instead (a
+                            // first_exhausted target is never past this row).
+                            self.finished = self.stopping == Stopping::FirstExhausted
+                                || (self.target.is_none() && self.exhausted.iter().all(|&e| e));
                         }
                     }
                 }
