@@ -7,6 +7,16 @@ use std::fmt;
 
 use crate::source::redact;
 
+/// `url: ` to start an error's message, or nothing when no file or URL is at fault (a
+/// `concatenate` of in-memory datasets, a cast).
+fn located(url: &str) -> String {
+    if url.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", redact(url))
+    }
+}
+
 /// Where inside a file an error happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Position {
@@ -101,7 +111,7 @@ pub enum Error {
     },
 
     /// Valid data whose columns do not fit the dataset's schema.
-    #[error("{}: schema mismatch: {}", redact(.url), redact(.message))]
+    #[error("{}schema mismatch: {}", located(.url), redact(.message))]
     Schema {
         /// The file or URL.
         url: String,

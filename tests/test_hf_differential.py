@@ -65,3 +65,134 @@ def test_weighted_interleave_stops_and_draws_as_datasets_does(lengths: list[int]
             assert last % 1000 == lengths[last // 1000] - 1
             assert len(by_part[last // 1000]) == lengths[last // 1000]
             assert all(len(part) <= n for part, n in zip(by_part, lengths))
+
+
+def both(columns: dict[str, list]) -> tuple[object, sf.Dataset]:
+    """The same rows in `datasets` and shardflow."""
+    return datasets.Dataset.from_dict(columns), sf.from_list([dict(zip(columns, row)) for row in zip(*columns.values())])
+
+
+ROWS = {"id": list(range(12)), "text": [f"row {i}" * (1 + i % 3) for i in range(12)], "score": [i * 0.5 for i in range(12)]}
+
+
+def test_map_merges_the_returned_dict_as_datasets_does() -> None:
+    hf, ours = both(ROWS)
+
+    def count(row: dict) -> dict:
+        return {"n_chars": len(row["text"]), "id": row["id"] * 10}
+
+    expected = hf.map(count)
+    got = ours.map(count)
+    assert got.column_names == expected.column_names == ["id", "text", "score", "n_chars"]
+    assert got.to_list() == expected.to_list()
+    # remove_columns drops input columns; batched maps merge the same way.
+    expected = hf.map(lambda b: {"n": [len(t) for t in b["text"]]}, batched=True, remove_columns=["text"])
+    got = ours.map(lambda b: {"n": [len(t) for t in b["text"]]}, batched=True, remove_columns=["text"])
+    assert got.column_names == expected.column_names
+    assert got.to_list() == expected.to_list()
+    # A batched map that changes the row count must remove the other columns, in both.
+    with pytest.raises(Exception):
+        hf.map(lambda b: {"x": [0]}, batched=True)
+    with pytest.raises(sf.SchemaError, match="remove the input columns"):
+        ours.map(lambda b: {"x": np.zeros(1)}, batched=True).to_list()
+    chunked = ours.map(lambda b: {"x": np.arange(2)}, batched=True, batch_size=4, remove_columns=["id", "text", "score"])
+    assert chunked.to_dict() == hf.map(lambda b: {"x": [0, 1]}, batched=True, batch_size=4, remove_columns=["id", "text", "score"]).to_dict()
+
+
+def test_column_names_are_current_after_every_verb() -> None:
+    hf, ours = both(ROWS)
+    chains = [
+        lambda d: d.rename_column("text", "body"),
+        lambda d: d.rename_columns({"id": "key", "score": "s"}),
+        lambda d: d.remove_columns(["score"]),
+        lambda d: d.select_columns(["score", "id"]),
+        lambda d: d.map(lambda r: {"extra": 1}),
+    ]
+    for chain in chains:
+        assert chain(ours).column_names == chain(hf).column_names
+    assert ours.flat_map(lambda r: [{"t": r["text"]}]).column_names == ["t"]
+
+
+def test_output_verbs_give_what_datasets_gives() -> None:
+    hf, ours = both(ROWS)
+    assert ours.to_list() == hf.to_list()
+    assert ours.to_dict() == hf.to_dict()
+    assert ours.to_pandas().equals(hf.to_pandas())
+    assert ours.select(range(3, 7)).to_list() == hf.select(range(3, 7)).to_list()
+    assert ours["id"] == list(hf["id"])
+    assert list(ours["text"]) == list(hf["text"])
+    picked = ours[[1, 5, 7]]
+    assert picked == hf[[1, 5, 7]]
+    mask = [i % 4 == 0 for i in range(12)]
+    assert ours[mask]["id"] == [0, 4, 8]
+    assert ours[np.array([2, -1])]["id"] == [2, 11]
+    with pytest.raises(IndexError):
+        ours[[True, False]]
+    with pytest.raises(KeyError):
+        ours["nope"]
+
+
+def test_jsonl_int_then_float_never_truncates(tmp_path) -> None:
+    import json
+
+    path = tmp_path / "mixed.jsonl"
+    with open(path, "w") as f:
+        for i in range(1500):
+            f.write(json.dumps({"id": i, "v": i if i < 1200 else i + 0.5}) + "\n")
+    theirs = datasets.load_dataset("json", data_files=str(path), split="train")
+    assert theirs[1201]["v"] == 1201.5  # datasets reads floats
+    ds = sf.dataset(str(path))
+    # shardflow inferred int64 from the first 1,000 records: a clear error naming the
+    # file, line and column, never 1201.5 read as 1201.
+    with pytest.raises(sf.DecodeError, match=r"line 1201.*column \"v\" holds a number that is not an integer"):
+        ds.to_list()
+    with pytest.raises(sf.DecodeError, match=r"at byte \d+: .*column \"v\""):
+        ds[1200]  # read by its byte offset in the file
+    import pyarrow as pa
+
+    typed = sf.dataset(str(path), schema=pa.schema([("id", pa.int64()), ("v", pa.float64())]))
+    assert typed.to_dict()["v"] == theirs["v"]
+
+
+def test_cast_of_text_that_is_not_a_number_raises_as_datasets_does() -> None:
+    import pyarrow as pa
+
+    hf, ours = both({"t": ["1", "x", "3"]})
+    with pytest.raises(Exception):
+        hf.cast_column("t", datasets.Value("int64"))
+    with pytest.raises(sf.SchemaError, match="column \"t\".*'x'"):
+        ours.cast_column("t", pa.int64()).to_list()
+    assert ours.cast_column("t", pa.int64(), on_invalid="null").to_dict() == {"t": [1, None, 3]}
+    assert both({"t": ["1", "2"]})[1].cast_column("t", pa.int64()).to_dict() == {"t": [1, 2]}
+
+
+def test_the_same_nested_column_mixes_from_jsonl_parquet_and_memory(tmp_path) -> None:
+    # list<struct<role, content>> arrives as List<item> (JSONL), List<element> (Parquet)
+    # and LargeList (from_list); concatenate and interleave failed with "neither widens".
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def chats(start: int, n: int) -> list[dict]:
+        return [
+            {"id": i, "messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}][: 1 + i % 2]}
+            for i in range(start, start + n)
+        ]
+
+    with open(tmp_path / "a.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in chats(0, 5))
+    pq.write_table(pa.Table.from_pylist(chats(5, 4)), tmp_path / "b.parquet")
+    parts = [sf.dataset(str(tmp_path / "a.jsonl")), sf.dataset(str(tmp_path / "b.parquet")), sf.from_list(chats(9, 3))]
+    theirs = [
+        datasets.load_dataset("json", data_files=str(tmp_path / "a.jsonl"), split="train"),
+        datasets.load_dataset("parquet", data_files=str(tmp_path / "b.parquet"), split="train"),
+        datasets.Dataset.from_list(chats(9, 3)),
+    ]
+    joined = sf.concatenate(parts)
+    assert joined.to_list() == datasets.concatenate_datasets(theirs).to_list() == chats(0, 12)
+    mixed = sf.interleave(parts, stopping_strategy="all_exhausted_without_replacement")
+    expected = datasets.interleave_datasets([t.to_iterable_dataset() for t in theirs], stopping_strategy="all_exhausted_without_replacement")
+    assert mixed.to_list() == list(expected)
+    # One canonical type: List<item>.
+    assert pa.schema(joined.schema).field("messages").type == pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))

@@ -136,7 +136,8 @@ def test_take_skip_filter_map_flat_map(shards: str) -> None:
         len(evens)
     mapped = ds.map(lambda r: {"id": r["id"], "sq": r["id"] ** 2, "name": r["name"].upper()})
     assert len(mapped) == 5445
-    assert list(mapped.skip(3).take(1)) == [{"id": 3, "sq": 9, "name": "ROW-3"}]
+    # The returned dict is merged into the row (as datasets does).
+    assert list(mapped.skip(3).take(1)) == [{"id": 3, "value": 1.5, "name": "ROW-3", "sq": 9}]
     flat = ds.take(3).flat_map(lambda r: [{"id": r["id"], "k": k} for k in range(r["id"])])
     assert [(r["id"], r["k"]) for r in flat] == [(1, 0), (2, 0), (2, 1)]
 

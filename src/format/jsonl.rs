@@ -42,6 +42,10 @@ struct BlockDecoderConfig {
     /// Numbers and booleans may be read into text fields (inferred mixed-type fields).
     coerce: bool,
     inferred: bool,
+    /// The inferred columns that hold integers, with every integer read as a float: a
+    /// second reading of each block through it finds a later record whose number is not
+    /// an integer, which the integer column alone would silently truncate (2.5 to 2).
+    int_check: Option<SchemaRef>,
     on_error: OnError,
     /// Bound on each file's decompressed size.
     limit: u64,
@@ -107,6 +111,7 @@ impl Format for JsonLines {
             units,
             PreparedJsonl {
                 decoder: Arc::new(BlockDecoderConfig {
+                    int_check: inferred.then(|| integers_as_floats(&schema)).flatten(),
                     schema,
                     strict: options.columns.is_none() && inferred,
                     coerce,
@@ -218,12 +223,72 @@ impl RecordCodec for BlockDecoderConfig {
     }
 }
 
+/// The fields of `schema` that hold integers (at any depth), with each integer type
+/// replaced by `Float64`; `None` when no field holds one.
+fn integers_as_floats(schema: &Schema) -> Option<SchemaRef> {
+    use arrow_schema::{DataType as T, Field};
+    fn floats(t: &T) -> Option<T> {
+        let field = |f: &Field| floats(f.data_type()).map(|t| f.clone().with_data_type(t));
+        match t {
+            T::Int8 | T::Int16 | T::Int32 | T::Int64 => Some(T::Float64),
+            T::List(f) => field(f).map(|f| T::List(Arc::new(f))),
+            T::LargeList(f) => field(f).map(|f| T::LargeList(Arc::new(f))),
+            T::Struct(fields) if fields.iter().any(|f| floats(f.data_type()).is_some()) => {
+                Some(T::Struct(
+                    fields
+                        .iter()
+                        .map(|f| Arc::new(field(f).unwrap_or_else(|| f.as_ref().clone())))
+                        .collect(),
+                ))
+            }
+            _ => None,
+        }
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .filter_map(|f| floats(f.data_type()).map(|t| f.as_ref().clone().with_data_type(t)))
+        .collect();
+    (!fields.is_empty()).then(|| Arc::new(Schema::new(fields)))
+}
+
 impl BlockDecoderConfig {
     fn builder(&self, batch_rows: usize) -> ReaderBuilder {
         ReaderBuilder::new(self.schema.clone())
             .with_batch_size(batch_rows)
             .with_strict_mode(self.strict)
             .with_coerce_primitive(self.coerce)
+    }
+
+    /// Checks that the integer columns of `batches` (decoded from `data`) hold every
+    /// number of `data` exactly: read as floats, the same numbers must come out.
+    fn check_integers(&self, data: &[u8], batches: &[RecordBatch]) -> Result<(), ArrowError> {
+        let Some(check) = &self.int_check else {
+            return Ok(());
+        };
+        let builder = ReaderBuilder::new(check.clone())
+            .with_batch_size(DECODE_BATCH_ROWS)
+            .with_coerce_primitive(self.coerce);
+        let as_floats = decode_with(builder, data)?;
+        let batches = arrow_select::concat::concat_batches(&self.schema, batches)?;
+        let as_floats = arrow_select::concat::concat_batches(check, &as_floats)?;
+        for field in check.fields() {
+            let (Some(ints), Some(floats)) = (
+                batches.column_by_name(field.name()),
+                as_floats.column_by_name(field.name()),
+            ) else {
+                continue;
+            };
+            if arrow_cast::cast(ints, field.data_type())?.to_data() != floats.to_data() {
+                return Err(ArrowError::JsonError(format!(
+                    "column {:?} holds a number that is not an integer, but the column was \
+                     inferred as {} (pass schema= with a float type for it)",
+                    field.name(),
+                    self.schema.field_with_name(field.name())?.data_type()
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn decode(&self, url: &str, block: &[u8], start: BlockStart) -> Result<Decoded> {
@@ -238,29 +303,8 @@ impl BlockDecoderConfig {
     }
 
     fn decode_all(&self, data: &[u8]) -> Result<Vec<RecordBatch>, ArrowError> {
-        let mut decoder = self.builder(DECODE_BATCH_ROWS).build_decoder()?;
-        let mut batches = Vec::new();
-        let mut pos = 0;
-        while pos < data.len() {
-            let consumed = decoder.decode(&data[pos..])?;
-            pos += consumed;
-            if pos < data.len() {
-                // The decoder stops when a batch is full.
-                match decoder.flush()? {
-                    Some(batch) => batches.push(batch),
-                    None if consumed == 0 => {
-                        return Err(ArrowError::JsonError("decoder made no progress".into()));
-                    }
-                    None => {}
-                }
-            }
-        }
-        if decoder.has_partial_record() {
-            return Err(ArrowError::JsonError("the record is cut short".into()));
-        }
-        if let Some(batch) = decoder.flush()? {
-            batches.push(batch);
-        }
+        let batches = decode_with(self.builder(DECODE_BATCH_ROWS), data)?;
+        self.check_integers(data, &batches)?;
         Ok(batches)
     }
 
@@ -275,7 +319,8 @@ impl BlockDecoderConfig {
         if decoder.has_partial_record() {
             return Err(ArrowError::JsonError("the record is cut short".into()));
         }
-        decoder.flush().map(|_| ())
+        let batch = decoder.flush()?;
+        self.check_integers(line, batch.as_slice())
     }
 
     fn decode_line_by_line(&self, url: &str, block: &[u8], start: BlockStart) -> Result<Decoded> {
@@ -323,4 +368,33 @@ impl BlockDecoderConfig {
             message
         }
     }
+}
+
+/// Decodes every record of `data` with a decoder `builder` makes.
+fn decode_with(builder: ReaderBuilder, data: &[u8]) -> Result<Vec<RecordBatch>, ArrowError> {
+    let mut decoder = builder.build_decoder()?;
+    let mut batches = Vec::new();
+
+    let mut pos = 0;
+    while pos < data.len() {
+        let consumed = decoder.decode(&data[pos..])?;
+        pos += consumed;
+        if pos < data.len() {
+            // The decoder stops when a batch is full.
+            match decoder.flush()? {
+                Some(batch) => batches.push(batch),
+                None if consumed == 0 => {
+                    return Err(ArrowError::JsonError("decoder made no progress".into()));
+                }
+                None => {}
+            }
+        }
+    }
+    if decoder.has_partial_record() {
+        return Err(ArrowError::JsonError("the record is cut short".into()));
+    }
+    if let Some(batch) = decoder.flush()? {
+        batches.push(batch);
+    }
+    Ok(batches)
 }

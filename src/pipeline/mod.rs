@@ -1401,47 +1401,76 @@ pub fn conform(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
         .map_err(|e| Error::Internal(format!("conforming a batch: {e}")))
 }
 
+/// The type that values of types `a` and `b` can both be read as, if any: null widens
+/// to anything, narrower to wider integers, integers to floats, text to large text. A
+/// list is one logical type whatever its offsets or item name: `List` and `LargeList`
+/// of any item name unify to `List<item>` (as pyarrow and `datasets` write lists), their
+/// items unified in turn; structs with the same fields in the same order unify field by
+/// field.
+fn wider(a: &arrow_schema::DataType, b: &arrow_schema::DataType) -> Option<arrow_schema::DataType> {
+    use arrow_schema::{DataType as T, Field};
+    if a == b {
+        return Some(a.clone());
+    }
+    let rank = |t: &T| match t {
+        T::Int8 => Some(1),
+        T::Int16 => Some(2),
+        T::Int32 => Some(3),
+        T::Int64 => Some(4),
+        T::Float32 => Some(5),
+        T::Float64 => Some(6),
+        _ => None,
+    };
+    match (a, b) {
+        (T::Null, other) | (other, T::Null) => Some(other.clone()),
+        (T::Utf8 | T::LargeUtf8, T::Utf8 | T::LargeUtf8) => Some(T::LargeUtf8),
+        (T::Binary | T::LargeBinary, T::Binary | T::LargeBinary) => Some(T::LargeBinary),
+        (T::List(x) | T::LargeList(x), T::List(y) | T::LargeList(y)) => {
+            let item = wider(x.data_type(), y.data_type())?;
+            Some(T::List(Arc::new(Field::new(
+                "item",
+                item,
+                x.is_nullable() || y.is_nullable(),
+            ))))
+        }
+        (T::Struct(x), T::Struct(y))
+            if x.len() == y.len() && x.iter().zip(y.iter()).all(|(f, g)| f.name() == g.name()) =>
+        {
+            let fields = x
+                .iter()
+                .zip(y.iter())
+                .map(|(f, g)| {
+                    wider(f.data_type(), g.data_type())
+                        .map(|t| Field::new(f.name(), t, f.is_nullable() || g.is_nullable()))
+                })
+                .collect::<Option<Vec<_>>>()?;
+            Some(T::Struct(fields.into()))
+        }
+        _ => match (rank(a), rank(b)) {
+            (Some(x), Some(y)) => {
+                let wide = if x >= y { a } else { b };
+                // An int64 meeting a float32 needs a float64 to keep its values.
+                Some(if x.max(y) == 5 && x.min(y) == 4 {
+                    T::Float64
+                } else {
+                    wide.clone()
+                })
+            }
+            _ => None,
+        },
+    }
+}
+
 /// The one schema that batches of every schema in `schemas` can be read as: the same
 /// column names (any order; the first schema's order is kept), each column's types equal
-/// or one widening to the other (null to anything, narrower to wider integers, integers to
-/// floats, text to large text). Anything else is a `SchemaError` naming the column.
+/// or one widening to the other (see [`wider`]). Anything else is a `SchemaError` naming
+/// the column.
 pub fn unify_schemas(schemas: &[SchemaRef]) -> Result<SchemaRef> {
-    use arrow_schema::{DataType as T, Field, Schema};
+    use arrow_schema::{Field, Schema};
     let first = &schemas[0];
     let mismatch = |message: String| Error::Schema {
         url: String::new(),
         message,
-    };
-    let wider = |a: &T, b: &T| -> Option<T> {
-        if a == b {
-            return Some(a.clone());
-        }
-        let rank = |t: &T| match t {
-            T::Int8 => Some(1),
-            T::Int16 => Some(2),
-            T::Int32 => Some(3),
-            T::Int64 => Some(4),
-            T::Float32 => Some(5),
-            T::Float64 => Some(6),
-            _ => None,
-        };
-        match (a, b) {
-            (T::Null, other) | (other, T::Null) => Some(other.clone()),
-            (T::Utf8 | T::LargeUtf8, T::Utf8 | T::LargeUtf8) => Some(T::LargeUtf8),
-            (T::Binary | T::LargeBinary, T::Binary | T::LargeBinary) => Some(T::LargeBinary),
-            _ => match (rank(a), rank(b)) {
-                (Some(x), Some(y)) => {
-                    let wide = if x >= y { a } else { b };
-                    // An int64 meeting a float32 needs a float64 to keep its values.
-                    Some(if x.max(y) == 5 && x.min(y) == 4 {
-                        T::Float64
-                    } else {
-                        wide.clone()
-                    })
-                }
-                _ => None,
-            },
-        }
     };
     let mut fields: Vec<Field> = first.fields().iter().map(|f| f.as_ref().clone()).collect();
     for (n, schema) in schemas.iter().enumerate().skip(1) {

@@ -570,8 +570,13 @@ pub enum Columns {
     Select(Vec<String>),
     Remove(Vec<String>),
     Rename(Vec<(String, String)>),
-    /// Casts the named columns to these fields' types.
-    Cast(SchemaRef),
+    /// Casts the named columns to these fields' types. A value that does not convert
+    /// (text that is not a number, a number out of range) is an error naming the column
+    /// and the value, or with `invalid_to_null`, a null.
+    Cast {
+        target: SchemaRef,
+        invalid_to_null: bool,
+    },
 }
 
 impl Columns {
@@ -612,7 +617,7 @@ impl Columns {
                     })
                     .collect()
             }
-            Columns::Cast(target) => {
+            Columns::Cast { target, .. } => {
                 for field in target.fields() {
                     let Ok(from) = input.field_with_name(field.name()) else {
                         return Err(missing(field.name()));
@@ -666,12 +671,22 @@ impl BatchTransform for Columns {
                 if column.data_type() == field.data_type() {
                     Ok(column)
                 } else {
-                    arrow_cast::cast(&column, field.data_type()).map_err(|e| {
-                        crate::error::Error::Schema {
+                    let options = arrow_cast::CastOptions {
+                        safe: matches!(
+                            self,
+                            Columns::Cast {
+                                invalid_to_null: true,
+                                ..
+                            }
+                        ),
+                        ..Default::default()
+                    };
+                    arrow_cast::cast_with_options(&column, field.data_type(), &options).map_err(
+                        |e| crate::error::Error::Schema {
                             url: String::new(),
                             message: format!("column {:?}: {e}", field.name()),
-                        }
-                    })
+                        },
+                    )
                 }
             })
             .collect::<Result<Vec<_>>>()?;
@@ -691,7 +706,10 @@ impl BatchTransform for Columns {
             Columns::Select(c) => format!("select_columns({c:?})"),
             Columns::Remove(c) => format!("remove_columns({c:?})"),
             Columns::Rename(p) => format!("rename_columns({p:?})"),
-            Columns::Cast(s) => format!("cast({s:?})"),
+            Columns::Cast {
+                target,
+                invalid_to_null,
+            } => format!("cast({target:?}, invalid_to_null={invalid_to_null})"),
         }
     }
 
@@ -716,7 +734,7 @@ impl Columns {
                 .filter(|(f, _)| !columns.contains(f.name()))
                 .map(|(_, c)| c.clone())
                 .collect(),
-            Columns::Rename(_) | Columns::Cast(_) => batch.columns().to_vec(),
+            Columns::Rename(_) | Columns::Cast { .. } => batch.columns().to_vec(),
         }
     }
 }

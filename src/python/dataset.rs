@@ -344,19 +344,35 @@ impl PyDataset {
         Ok(Indices::list(rows))
     }
 
+    /// Every row, read in the dataset's current epoch, as one batch.
+    fn all_rows(&self, py: Python<'_>) -> PyResult<RecordBatch> {
+        let mut receiver = self.start(py)?;
+        let mut batches = Vec::new();
+        while let Some(batch) = next_batch(py, &mut receiver)? {
+            batches.push(batch);
+        }
+        let schema = match batches.first() {
+            Some(batch) => batch.schema(),
+            None => py.detach(|| self.inner.schema())?,
+        };
+        Ok(arrow_select::concat::concat_batches(&schema, &batches)
+            .map_err(|e| crate::error::Error::Internal(e.to_string()))?)
+    }
+
     /// This dataset with a column verb added, its schema checked now where known.
     fn columns(
         &self,
         py: Python<'_>,
         verb: pipeline::Columns,
         method: &'static str,
-        args: Bound<'_, PyTuple>,
+        args: Bound<'_, PyAny>,
     ) -> PyResult<PyDataset> {
         if self.inner.keeps_source_schema() {
             let schema = py.detach(|| self.inner.source_schema())?;
             verb.check(&schema)?;
         }
-        Ok(self.with(Op::Transform(Arc::new(verb)), method, args))
+        let inner = self.inner.with_op(Op::Transform(Arc::new(verb)));
+        Ok(self.derived(inner, method, args))
     }
 
     /// Random access as in the dataset's current epoch, set up once per epoch. The lock
@@ -417,11 +433,12 @@ impl PyDataset {
         method: &'static str,
         args: Bound<'_, PyTuple>,
         schema: Option<&Bound<'_, PyAny>>,
+        remove_columns: Vec<String>,
     ) -> PyResult<PyDataset> {
         check_callable(func)?;
         let schema = schema.map(schema_from_py).transpose()?;
-        let op = Op::Transform(Arc::new(PyTransform::new(func, kind, schema)));
-        Ok(self.with(op, method, args))
+        let transform = PyTransform::new(func, kind, schema).removing(remove_columns);
+        Ok(self.with(Op::Transform(Arc::new(transform)), method, args))
     }
 
     /// Starts one pass over the dataset's records, in decoded batches.
@@ -701,14 +718,24 @@ impl PyDataset {
             py.detach(|| dataset.inner.source_schema())?;
             return Ok(dataset);
         }
-        self.columns(py, pipeline::Columns::Select(names), "select_columns", args)
+        self.columns(
+            py,
+            pipeline::Columns::Select(names),
+            "select_columns",
+            args.into_any(),
+        )
     }
 
     /// Every column but these.
     fn remove_columns(&self, py: Python<'_>, names: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
         let names = name_list(names)?;
         let args = PyTuple::new(py, [PyList::new(py, &names)?])?;
-        self.columns(py, pipeline::Columns::Remove(names), "remove_columns", args)
+        self.columns(
+            py,
+            pipeline::Columns::Remove(names),
+            "remove_columns",
+            args.into_any(),
+        )
     }
 
     /// Renames columns: `{old: new}`.
@@ -722,7 +749,12 @@ impl PyDataset {
             .map(|(k, v)| Ok((k.extract()?, v.extract()?)))
             .collect::<PyResult<_>>()?;
         let args = PyTuple::new(py, [column_mapping])?;
-        self.columns(py, pipeline::Columns::Rename(pairs), "rename_columns", args)
+        self.columns(
+            py,
+            pipeline::Columns::Rename(pairs),
+            "rename_columns",
+            args.into_any(),
+        )
     }
 
     fn rename_column(
@@ -737,24 +769,49 @@ impl PyDataset {
     }
 
     /// Casts the columns that `schema` names (an Arrow schema, e.g. `pyarrow.schema`)
-    /// to its types; the other columns stay as they are.
-    fn cast(&self, py: Python<'_>, schema: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
+    /// to its types; the other columns stay as they are. A value that does not convert
+    /// raises a `SchemaError` naming the column and the value (as `datasets` raises),
+    /// or with `on_invalid="null"` becomes a null.
+    #[pyo3(signature = (schema, *, on_invalid="raise"))]
+    fn cast(
+        &self,
+        py: Python<'_>,
+        schema: &Bound<'_, PyAny>,
+        on_invalid: &str,
+    ) -> PyResult<PyDataset> {
         let target = schema_from_py(schema)?;
-        let args = PyTuple::new(py, [schema])?;
-        self.columns(py, pipeline::Columns::Cast(target), "cast", args)
+        let invalid_to_null = match on_invalid {
+            "raise" => false,
+            "null" => true,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "on_invalid must be \"raise\" or \"null\", not {other:?}"
+                )));
+            }
+        };
+        let args = PyDict::new(py);
+        args.set_item("schema", schema)?;
+        args.set_item("on_invalid", on_invalid)?;
+        let op = pipeline::Columns::Cast {
+            target,
+            invalid_to_null,
+        };
+        self.columns(py, op, "cast", args.into_any())
     }
 
-    /// Casts one column to `dtype` (a pyarrow `DataType`).
+    /// Casts one column to `dtype` (a pyarrow `DataType`); see `cast`.
+    #[pyo3(signature = (column, dtype, *, on_invalid="raise"))]
     fn cast_column(
         &self,
         py: Python<'_>,
         column: String,
         dtype: &Bound<'_, PyAny>,
+        on_invalid: &str,
     ) -> PyResult<PyDataset> {
         let pa = py.import("pyarrow")?;
         let field = pa.getattr("field")?.call1((column, dtype))?;
         let schema = pa.getattr("schema")?.call1((PyList::new(py, [field])?,))?;
-        self.cast(py, &schema)
+        self.cast(py, &schema, on_invalid)
     }
 
     /// The Arrow schema of the records this dataset yields, as an object with the Arrow
@@ -795,19 +852,23 @@ impl PyDataset {
             "filter",
             PyTuple::new(func.py(), [func])?,
             None,
+            Vec::new(),
         )
     }
 
     /// `fn(sample) -> dict`, or with `batched=True`, `fn(batch) -> dict of columns` on
-    /// `batch_size` rows at a time (default 1000). The output's schema is `schema=` or
-    /// that of the first batch; later batches are cast to it or refused.
-    #[pyo3(signature = (func, batched=false, batch_size=None, schema=None))]
+    /// `batch_size` rows at a time (default 1000). As in `datasets`, the returned dict
+    /// is merged into the sample (new keys added, returned keys replaced), less the
+    /// input columns `remove_columns` names. The returned columns' schema is `schema=`
+    /// or that of the first batch; later batches are cast to it or refused.
+    #[pyo3(signature = (func, batched=false, batch_size=None, schema=None, remove_columns=None))]
     fn map(
         &self,
         func: &Bound<'_, PyAny>,
         batched: bool,
         batch_size: Option<usize>,
         schema: Option<&Bound<'_, PyAny>>,
+        remove_columns: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyDataset> {
         let kind = match (batched, batch_size) {
             (false, None) => Kind::Map,
@@ -829,9 +890,15 @@ impl PyDataset {
                 batched.into_pyobject(py)?.to_owned().into_any(),
                 batch_size.into_pyobject(py)?,
                 schema.map_or_else(|| py.None().into_bound(py), |s| s.clone()),
+                remove_columns.map_or_else(|| py.None().into_bound(py), |c| c.clone()),
             ],
         )?;
-        self.transform(func, kind, "map", args, schema)
+        // A column name alone, or a list of them (as `datasets` takes).
+        let remove = remove_columns
+            .map(name_list)
+            .transpose()?
+            .unwrap_or_default();
+        self.transform(func, kind, "map", args, schema, remove)
     }
 
     /// `fn(sample) -> iterable of samples`; the schema as for `map`.
@@ -849,7 +916,7 @@ impl PyDataset {
                 schema.map_or_else(|| py.None().into_bound(py), |s| s.clone()),
             ],
         )?;
-        self.transform(func, Kind::FlatMap, "flat_map", args, schema)
+        self.transform(func, Kind::FlatMap, "flat_map", args, schema, Vec::new())
     }
 
     /// Chooses the epoch that `ds[i]`, `ds.__getitems__` and `iter(ds)` read: what a
@@ -895,25 +962,97 @@ impl PyDataset {
 
     /// The sample at `index` (negative counts from the end) as a dict; for a slice,
     /// the samples as one dict of lists, as in Hugging Face `datasets`.
+    /// `ds[i]`: one sample (a dict); `ds[i:j]`, `ds[[i, j, ...]]` (a list or numpy
+    /// array of row numbers) or `ds[mask]` (a boolean list or array, one per row): a
+    /// dict of columns (lists); `ds["column"]`: that column of every row, as a list (as
+    /// `datasets` gives a column).
     fn __getitem__<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         index: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        if let Ok(slice) = index.cast::<pyo3::types::PySlice>() {
-            let access = self.random_access(py)?;
-            let picked = slice.indices(access.len() as isize)?;
-            let rows: Vec<u64> = (0..picked.slicelength)
-                .map(|k| (picked.start + k as isize * picked.step) as u64)
-                .collect();
-            let batch = py.detach(|| access.rows(&rows))?;
-            return super::to_python::batch_to_pydict(py, &batch);
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        if let Ok(name) = index.extract::<String>() {
+            let schema = py.detach(|| this.inner.schema())?;
+            if schema.index_of(&name).is_err() {
+                return Err(pyo3::exceptions::PyKeyError::new_err(format!(
+                    "no column {name:?}; the columns are {:?}",
+                    crate::format::field_names(&schema)
+                )));
+            }
+            let all = this.select_columns(py, index)?.all_rows(py)?;
+            let columns = super::to_python::batch_to_pydict(py, &all)?;
+            return Ok(columns
+                .get_item(&name)?
+                .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name))?);
         }
-        let index: i64 = index.extract()?;
-        let mut rows = self.__getitems__(py, vec![index])?;
-        rows.pop().ok_or_else(|| {
-            pyo3::exceptions::PyIndexError::new_err(format!("no sample at index {index}"))
-        })
+        let rows: Vec<i64> = if let Ok(slice) = index.cast::<pyo3::types::PySlice>() {
+            let len = this.random_access(py)?.len() as isize;
+            let picked = slice.indices(len)?;
+            (0..picked.slicelength)
+                .map(|k| (picked.start + k as isize * picked.step) as i64)
+                .collect()
+        } else if let Ok(one) = index.extract::<i64>() {
+            let mut rows = this.__getitems__(py, vec![one])?;
+            return rows.pop().map(Bound::into_any).ok_or_else(|| {
+                pyo3::exceptions::PyIndexError::new_err(format!("no sample at index {one}"))
+            });
+        } else if let Ok(mask) = index.extract::<Vec<bool>>() {
+            let len = this.random_access(py)?.len();
+            if mask.len() as u64 != len {
+                return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                    "a boolean mask of {} values for {len} rows",
+                    mask.len()
+                )));
+            }
+            (0..mask.len() as i64)
+                .filter(|&i| mask[i as usize])
+                .collect()
+        } else {
+            index.extract::<Vec<i64>>().map_err(|_| {
+                PyTypeError::new_err(
+                    "a dataset is indexed by a row number, a slice, a list of row numbers, a boolean mask or a column name",
+                )
+            })?
+        };
+        let access = this.random_access(py)?;
+        let rows = in_range(rows, access.len())?;
+        let batch = py.detach(|| access.rows(&rows))?;
+        Ok(super::to_python::batch_to_pydict(py, &batch)?.into_any())
+    }
+
+    /// Every row as a `pyarrow.Table`, in the order iteration yields them (in the
+    /// dataset's current epoch). `to_list`, `to_dict` and `to_pandas` read it.
+    fn to_arrow<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let pa = py.import("pyarrow").map_err(|_| {
+            pyo3::exceptions::PyImportError::new_err(
+                "to_arrow, to_list, to_dict and to_pandas need pyarrow: pip install 'shardflow[arrow]'",
+            )
+        })?;
+        // Read here, not through `__arrow_c_stream__`: pyarrow pulls a stream with the
+        // GIL released, which a stream made inside this call could not take back.
+        let batch = super::batch::PyRecordBatch {
+            batch: slf.get().all_rows(py)?,
+        };
+        let batch = pa.getattr("record_batch")?.call1((batch,))?;
+        pa.getattr("Table")?
+            .call_method1("from_batches", (PyList::new(py, [batch])?,))
+    }
+
+    /// Every row as a dict of plain Python values, as `datasets`' `to_list`.
+    fn to_list<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        Self::to_arrow(slf)?.call_method0("to_pylist")
+    }
+
+    /// Every column as a list of plain Python values, as `datasets`' `to_dict`.
+    fn to_dict<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        Self::to_arrow(slf)?.call_method0("to_pydict")
+    }
+
+    /// Every row as a pandas DataFrame (needs pandas and pyarrow).
+    fn to_pandas<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        Self::to_arrow(slf)?.call_method0("to_pandas")
     }
 
     /// The samples at `indices`, reading each needed part of the data once (PyTorch's
@@ -924,20 +1063,7 @@ impl PyDataset {
         indices: Vec<i64>,
     ) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let access = self.random_access(py)?;
-        let len = access.len() as i64;
-        let indices = indices
-            .into_iter()
-            .map(|i| {
-                let j = if i < 0 { i + len } else { i };
-                if (0..len).contains(&j) {
-                    Ok(j as u64)
-                } else {
-                    Err(pyo3::exceptions::PyIndexError::new_err(format!(
-                        "index {i} is out of range for {len} samples"
-                    )))
-                }
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let indices = in_range(indices, access.len())?;
         let batch = py.detach(|| access.rows(&indices))?;
         batch_to_rows(py, &batch)
     }
@@ -1086,10 +1212,11 @@ impl PyDataset {
         self.inner.runs_python()
     }
 
-    /// Column names of the records (before any map/flat_map changes them).
+    /// Column names of the records this dataset yields (after its maps, which may read
+    /// a first batch to see them).
     #[getter]
     fn column_names(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        let schema = py.detach(|| self.inner.source_schema())?;
+        let schema = py.detach(|| self.inner.schema())?;
         Ok(schema.fields().iter().map(|f| f.name().clone()).collect())
     }
 
@@ -1145,6 +1272,24 @@ impl PyDataset {
 }
 
 /// Column names from one name or a list of them.
+/// `indices` as row numbers of `len` rows, negative ones counted from the end.
+fn in_range(indices: Vec<i64>, len: u64) -> PyResult<Vec<u64>> {
+    let len = len as i64;
+    indices
+        .into_iter()
+        .map(|i| {
+            let j = if i < 0 { i + len } else { i };
+            if (0..len).contains(&j) {
+                Ok(j as u64)
+            } else {
+                Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                    "index {i} is out of range for {len} samples"
+                )))
+            }
+        })
+        .collect()
+}
+
 fn name_list(names: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     if let Ok(one) = names.extract::<String>() {
         return Ok(vec![one]);

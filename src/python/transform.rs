@@ -19,9 +19,10 @@ use crate::pipeline::BatchTransform;
 pub enum Kind {
     /// Keep the samples for which `fn(sample)` is true.
     Filter,
-    /// `fn(sample) -> sample`.
+    /// `fn(sample) -> dict`, merged into the sample (as `datasets` does).
     Map,
-    /// `fn(batch: dict[str, np.ndarray]) -> dict of columns` on `batch_rows` rows at a time.
+    /// `fn(batch: dict[str, np.ndarray]) -> dict of columns` on `batch_rows` rows at a
+    /// time, merged into the batch.
     MapBatched { batch_rows: usize },
     /// `fn(sample) -> iterable of samples`.
     FlatMap,
@@ -33,9 +34,11 @@ pub struct PyTransform {
     pub kind: Kind,
     /// e.g. `map(train.normalize)`: names the function in errors and fingerprints.
     pub name: String,
-    /// The schema of every output batch: given (`schema=`), or that of the first batch
-    /// the function returns. Later batches are cast to it where no value can change.
+    /// The schema of every batch the function returns: given (`schema=`), or that of
+    /// the first one. Later batches are cast to it where no value can change.
     pub schema: OnceLock<SchemaRef>,
+    /// A map's input columns left out of its output (`remove_columns=`).
+    remove_columns: Vec<String>,
 }
 
 impl PyTransform {
@@ -65,7 +68,90 @@ impl PyTransform {
             kind,
             name: format!("{verb}({function})"),
             schema: fixed,
+            remove_columns: Vec::new(),
         }
+    }
+
+    /// A map that leaves `columns` of its input out of its output.
+    pub fn removing(mut self, columns: Vec<String>) -> Self {
+        if !columns.is_empty() {
+            self.name = format!("{}, remove_columns={columns:?}", self.name);
+        }
+        self.remove_columns = columns;
+        self
+    }
+
+    /// A map's output: the input's columns, less `remove_columns`, with those the
+    /// function returned put in their place, and its new columns after them (as
+    /// `datasets` updates each example with the function's dict).
+    fn merge(&self, input: &RecordBatch, out: RecordBatch) -> Result<RecordBatch> {
+        let input_schema = input.schema();
+        let out_schema = out.schema();
+        if let Some(missing) = self
+            .remove_columns
+            .iter()
+            .find(|c| input_schema.index_of(c).is_err())
+        {
+            return Err(Error::Schema {
+                url: self.name.clone(),
+                message: format!(
+                    "remove_columns names {missing:?}, which is not a column; the columns are {:?}",
+                    crate::format::field_names(&input_schema)
+                ),
+            });
+        }
+        let kept: Vec<usize> = (0..input.num_columns())
+            .filter(|&i| {
+                let name = input_schema.field(i).name();
+                !self.remove_columns.contains(name) && out_schema.index_of(name).is_err()
+            })
+            .collect();
+        if !kept.is_empty() && input.num_rows() != out.num_rows() {
+            return Err(Error::Schema {
+                url: self.name.clone(),
+                message: format!(
+                    "the function returned {} rows for {}; a batched map that changes the number of rows must remove the input columns it does not return (remove_columns=[...]), as in datasets",
+                    out.num_rows(),
+                    input.num_rows()
+                ),
+            });
+        }
+        let mut fields = Vec::new();
+        let mut columns = Vec::new();
+        for (i, field) in input_schema.fields().iter().enumerate() {
+            if self.remove_columns.contains(field.name()) {
+                continue;
+            }
+            match out_schema.index_of(field.name()) {
+                Ok(j) => {
+                    fields.push(out_schema.field(j).clone());
+                    columns.push(out.column(j).clone());
+                }
+                Err(_) if kept.contains(&i) => {
+                    fields.push(field.as_ref().clone());
+                    columns.push(input.column(i).clone());
+                }
+                Err(_) => {}
+            }
+        }
+        for (j, field) in out_schema.fields().iter().enumerate() {
+            let replaced = input_schema.index_of(field.name()).is_ok()
+                && !self.remove_columns.contains(field.name());
+            if !replaced {
+                fields.push(field.as_ref().clone());
+                columns.push(out.column(j).clone());
+            }
+        }
+        let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(out.num_rows()));
+        RecordBatch::try_new_with_options(
+            std::sync::Arc::new(arrow_schema::Schema::new(fields)),
+            columns,
+            &options,
+        )
+        .map_err(|e| Error::Schema {
+            url: self.name.clone(),
+            message: e.to_string(),
+        })
     }
 
     /// `batch` with this transform's one schema: the first batch sets it; later batches
@@ -245,7 +331,10 @@ impl BatchTransform for PyTransform {
         })
         .and_then(|out| match self.kind {
             Kind::Filter => Ok(vec![out]),
-            _ => Ok(vec![self.conform(out)?]),
+            Kind::FlatMap => Ok(vec![self.conform(out)?]),
+            Kind::Map | Kind::MapBatched { .. } => {
+                Ok(vec![self.merge(&batch, self.conform(out)?)?])
+            }
         })
     }
 
