@@ -196,3 +196,27 @@ def test_the_same_nested_column_mixes_from_jsonl_parquet_and_memory(tmp_path) ->
     assert mixed.to_list() == list(expected)
     # One canonical type: List<item>.
     assert pa.schema(joined.schema).field("messages").type == pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+
+
+# datasets' own sort calls pyarrow in a way pyarrow 25 deprecates.
+@pytest.mark.filterwarnings("ignore:Specifying null_placement:FutureWarning")
+def test_sort_unique_from_pandas_and_hf_datasets() -> None:
+    import pandas as pd
+
+    columns = {"k": [3, 1, 2, 1, None, 3], "name": ["c", "a", "b", "z", "n", "d"], "tags": [[1], [2], [1], [2], [], [1]]}
+    hf, ours = both(columns)
+    for args in ({"column_names": "k"}, {"column_names": "k", "reverse": True}, {"column_names": ["k", "name"], "reverse": [True, False]}):
+        assert ours.sort(**args).to_list() == hf.sort(**args).to_list(), args
+    assert ours.sort("k").sort("name").to_list() == hf.sort("k").sort("name").to_list()
+    assert ours.unique("k") == hf.unique("k")
+    assert ours.unique("name") == hf.unique("name")
+    df = pd.DataFrame(columns).iloc[::-1]  # an index that is not 0..n
+    assert sf.from_pandas(df).to_list() == datasets.Dataset.from_pandas(df, preserve_index=False).to_list()
+    # An HF dataset's own rows, its indices mapping (shuffle, select, filter) applied.
+    view = hf.shuffle(seed=1).select(range(4)).filter(lambda r: r["k"] != 2)
+    assert sf.from_arrow(view).to_list() == view.to_list()
+    # Pickled datasets rebuild from their recipe.
+    import pickle
+
+    assert pickle.loads(pickle.dumps(ours.sort("name", reverse=True))).to_list() == hf.sort("name", reverse=True).to_list()
+    assert pickle.loads(pickle.dumps(sf.from_pandas(df))).to_list() == sf.from_pandas(df).to_list()

@@ -27,6 +27,7 @@ from shardflow._native import (
     from_arrow,
     from_dict,
     from_list,
+    from_pandas,
     interleave,
 )
 from shardflow.features import FixedLen, VarLen
@@ -70,5 +71,6 @@ __all__ = [
     "from_arrow",
     "from_dict",
     "from_list",
+    "from_pandas",
     "interleave",
 ]

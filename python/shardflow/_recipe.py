@@ -6,7 +6,7 @@ from typing import Any
 
 
 def rebuild(steps: list[tuple[str, Any]], epoch: int = 0) -> Any:
-    """Replays ``dataset(**kwargs)`` (or ``from_arrow`` / ``from_dict`` / ``from_list`` /
+    """Replays ``dataset(**kwargs)`` (or ``from_arrow`` / ``from_dict`` / ``from_list`` / ``from_pandas`` /
     ``concatenate`` / ``interleave``, whose datasets pickle by their own recipes) and
     then each op call, and sets the dataset's epoch."""
     import shardflow
@@ -17,6 +17,7 @@ def rebuild(steps: list[tuple[str, Any]], epoch: int = 0) -> Any:
         "from_arrow",
         "from_dict",
         "from_list",
+        "from_pandas",
         "concatenate",
         "interleave",
     ):

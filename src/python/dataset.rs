@@ -146,14 +146,42 @@ fn in_memory(
 }
 
 /// A dataset over Arrow data already in memory: anything exporting the Arrow PyCapsule
-/// interface (a pyarrow Table, RecordBatch or RecordBatchReader, a polars DataFrame).
-/// Each batch read is a copy, so writing into it never changes `data`.
+/// interface (a pyarrow Table, RecordBatch or RecordBatchReader, a polars DataFrame), or
+/// a Hugging Face `datasets.Dataset` (its rows as it shows them: a shuffle, select or
+/// filter of it applied). Each batch read is a copy, so writing into it never changes
+/// `data`.
 #[pyfunction]
 pub fn from_arrow(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
-    let (schema, batches) = batches_from_py(data)?;
+    // An HF Dataset's `.data` is its whole table; its rows are that table through its
+    // indices mapping, which the "arrow" format applies.
+    let (schema, batches) = if data.hasattr("flatten_indices")? && data.hasattr("with_format")? {
+        let table = data
+            .call_method1("with_format", ("arrow",))?
+            .get_item(pyo3::types::PySlice::full(py))?;
+        batches_from_py(&table)?
+    } else {
+        batches_from_py(data)?
+    };
     let kwargs = PyDict::new(py);
     kwargs.set_item("data", data)?;
     Ok(in_memory(py, schema, batches, ("from_arrow", kwargs)))
+}
+
+/// A dataset over a pandas DataFrame's columns (its index left out, as
+/// `datasets.Dataset.from_pandas(df, preserve_index=False)`); needs pyarrow.
+#[pyfunction]
+pub fn from_pandas(py: Python<'_>, df: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
+    let options = PyDict::new(py);
+    options.set_item("preserve_index", false)?;
+    let table = py.import("pyarrow")?.getattr("Table")?.call_method(
+        "from_pandas",
+        (df,),
+        Some(&options),
+    )?;
+    let (schema, batches) = batches_from_py(&table)?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("df", df)?;
+    Ok(in_memory(py, schema, batches, ("from_pandas", kwargs)))
 }
 
 /// A dataset over columns: `{name: list or numpy array}`, all of one length.
@@ -342,6 +370,24 @@ impl PyDataset {
             rows.push(i as u64);
         }
         Ok(Indices::list(rows))
+    }
+
+    /// Every row's value of `name` (read in the current epoch), as a list.
+    fn column_values<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let schema = py.detach(|| self.inner.schema())?;
+        if schema.index_of(name).is_err() {
+            return Err(pyo3::exceptions::PyKeyError::new_err(format!(
+                "no column {name:?}; the columns are {:?}",
+                crate::format::field_names(&schema)
+            )));
+        }
+        let all = self
+            .select_columns(py, &PyString::new(py, name).into_any())?
+            .all_rows(py)?;
+        let columns = super::to_python::batch_to_pydict(py, &all)?;
+        columns
+            .get_item(name)?
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name.to_string()))
     }
 
     /// Every row, read in the dataset's current epoch, as one batch.
@@ -973,18 +1019,7 @@ impl PyDataset {
         let py = slf.py();
         let this = slf.get();
         if let Ok(name) = index.extract::<String>() {
-            let schema = py.detach(|| this.inner.schema())?;
-            if schema.index_of(&name).is_err() {
-                return Err(pyo3::exceptions::PyKeyError::new_err(format!(
-                    "no column {name:?}; the columns are {:?}",
-                    crate::format::field_names(&schema)
-                )));
-            }
-            let all = this.select_columns(py, index)?.all_rows(py)?;
-            let columns = super::to_python::batch_to_pydict(py, &all)?;
-            return Ok(columns
-                .get_item(&name)?
-                .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(name))?);
+            return this.column_values(py, &name);
         }
         let rows: Vec<i64> = if let Ok(slice) = index.cast::<pyo3::types::PySlice>() {
             let len = this.random_access(py)?.len() as isize;
@@ -1048,6 +1083,84 @@ impl PyDataset {
     /// Every column as a list of plain Python values, as `datasets`' `to_dict`.
     fn to_dict<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         Self::to_arrow(slf)?.call_method0("to_pydict")
+    }
+
+    /// The rows sorted by `column_names` (a name, or a list: by the first, then the
+    /// next...), ascending unless `reverse` (one flag, or one per column); nulls last
+    /// (`null_placement="at_start"` puts them first), ties in their order. As
+    /// `datasets`' `sort`: the keys are read once and the rows then selected in order.
+    #[pyo3(signature = (column_names, reverse=None, null_placement="at_end"))]
+    fn sort(
+        &self,
+        py: Python<'_>,
+        column_names: &Bound<'_, PyAny>,
+        reverse: Option<&Bound<'_, PyAny>>,
+        null_placement: &str,
+    ) -> PyResult<PyDataset> {
+        let names = name_list(column_names)?;
+        let descending: Vec<bool> = match reverse {
+            None => vec![false; names.len()],
+            Some(r) if r.extract::<bool>().is_ok() => vec![r.extract()?; names.len()],
+            Some(r) => r.extract()?,
+        };
+        if descending.len() != names.len() {
+            return Err(PyValueError::new_err(format!(
+                "reverse= has {} flags for {} columns",
+                descending.len(),
+                names.len()
+            )));
+        }
+        let nulls_first = match null_placement {
+            "at_end" | "last" => false,
+            "at_start" | "first" => true,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "null_placement must be \"at_end\" or \"at_start\", not {other:?}"
+                )));
+            }
+        };
+        let keys = self
+            .select_columns(py, &PyList::new(py, &names)?.into_any())?
+            .all_rows(py)?;
+        let columns: Vec<arrow_ord::sort::SortColumn> = names
+            .iter()
+            .zip(&descending)
+            .map(|(name, &descending)| arrow_ord::sort::SortColumn {
+                values: keys.column_by_name(name).expect("selected").clone(),
+                options: Some(arrow_ord::sort::SortOptions {
+                    descending,
+                    nulls_first,
+                }),
+            })
+            .collect();
+        let order = arrow_ord::sort::lexsort_to_indices(&columns, None)
+            .map_err(|e| crate::error::Error::Internal(format!("sorting: {e}")))?;
+        let rows: Vec<u64> = order.values().iter().map(|&i| u64::from(i)).collect();
+        let args = PyDict::new(py);
+        args.set_item("column_names", column_names)?;
+        args.set_item("reverse", reverse)?;
+        args.set_item("null_placement", null_placement)?;
+        let inner = self.inner.with_op(Op::Select(Indices::list(rows)));
+        Ok(self.derived(inner, "sort", args.into_any()))
+    }
+
+    /// The distinct values of `column`, in the order they first come (as `datasets`'
+    /// `unique`).
+    fn unique<'py>(&self, py: Python<'py>, column: String) -> PyResult<Bound<'py, PyAny>> {
+        let values = self.column_values(py, &column)?;
+        let distinct = PyDict::new(py);
+        for value in values.try_iter()? {
+            let value = value?;
+            // Lists and dicts are not hashable: keyed by their repr, kept as they are.
+            let key = match value.hash() {
+                Ok(_) => value.clone(),
+                Err(_) => value.repr()?.into_any(),
+            };
+            if !distinct.contains(&key)? {
+                distinct.set_item(key, value)?;
+            }
+        }
+        Ok(distinct.values().into_any())
     }
 
     /// Every row as a pandas DataFrame (needs pandas and pyarrow).

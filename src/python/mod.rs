@@ -60,7 +60,7 @@ mod _native {
     #[pymodule_export]
     use super::dataset::{
         PyDataset, SampleIterator, concatenate, dataset, from_arrow, from_dict, from_list,
-        interleave,
+        from_pandas, interleave,
     };
     #[pymodule_export]
     use super::loader::{BatchIterator, PyDataLoader};
