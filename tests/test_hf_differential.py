@@ -220,3 +220,14 @@ def test_sort_unique_from_pandas_and_hf_datasets() -> None:
 
     assert pickle.loads(pickle.dumps(ours.sort("name", reverse=True))).to_list() == hf.sort("name", reverse=True).to_list()
     assert pickle.loads(pickle.dumps(sf.from_pandas(df))).to_list() == sf.from_pandas(df).to_list()
+
+
+def test_batch_returns_a_dataset_of_batches() -> None:
+    hf, ours = both(ROWS)
+    for drop in (False, True):
+        theirs = list(hf.to_iterable_dataset().batch(batch_size=5, drop_last_batch=drop))
+        batched = ours.batch(5, drop_last_batch=drop)
+        assert batched.to_list() == theirs
+        # Any verb can follow it: here a map over whole batches, then a take.
+        sums = batched.map(lambda b: {"total": int(sum(b["id"]))}).take(2)
+        assert [r["total"] for r in sums] == [sum(b["id"]) for b in theirs[:2]]

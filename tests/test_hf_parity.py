@@ -137,9 +137,11 @@ def test_streaming_shuffle_then_batch(pair: tuple, chat_files: list[Path]) -> No
         "json", data_files=[str(p) for p in chat_files], split="train", streaming=True
     )
     ref_batches = list(streamed.shuffle(seed=0, buffer_size=100).batch(batch_size=64, drop_last_batch=True))
-    batches = list(ours.shuffle(seed=0, buffer_size=100).batch(64, drop_last=True))
+    batched = ours.shuffle(seed=0, buffer_size=100).batch(batch_size=64, drop_last_batch=True)
+    batches = list(batched)
     assert [len(b["id"]) for b in batches] == [len(b["id"]) for b in ref_batches]
-    first = next(iter(ours.shuffle(seed=0, buffer_size=100).batch(64, drop_last=True)))
-    assert first["id"].tolist() == batches[0]["id"].tolist()
-    seen = [i for b in batches for i in b["id"].tolist()]
+    assert batched.column_names == list(ref_batches[0])
+    first = next(iter(ours.shuffle(seed=0, buffer_size=100).batch(64, drop_last_batch=True)))
+    assert list(first["id"]) == list(batches[0]["id"])
+    seen = [i for b in batches for i in list(b["id"])]
     assert len(set(seen)) == len(seen) == len(ref) // 64 * 64

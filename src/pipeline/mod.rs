@@ -26,7 +26,7 @@ use crate::source::{self, Io, IoCounters, ShardMeta, Storage};
 pub use autotune::{DEFAULT_MEMORY_LIMIT, Tuning};
 pub use batch::Rebatch;
 use decode::UnitSlice;
-pub use ops::{BatchTransform, BufferBounds, Columns, Draws, Indices, Op, Weights};
+pub use ops::{BatchTransform, Batches, BufferBounds, Columns, Draws, Indices, Op, Weights};
 pub use prefetch::{BatchReceiver, Received};
 pub use random_access::RandomAccess;
 use rng::Rng;

@@ -738,3 +738,72 @@ impl Columns {
         }
     }
 }
+
+/// `batch(n)`: every `n` rows become one row whose columns are lists of their values
+/// (as `datasets`' `IterableDataset.batch`); with `drop_last`, a last group of fewer
+/// rows is left out.
+#[derive(Debug)]
+pub struct Batches {
+    pub rows: usize,
+    pub drop_last: bool,
+}
+
+impl Batches {
+    fn list_of(field: &arrow_schema::Field) -> arrow_schema::Field {
+        arrow_schema::Field::new(
+            field.name(),
+            arrow_schema::DataType::List(Arc::new(field.clone().with_name("item"))),
+            false,
+        )
+    }
+}
+
+impl BatchTransform for Batches {
+    fn apply(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        if batch.num_rows() == 0 || (self.drop_last && batch.num_rows() < self.rows) {
+            return Ok(Vec::new());
+        }
+        let schema = self.output_schema(&batch.schema()).expect("always known");
+        let offsets = arrow_buffer::OffsetBuffer::new(vec![0, batch.num_rows() as i32].into());
+        let columns = batch
+            .columns()
+            .iter()
+            .zip(batch.schema().fields())
+            .map(|(column, field)| {
+                Arc::new(arrow_array::ListArray::new(
+                    Arc::new(field.as_ref().clone().with_name("item")),
+                    offsets.clone(),
+                    column.clone(),
+                    None,
+                )) as arrow_array::ArrayRef
+            })
+            .collect();
+        let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(1));
+        Ok(vec![
+            RecordBatch::try_new_with_options(schema, columns, &options)
+                .map_err(|e| Error::Internal(format!("batching rows: {e}")))?,
+        ])
+    }
+
+    fn preserves_rows(&self) -> bool {
+        false
+    }
+
+    fn batch_rows(&self) -> Option<usize> {
+        Some(self.rows)
+    }
+
+    fn describe(&self) -> String {
+        format!("batch({}, drop_last_batch={})", self.rows, self.drop_last)
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> Option<SchemaRef> {
+        Some(Arc::new(arrow_schema::Schema::new(
+            input
+                .fields()
+                .iter()
+                .map(|f| Self::list_of(f))
+                .collect::<Vec<_>>(),
+        )))
+    }
+}

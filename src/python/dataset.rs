@@ -737,21 +737,28 @@ impl PyDataset {
         Ok(out)
     }
 
-    /// Yields batches of `batch_size` rows as dicts of numpy arrays (a
-    /// `DataLoader(self, batch_size, drop_last=drop_last)`).
-    #[pyo3(signature = (batch_size, drop_last=false))]
-    fn batch<'py>(
-        slf: &Bound<'py, Self>,
+    /// A dataset whose rows are batches of `batch_size` rows: each column a list of the
+    /// batch's values, as `datasets`' `IterableDataset.batch`; `drop_last_batch` leaves
+    /// out a last, shorter one. (For training, `DataLoader(ds, batch_size)` makes
+    /// numpy/torch batches directly.)
+    #[pyo3(signature = (batch_size, drop_last_batch=false))]
+    fn batch(
+        &self,
+        py: Python<'_>,
         batch_size: usize,
-        drop_last: bool,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("batch_size", batch_size)?;
-        kwargs.set_item("drop_last", drop_last)?;
-        py.import("shardflow")?
-            .getattr("DataLoader")?
-            .call((slf,), Some(&kwargs))
+        drop_last_batch: bool,
+    ) -> PyResult<PyDataset> {
+        if batch_size == 0 {
+            return Err(PyValueError::new_err("batch_size must be at least 1"));
+        }
+        let op = Op::Transform(Arc::new(pipeline::Batches {
+            rows: batch_size,
+            drop_last: drop_last_batch,
+        }));
+        let args = PyDict::new(py);
+        args.set_item("batch_size", batch_size)?;
+        args.set_item("drop_last_batch", drop_last_batch)?;
+        Ok(self.derived(self.inner.with_op(op), "batch", args.into_any()))
     }
 
     /// Only these columns, in this order; read as a projection where the format allows.
