@@ -100,7 +100,7 @@ def test_map_dataset_indexes_stream_formats_and_refuses_filtered_rows(tmp_path: 
     pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "a.parquet")
     with pytest.raises(ValueError, match="cannot follow"):
         sf.dataset(str(tmp_path / "a.parquet")).filter(lambda r: True)[0]
-    assert sf.dataset(str(tmp_path / "a.parquet")).map(lambda r: {"b": r["a"] * 10})[1] == {"b": 20}
+    assert sf.dataset(str(tmp_path / "a.parquet")).map(lambda r: {"b": r["a"] * 10})[1] == {"a": 2, "b": 20}
 
 
 def test_torch_output_shares_the_arrow_buffers(tmp_path: Path) -> None:
