@@ -1463,7 +1463,7 @@ fn wider(a: &arrow_schema::DataType, b: &arrow_schema::DataType) -> Option<arrow
 
 /// The one schema that batches of every schema in `schemas` can be read as: the same
 /// column names (any order; the first schema's order is kept), each column's types equal
-/// or one widening to the other (see [`wider`]). Anything else is a `SchemaError` naming
+/// or one widening to the other (see `wider`). Anything else is a `SchemaError` naming
 /// the column.
 pub fn unify_schemas(schemas: &[SchemaRef]) -> Result<SchemaRef> {
     use arrow_schema::{Field, Schema};
