@@ -276,6 +276,11 @@ class IterableDataset(_TorchIterableDataset):
                 # divided anew between this run's ranks and workers.
                 loader.load_state_dict([_delivered(p) for p in resume])
                 epoch = resume[0]["loader"]["epoch"]
+            elif info is None and own.get("ended") and not isinstance(resume, list):
+                # Saved in the main process after its pass ended (torch's iteration
+                # ended with it): the next pass is the next epoch.
+                epoch = own["loader"]["epoch"] + 1
+                loader.set_epoch(epoch)
             else:
                 loader.load_state_dict(own["loader"])
                 skip = own["samples_out"]
@@ -292,7 +297,10 @@ class IterableDataset(_TorchIterableDataset):
             before = None if self.batch_size else loader.state_dict()
             batch = next(batches, None)
             if batch is None:
-                self._position = _Known({"loader": loader.state_dict(), "samples_out": 0})
+                # The pass has ended, but torch's other workers may still be handing out
+                # batches of this epoch: the state is this epoch's, every row delivered,
+                # so resuming it gives this worker nothing more of the epoch.
+                self._position = _Known({"loader": loader._ended_state_dict(), "samples_out": 0, "ended": True})
                 return
             if self.batch_size:
                 # While this generator waits at `yield`, the loader stands right after
@@ -345,9 +353,12 @@ def _own_state(loader: sf.DataLoader, resume: list[dict[str, Any]]) -> dict[str,
     run does: it replays its own stream, and the samples it had handed out of its batch
     in progress are skipped, not repeated. None: the epoch is divided anew."""
     mine = loader.state_dict()
-    saved = resume[0]["loader"]
-    division = ("world_size", "workers", "pad")
-    if [saved.get(k, 1) for k in division] != [mine.get(k, 1) for k in division]:
+
+    def division(state: dict[str, Any]) -> tuple[int, int, bool]:
+        # Padding divides nothing differently on one rank.
+        return state["world_size"], state.get("workers", 1), state["pad"] and state["world_size"] > 1
+
+    if division(resume[0]["loader"]) != division(mine):
         return None
     own = [p for p in resume if p["loader"]["rank"] == mine["rank"]]
     return own[0] if own else None

@@ -65,6 +65,8 @@ struct Feed {
     batch: Option<RecordBatch>,
     /// Next row of `batch`.
     row: usize,
+    /// Whether this pass over the part has given a row.
+    gave: bool,
 }
 
 pub struct Mixer {
@@ -202,6 +204,7 @@ impl Mixer {
                     stream: (self.open)(part)?,
                     batch: None,
                     row: 0,
+                    gave: false,
                 });
             }
             let Some(feed) = self.feeds[part].as_mut() else {
@@ -211,6 +214,7 @@ impl Mixer {
                 && feed.row < batch.num_rows()
             {
                 feed.row += 1;
+                feed.gave = true;
                 let row = feed.row - 1;
                 // As in `datasets`, the mixing ends on the row that runs out the first
                 // part (first_exhausted) or completes the last part's pass
@@ -248,13 +252,20 @@ impl Mixer {
                 }
                 None => {
                     self.exhausted[part] = true;
-                    let had_rows = feed.batch.is_some();
+                    let had_rows = feed.gave;
                     self.feeds[part] = None;
                     return Ok(match self.stopping {
                         Stopping::FirstExhausted => Drawn::End,
                         // A part with no rows for this reader cannot start over: the
-                        // others go on without it.
-                        Stopping::AllExhausted if !had_rows => self.retire(part),
+                        // others go on without it, and end if they have all run out.
+                        Stopping::AllExhausted if !had_rows => match self.retire(part) {
+                            Drawn::Again
+                                if self.target.is_none() && self.exhausted.iter().all(|&e| e) =>
+                            {
+                                Drawn::End
+                            }
+                            drawn => drawn,
+                        },
                         Stopping::AllExhausted
                             if self.target.is_none() && self.exhausted.iter().all(|&e| e) =>
                         {

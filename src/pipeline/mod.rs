@@ -243,7 +243,8 @@ impl Combined {
                     Stopping::FirstExhausted => (0..held.len()).any(|i| held[i] == 0 && drawn(i)),
                     _ => target > 0 && held.iter().all(|&n| n == 0),
                 });
-                if let Some((_, held)) = stuck {
+                // (One reader's mixing just ends as its strategy says.)
+                if let Some((_, held)) = stuck.filter(|_| share.parts > 1) {
                     let i = (0..held.len())
                         .find(|&i| held[i] == 0 && drawn(i))
                         .unwrap_or(0);
@@ -525,8 +526,10 @@ impl Dataset {
                      draw it; remove it or give it a probability"
                 )));
             }
+            // Counted as `len()` counts them (a stream format's record index, which
+            // dividing the epoch between ranks builds anyway).
             for (i, part) in parts.iter().enumerate() {
-                if part.num_rows()? == Some(0) {
+                if part.len()? == Some(0) {
                     return Err(Error::invalid_argument(format!(
                         "dataset {i} is empty, so stopping_strategy={strategy:?} cannot run it out; \
                          leave it out"
@@ -1139,16 +1142,11 @@ impl Dataset {
                 && run.parts > 1
             {
                 let (global, share) = (rows_through(head.rows, &ops[..after]), run.share());
-                let limit = match (run.drop_last, global) {
-                    (true, Some(rows)) => Some(rows / share.ranks() * share.ranks()),
-                    _ => None,
-                };
-                let pad_to = global
-                    .filter(|_| run.pad && !run.drop_last)
-                    .map(|rows| share.rank_rows(rows));
-                let mut deal = ops::Deal::new(stream, share, limit);
-                if let Some(target) = pad_to {
-                    deal = deal.padded_to(target, stats.clone());
+                let mut deal = ops::Deal::new(stream, share);
+                if run.drop_last {
+                    deal = deal.whole_rounds(global);
+                } else if run.pad {
+                    deal = deal.padded_to(global.map(|rows| share.rank_rows(rows)), stats.clone());
                 }
                 stream = Box::new(deal);
             }

@@ -347,9 +347,12 @@ impl Iterator for Skip {
 
 /// Part `share`'s rows of a stream that every part reads whole, dealt like cards: row
 /// `j` goes to rank `(j + first) % ranks`, and a rank's `k`-th row to its worker
-/// `(k + first) % workers` (see [`super::rows::Share`]), of the first `limit` rows when
-/// given. With padding, a rank dealt fewer than `pad_to` rows gets the stream's first
-/// row again, to the worker whose turn it is.
+/// `(k + first) % workers` (see [`super::rows::Share`]). Every rank gets as many rows
+/// when asked: `drop_last` deals only whole rounds (one row to each rank), and padding
+/// gives a rank dealt fewer rows than the largest share the stream's first row again, to
+/// the worker whose turn it is. Where the stream's length is not known before it ends
+/// (a filter or flat_map before the take/skip), a part learns it at the end: it holds
+/// back its row of a round until the round is complete, and pads once the stream ends.
 pub struct Deal {
     upstream: Option<BatchIter>,
     share: super::rows::Share,
@@ -357,26 +360,52 @@ pub struct Deal {
     at: u64,
     /// Rows dealt to this part's rank so far.
     rank_dealt: u64,
-    limit: Option<u64>,
-    pad_to: Option<(u64, Arc<super::Stats>)>,
+    rounds: Rounds,
+    /// This part's row of a round not yet complete, and that round's end (whole rounds
+    /// of a stream of unknown length).
+    held: Option<(RecordBatch, u64)>,
+    /// Rows the rank is padded to (`None`: the largest share of the whole stream, known
+    /// at its end).
+    pad_to: Option<(Option<u64>, Arc<super::Stats>)>,
     /// The stream's first row, kept for padding.
     first: Option<RecordBatch>,
 }
 
+/// Which rows of the stream are dealt.
+enum Rounds {
+    All,
+    /// The first rows, known up front.
+    Limit(u64),
+    /// Whole rounds only, the stream's length unknown.
+    Whole,
+}
+
 impl Deal {
-    pub fn new(upstream: BatchIter, share: super::rows::Share, limit: Option<u64>) -> Self {
+    pub fn new(upstream: BatchIter, share: super::rows::Share) -> Self {
         Self {
             upstream: Some(upstream),
             share,
             at: 0,
             rank_dealt: 0,
-            limit,
+            rounds: Rounds::All,
+            held: None,
             pad_to: None,
             first: None,
         }
     }
 
-    pub fn padded_to(mut self, rank_rows: u64, stats: Arc<super::Stats>) -> Self {
+    /// Deals whole rounds only (`drop_last`), of a stream of `rows` rows when known.
+    pub fn whole_rounds(mut self, rows: Option<u64>) -> Self {
+        let ranks = self.share.ranks();
+        self.rounds = match rows {
+            Some(rows) => Rounds::Limit(rows / ranks * ranks),
+            None => Rounds::Whole,
+        };
+        self
+    }
+
+    /// Pads the rank to `rank_rows` rows, or (`None`) to the largest share of the stream.
+    pub fn padded_to(mut self, rank_rows: Option<u64>, stats: Arc<super::Stats>) -> Self {
         self.pad_to = Some((rank_rows, stats));
         self
     }
@@ -390,6 +419,7 @@ impl Deal {
     fn pad(&mut self) -> Option<Result<RecordBatch>> {
         let (target, stats) = self.pad_to.take()?;
         let first = self.first.take()?;
+        let target = target.unwrap_or_else(|| self.share.rank_rows(self.at));
         let rows = (self.rank_dealt..target).filter(|&k| self.ours(k)).count();
         if rows == 0 {
             return None;
@@ -410,10 +440,14 @@ impl Iterator for Deal {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            if self.limit.is_some_and(|limit| self.at >= limit) {
+            if let Rounds::Limit(limit) = self.rounds
+                && self.at >= limit
+            {
                 self.upstream = None;
             }
             let Some(upstream) = self.upstream.as_mut() else {
+                // A round the stream ended in the middle of is not dealt.
+                self.held = None;
                 return self.pad();
             };
             let batch = match upstream.next() {
@@ -428,7 +462,7 @@ impl Iterator for Deal {
                 self.first = Some(batch.slice(0, 1));
             }
             let mut rows = batch.num_rows() as u64;
-            if let Some(limit) = self.limit {
+            if let Rounds::Limit(limit) = self.rounds {
                 rows = rows.min(limit - self.at);
             }
             let (rank, ranks) = (self.share.rank(), self.share.ranks());
@@ -441,15 +475,46 @@ impl Iterator for Deal {
                     self.rank_dealt += 1;
                 }
             }
+            let start = self.at;
             self.at += batch.num_rows() as u64;
-            if mine.is_empty() {
-                continue;
+            let mut out = Vec::new();
+            if let Rounds::Whole = self.rounds {
+                if let Some((_, end)) = &self.held
+                    && *end <= self.at
+                {
+                    out.extend(self.held.take().map(|(row, _)| row));
+                }
+                // Our row of the round still incomplete waits for the round's end.
+                if let Some(&j) = mine.last() {
+                    let end = ((start + j) / ranks + 1) * ranks;
+                    if end > self.at {
+                        mine.pop();
+                        self.held = Some((batch.slice(j as usize, 1), end));
+                    }
+                }
             }
-            let indices = arrow_array::UInt64Array::from(mine);
-            return Some(
-                arrow_select::take::take_record_batch(&batch, &indices)
-                    .map_err(|e| Error::Internal(format!("cannot select this part's rows: {e}"))),
-            );
+            if !mine.is_empty() {
+                let indices = arrow_array::UInt64Array::from(mine);
+                match arrow_select::take::take_record_batch(&batch, &indices) {
+                    Ok(rows) => out.push(rows),
+                    Err(e) => {
+                        return Some(Err(Error::Internal(format!(
+                            "cannot select this part's rows: {e}"
+                        ))));
+                    }
+                }
+            }
+            match out.len() {
+                0 => continue,
+                1 => return out.pop().map(Ok),
+                _ => {
+                    return Some(
+                        arrow_select::concat::concat_batches(&out[0].schema(), &out).map_err(|e| {
+                            Error::Internal(format!("cannot select this part's rows: {e}"))
+                        }),
+                    );
+                }
+            }
         }
     }
 }

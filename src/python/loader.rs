@@ -40,6 +40,8 @@ struct Position {
     consumed: Option<Delivered>,
     /// The positions of the batch delivered last (shared with the batch, not copied).
     last_batch: Option<arrow_array::UInt64Array>,
+    /// Where the epoch before stood when it ended (the position only, not its own).
+    ended: Option<Box<Position>>,
 }
 
 impl Position {
@@ -49,6 +51,7 @@ impl Position {
             batches: 0,
             consumed: Some(Delivered::default()),
             last_batch: None,
+            ended: None,
         }
     }
 }
@@ -83,6 +86,32 @@ pub struct PyDataLoader {
 }
 
 impl PyDataLoader {
+    /// The state at `at`, as `state_dict()` describes it.
+    fn state_of<'py>(&self, py: Python<'py>, at: Position) -> PyResult<Bound<'py, PyDict>> {
+        let fingerprint = self.dataset.fingerprint();
+        let state = PyDict::new(py);
+        state.set_item("format", STATE_FORMAT)?;
+        state.set_item("dataset", fingerprint)?;
+        state.set_item("epoch", at.epoch)?;
+        state.set_item("batches_done", at.batches)?;
+        state.set_item("batch_size", self.batch_size)?;
+        state.set_item("shuffle", self.shuffle)?;
+        state.set_item("seed", self.seed)?;
+        state.set_item("drop_last", self.drop_last)?;
+        state.set_item("pad", self.pad)?;
+        state.set_item("rank", self.rank)?;
+        state.set_item("world_size", self.world_size)?;
+        state.set_item("workers", self.workers)?;
+        let remaining = self
+            .remaining
+            .as_ref()
+            .filter(|(epoch, _)| *epoch == at.epoch)
+            .map(|(_, rows)| rows.to_flat());
+        state.set_item("remaining", remaining)?;
+        state.set_item("consumed", at.consumed.map(|c| c.into_set().to_flat()))?;
+        Ok(state)
+    }
+
     fn position(&self) -> Position {
         self.with_position(Position::clone)
     }
@@ -463,29 +492,16 @@ impl PyDataLoader {
     /// rank has delivered in the epoch, as flat `[start, end)` pairs, and `remaining`
     /// the rows the epoch was divided from after a resume on another world size.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let at = self.position();
-        let fingerprint = self.dataset.fingerprint();
-        let state = PyDict::new(py);
-        state.set_item("format", STATE_FORMAT)?;
-        state.set_item("dataset", fingerprint)?;
-        state.set_item("epoch", at.epoch)?;
-        state.set_item("batches_done", at.batches)?;
-        state.set_item("batch_size", self.batch_size)?;
-        state.set_item("shuffle", self.shuffle)?;
-        state.set_item("seed", self.seed)?;
-        state.set_item("drop_last", self.drop_last)?;
-        state.set_item("pad", self.pad)?;
-        state.set_item("rank", self.rank)?;
-        state.set_item("world_size", self.world_size)?;
-        state.set_item("workers", self.workers)?;
-        let remaining = self
-            .remaining
-            .as_ref()
-            .filter(|(epoch, _)| *epoch == at.epoch)
-            .map(|(_, rows)| rows.to_flat());
-        state.set_item("remaining", remaining)?;
-        state.set_item("consumed", at.consumed.map(|c| c.into_set().to_flat()))?;
-        Ok(state)
+        self.state_of(py, self.position())
+    }
+
+    /// The state of the epoch that the last iteration finished, as it stood at its end
+    /// (every row delivered), rather than at the start of the next: what the torch
+    /// adapter saves for a worker whose pass has ended while the others' go on.
+    fn _ended_state_dict<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.with_position(|p| p.ended.clone())
+            .map(|ended| self.state_of(py, *ended))
+            .transpose()
     }
 
     /// Resumes from `state_dict()`. Given this rank's own state (or the list of every
@@ -543,7 +559,18 @@ impl PyDataLoader {
             .get_item("seed")?
             .ok_or_else(|| PyKeyError::new_err("state_dict has no \"seed\""))?
             .extract()?;
-        if (world, saved[0].workers, saved[0].pad) == (self.world_size, self.workers, self.pad) {
+        // Padding divides nothing differently on one rank.
+        let division = |world: usize, workers: usize, pad: bool| (world, workers, pad && world > 1);
+        let fresh = saved
+            .iter()
+            .all(|s| s.batches == 0 && s.remaining.is_none());
+        if fresh {
+            // Nothing of the epoch delivered: it starts afresh, on any division.
+            self.remaining = None;
+            self.set_position(Position::start(saved[0].epoch));
+        } else if division(world, saved[0].workers, saved[0].pad)
+            == division(self.world_size, self.workers, self.pad)
+        {
             // The same split: replay this rank's own stream to where it stood.
             let own = saved
                 .into_iter()
@@ -560,6 +587,7 @@ impl PyDataLoader {
                 batches: own.batches,
                 consumed: own.consumed.map(Delivered::new),
                 last_batch: None,
+                ended: None,
             });
         } else {
             let epoch = saved[0].epoch;
@@ -788,7 +816,11 @@ impl BatchIterator {
             }
             None => {
                 if position.epoch == self.epoch {
-                    *position = Position::start(self.epoch + 1);
+                    let ended = std::mem::replace(&mut *position, Position::start(self.epoch + 1));
+                    position.ended = Some(Box::new(Position {
+                        ended: None,
+                        ..ended
+                    }));
                 }
                 self.receiver = None;
                 Ok(None)

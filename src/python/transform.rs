@@ -163,6 +163,10 @@ impl PyTransform {
             return Ok(batch);
         }
         let schema = self.schema.get_or_init(|| batch.schema());
+        if batch.num_rows() == 0 {
+            // A batch the function returned nothing for has no keys to check.
+            return Ok(RecordBatch::new_empty(schema.clone()));
+        }
         if batch.schema().fields() == schema.fields() {
             return Ok(batch);
         }

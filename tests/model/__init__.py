@@ -1,0 +1,989 @@
+"""What rows each rank, worker and epoch of a shardflow pipeline gets, written down once.
+
+This is the executable specification of the row semantics (issue 27): the README's
+"Defaults you can rely on" must say what this module says, and tests/test_model.py holds
+the engine to it. It imports nothing of shardflow; it is slow and obvious on purpose.
+
+Rows are integers: a source is a list of shards, each a tuple of row ids in file order,
+and every op maps id sequences to id sequences. Filters, maps and flat_maps are named
+functions of the id (``FILTERS``, ``MAPS``, ``FLAT_MAPS``) so that a test can run the same
+function inside the engine; a weighted_sample reads ``weight(id)``.
+
+A reading is divided into parts: ``world_size`` ranks, each read by ``num_workers``
+workers; part ``(rank, worker)``. Division, in order of what decides it:
+
+1. **Global ops.** Every op up to the last ``take``/``skip`` (and everything that reads rows
+   by index: ``select``, ``shard``, ``train_test_split``, a full ``shuffle``,
+   ``weighted_sample``) runs on the whole dataset, in chain order, before the epoch is
+   divided. A take/skip counts rows of the whole dataset, never of a part.
+2. **Division** of that epoch sequence ``G`` (length ``T``) among ranks and workers:
+   contiguous runs (:func:`contiguous`), or, when a filter, flat_map, buffered shuffle,
+   concatenate or interleave comes before the last take/skip, round-robin
+   (:func:`dealt`); a concatenate/interleave read without any take/skip/index op is
+   divided part by part (:func:`combined_parts`).
+3. **Per-part ops.** The ops after that (map, filter, flat_map, a buffered shuffle, the
+   loader's own ``shuffle=True``) run on each part's rows, padding included.
+4. **Batching** (:func:`batches`): each part's rows cut into batches; ``drop_last`` drops a
+   short last batch of each part. A torch ``DataLoader`` over the adapter yields its
+   workers' batches round-robin (:func:`torch_batches`).
+
+**Epochs.** A split is fixed: every op before the last pick (``take``, ``skip``,
+``select``, ``shard``, ``train_test_split``, ``weighted_sample``), the order of a combined
+dataset's parts and an interleave's draws among them, draws as in epoch 0
+(:func:`draw_epoch`). Ops at or after the last pick draw anew each epoch.
+
+**Chance.** The model cannot know the engine's random draws. Where a seeded op's draw is
+global (a full shuffle, a weighted_sample, a buffered shuffle before a take/skip, an
+interleave with probabilities read as one stream), the model asks an ``observe``
+callback for what the engine drew (the rows of that dataset prefix, read as one part, in
+the epoch the model says the op draws for), checks the draw is one the op may make
+(:func:`check_draw`), and goes on exactly from it. Where chance decides rows per part (a
+buffered shuffle after the split, ``DataLoader(shuffle=True)``, an interleave with
+probabilities mixing each part's own shares), :func:`parts` raises :class:`NotExact` and
+:func:`invariants` says what must hold whatever the draws.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Union
+
+# ---------------------------------------------------------------------------------------
+# The functions ops apply, by name (the engine runs the same ones on each row's id).
+
+FILTERS: dict[str, Callable[[int], bool]] = {
+    "even": lambda i: i % 2 == 0,
+    "not_div3": lambda i: i % 3 != 0,
+    "low": lambda i: i % 10 < 7,
+    "none": lambda i: False,
+}
+
+#: A flat_map's output ids live above every source id (sources use ids below FAN_BASE),
+#: so rows stay unique: row ``i`` becomes ``i % 3`` rows (0, 1 or 2), or exactly one.
+FAN_BASE = 10_000
+FLAT_MAPS: dict[str, Callable[[int], list[int]]] = {
+    "fan": lambda i: [FAN_BASE + 3 * i + j for j in range(i % 3)],
+    "one": lambda i: [FAN_BASE + 3 * i],
+}
+
+#: A map keeps rows and ids (the engine's map adds a column, ``twice = 2 * id``).
+MAPS: dict[str, Callable[[int], int]] = {"twice": lambda i: i}
+
+
+def weight(i: int) -> float:
+    """A row's weight for ``weighted_sample``: a third of the rows may never be drawn."""
+    return 0.0 if i % 3 == 0 else float(i % 4 + 1)
+
+
+# ---------------------------------------------------------------------------------------
+# Ops and datasets: plain, hashable data.
+
+
+@dataclass(frozen=True)
+class Take:
+    n: int
+
+
+@dataclass(frozen=True)
+class Skip:
+    n: int
+
+
+@dataclass(frozen=True)
+class Select:
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """HF's ``shard(num_shards, index, contiguous=True)``: consecutive rows, the first
+    ``len % num_shards`` shards one row longer."""
+
+    num_shards: int
+    index: int
+
+
+@dataclass(frozen=True)
+class TrainTestSplit:
+    """HF's ``train_test_split(test_size, shuffle=False)[split]``: a float size is a
+    fraction (test rounds up, as HF's), an int a row count; train is the first
+    ``n - test`` rows, test the ``test`` rows after them."""
+
+    test_size: int | float
+    split: str  # "train" | "test"
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """``buffer_size=None``: a full permutation (needs random access); else a buffer."""
+
+    seed: int
+    buffer_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Filter:
+    name: str
+
+
+@dataclass(frozen=True)
+class Map:
+    name: str = "twice"
+
+
+@dataclass(frozen=True)
+class FlatMap:
+    name: str
+
+
+@dataclass(frozen=True)
+class WeightedSample:
+    """``weighted_sample(weights, num_samples, seed=...)`` with replacement, the weights
+    being ``weight(id)`` of each row."""
+
+    num_samples: int
+    seed: int = 0
+
+
+Op = Union[Take, Skip, Select, Shard, TrainTestSplit, Shuffle, Filter, Map, FlatMap, WeightedSample]
+
+#: Ops that pick rows by their position: everything before the last one draws as in epoch 0.
+PICKS = (Take, Skip, Select, Shard, TrainTestSplit, WeightedSample)
+
+
+def reads_by_index(op: Op) -> bool:
+    """Ops that address rows by index (``select`` and what is built on it, a full
+    shuffle, a weighted draw): the rows before them are one global, indexed list."""
+    return isinstance(op, (Select, Shard, TrainTestSplit, WeightedSample)) or (
+        isinstance(op, Shuffle) and op.buffer_size is None
+    )
+
+
+@dataclass(frozen=True)
+class Source:
+    """A plain dataset: its shards as listed (sorted), each a tuple of row ids."""
+
+    shards: tuple[tuple[int, ...], ...]
+    ops: tuple[Op, ...] = ()
+
+
+@dataclass(frozen=True)
+class Concatenate:
+    parts: tuple[Dataset, ...]
+    ops: tuple[Op, ...] = ()
+
+
+@dataclass(frozen=True)
+class Interleave:
+    parts: tuple[Dataset, ...]
+    probabilities: tuple[float, ...] | None = None
+    seed: int = 0
+    stopping: str = "first_exhausted"
+    ops: tuple[Op, ...] = ()
+
+
+Dataset = Union[Source, Concatenate, Interleave]
+STOPPING = ("first_exhausted", "all_exhausted", "all_exhausted_without_replacement")
+
+#: The buffer of ``DataLoader(shuffle=True)`` (its size does not change any rule here).
+LOADER_BUFFER = 1 << 14
+
+
+def then(ds: Dataset, op: Op) -> Dataset:
+    return replace(ds, ops=ds.ops + (op,))
+
+
+def prefix(ds: Dataset, n: int) -> Dataset:
+    """``ds`` with only its first ``n`` ops."""
+    return replace(ds, ops=ds.ops[:n])
+
+
+def as_loaded(ds: Dataset, shuffle: bool = False, seed: int = 0) -> Dataset:
+    """The dataset a ``DataLoader(ds, shuffle=..., seed=...)`` reads: its shuffle is a
+    buffered shuffle after every op of the chain (so it is never before a split)."""
+    return then(ds, Shuffle(seed, LOADER_BUFFER)) if shuffle else ds
+
+
+def addressable(ds: Dataset) -> bool:
+    """Whether rows can be read by index: what ``select``, ``shard``,
+    ``train_test_split``, ``weighted_sample`` and a full shuffle need (a full shuffle of
+    a dataset without it is a buffered one). An interleave, a filter, a flat_map or a
+    buffered shuffle ends random access."""
+    if isinstance(ds, Interleave):
+        origin = False
+    elif isinstance(ds, Concatenate):
+        origin = all(addressable(p) for p in ds.parts)
+    else:
+        origin = True
+    return origin and all(
+        isinstance(op, (Take, Skip, Map)) or reads_by_index(op) for op in ds.ops
+    )
+
+
+def seeded(ds: Dataset) -> bool:
+    """Whether any draw of chance decides the rows (a shuffle, a weighted draw, an
+    interleave with probabilities), here or in a part."""
+    here = any(isinstance(op, (Shuffle, WeightedSample)) for op in ds.ops)
+    if isinstance(ds, Source):
+        return here
+    mixed = isinstance(ds, Interleave) and ds.probabilities is not None
+    return here or mixed or any(seeded(p) for p in ds.parts)
+
+
+# ---------------------------------------------------------------------------------------
+# Errors the model raises.
+
+
+class NotExact(Exception):
+    """Chance decides which rows a part gets, or their order: see :func:`invariants`."""
+
+
+class Refused(Exception):
+    """The engine must refuse this reading with a clear error (``ValueError`` or a
+    ``ShardflowError``), not deliver rows."""
+
+
+class Violation(AssertionError):
+    """What the engine did breaks a rule of the model."""
+
+
+#: What the engine drew for a seeded op: the rows of this dataset read as one part
+#: (world_size=1, one worker, no padding) in this epoch.
+Observe = Callable[[Dataset, int], list[int]]
+
+
+# ---------------------------------------------------------------------------------------
+# Epochs: splits are fixed.
+
+
+def last_pick(ops: Sequence[Op]) -> int | None:
+    picks = [i for i, op in enumerate(ops) if isinstance(op, PICKS)]
+    return picks[-1] if picks else None
+
+
+def draw_epoch(ops: Sequence[Op], stage: int, epoch: int) -> int:
+    """The epoch the op at ``stage`` draws for in epoch ``epoch``: ops before the last
+    pick draw as in epoch 0, so ``shuffle(seed=0).take(n)`` selects the same rows in
+    every epoch (and ``skip(n)`` its exact complement); a weighted_sample reads its
+    weights through an order that does not move. The last pick itself and the ops after
+    it draw anew each epoch: ``DataLoader(ds.shuffle(0))`` reshuffles every epoch."""
+    last = last_pick(ops)
+    return 0 if last is not None and stage < last else epoch
+
+
+def origin_epoch(ds: Dataset, epoch: int) -> int:
+    """The epoch of what a dataset's ops start from (a combined dataset's parts, an
+    interleave's draws): epoch 0 when any pick follows, as for the ops before it."""
+    return 0 if last_pick(ds.ops) is not None else epoch
+
+
+# ---------------------------------------------------------------------------------------
+# One reader: the whole dataset, in order.
+
+
+def shard_range(n: int, num_shards: int, index: int) -> range:
+    each, extra = divmod(n, num_shards)
+    start = each * index + min(index, extra)
+    return range(start, start + each + (1 if index < extra else 0))
+
+
+def split_range(n: int, op: TrainTestSplit) -> range:
+    size = op.test_size
+    test = math.ceil(size * n) if isinstance(size, float) else size
+    if not 0 < test < n:
+        raise Refused(f"train_test_split(test_size={size}) of {n} rows leaves a split empty")
+    train = n - test
+    return range(0, train) if op.split == "train" else range(train, n)
+
+
+def check_draw(op: Op, before: list[int], drawn: list[int]) -> None:
+    """What a seeded op may draw from ``before``: a shuffle reorders the rows (each
+    exactly once); a weighted_sample draws ``num_samples`` rows, never a zero-weight one."""
+    if isinstance(op, Shuffle):
+        if Counter(drawn) != Counter(before):
+            raise Violation(f"{op} is not a reordering of its {len(before)} rows: {drawn} from {before}")
+    elif isinstance(op, WeightedSample):
+        allowed = {i for i in before if weight(i) > 0}
+        if len(drawn) != op.num_samples or not set(drawn) <= allowed:
+            raise Violation(f"{op} drew {drawn}; allowed: {sorted(allowed)}")
+
+
+def apply(op: Op, rows: list[int]) -> list[int]:
+    """A deterministic op on the whole sequence."""
+    if isinstance(op, Take):
+        return rows[: op.n]
+    if isinstance(op, Skip):
+        return rows[op.n :]
+    if isinstance(op, Select):
+        if any(i >= len(rows) for i in op.indices):
+            raise Refused(f"select: an index is out of range for {len(rows)} rows")
+        return [rows[i] for i in op.indices]
+    if isinstance(op, Shard):
+        return [rows[i] for i in shard_range(len(rows), op.num_shards, op.index)]
+    if isinstance(op, TrainTestSplit):
+        return [rows[i] for i in split_range(len(rows), op)]
+    return per_row(op, rows)
+
+
+def per_row(op: Op, rows: list[int]) -> list[int]:
+    """An op that looks at one row at a time (what a part can run on its own rows)."""
+    if isinstance(op, Filter):
+        return [i for i in rows if FILTERS[op.name](i)]
+    if isinstance(op, Map):
+        return [MAPS[op.name](i) for i in rows]
+    if isinstance(op, FlatMap):
+        return [j for i in rows for j in FLAT_MAPS[op.name](i)]
+    raise TypeError(f"{op} is not a row-by-row op")
+
+
+def rows(ds: Dataset, epoch: int = 0, observe: Observe | None = None) -> list[int]:
+    """The dataset's rows in epoch ``epoch`` as one reader gets them (world_size=1, one
+    worker): shards in the order listed, rows in file order, parts of a concatenation
+    one after another, an interleave mixed from its parts' whole rows, then every op in
+    chain order, each drawing for :func:`draw_epoch`."""
+    out = origin_rows(ds, origin_epoch(ds, epoch), observe)
+    for stage, op in enumerate(ds.ops):
+        if isinstance(op, (Shuffle, WeightedSample)):
+            if observe is None:
+                raise NotExact(f"{op} draws by chance; pass observe=")
+            drawn = observe(prefix(ds, stage + 1), draw_epoch(ds.ops, stage, epoch))
+            check_draw(op, out, drawn)
+            out = drawn
+        else:
+            out = apply(op, out)
+    return out
+
+
+def size(ds: Dataset) -> int | None:
+    """How many rows one reader gets, where neither chance nor a function decides it
+    (what ``len(ds)`` says)."""
+    if isinstance(ds, Source):
+        n: int | None = sum(len(s) for s in ds.shards)
+    else:
+        sizes = [size(p) for p in ds.parts]
+        if any(s is None for s in sizes):
+            n = None
+        elif isinstance(ds, Concatenate):
+            n = sum(s for s in sizes if s is not None)
+        elif ds.probabilities is not None:
+            n = None
+        else:
+            try:
+                n = len(origin_rows(replace(ds, parts=tuple(Source((tuple(range(s or 0)),)) for s in sizes)), 0, None))
+            except Refused:
+                n = None
+    for op in ds.ops:
+        if n is None:
+            return None
+        if isinstance(op, Take):
+            n = min(n, op.n)
+        elif isinstance(op, Skip):
+            n = max(0, n - op.n)
+        elif isinstance(op, Select):
+            n = len(op.indices)
+        elif isinstance(op, Shard):
+            n = len(shard_range(n, op.num_shards, op.index))
+        elif isinstance(op, TrainTestSplit):
+            n = len(split_range(n, op))
+        elif isinstance(op, WeightedSample):
+            n = op.num_samples
+        elif isinstance(op, (Filter, FlatMap)):
+            n = None
+    return n
+
+
+def origin_rows(ds: Dataset, epoch: int, observe: Observe | None) -> list[int]:
+    if isinstance(ds, Source):
+        return [i for shard in ds.shards for i in shard]
+    sources = [rows(p, epoch, observe) for p in ds.parts]
+    if isinstance(ds, Concatenate):
+        return [i for part in sources for i in part]
+    if (why := construction_error(ds, [len(s) for s in sources])) is not None:
+        raise Refused(why)
+    if ds.probabilities is None:
+        return round_robin(sources, ds.stopping)
+    if observe is None:
+        raise NotExact("an interleave with probabilities draws by chance; pass observe=")
+    drawn = observe(replace(ds, ops=()), epoch)
+    check_mix(ds, sources, drawn)
+    return drawn
+
+
+# ---------------------------------------------------------------------------------------
+# Mixing (interleave).
+
+
+def drawable(ds: Interleave) -> list[bool]:
+    """Which parts can be drawn: all of them in turn, or those of positive probability."""
+    if ds.probabilities is None:
+        return [True] * len(ds.parts)
+    return [p > 0 for p in ds.probabilities]
+
+
+def construction_error(ds: Interleave, sizes: list[int]) -> str | None:
+    """Why ``interleave`` refuses these parts when it is built (as HF does): under the
+    all_exhausted strategies an empty part or a zero probability could never run out."""
+    if ds.stopping == "first_exhausted":
+        return None
+    for i, n in enumerate(sizes):
+        if n == 0:
+            return f"dataset {i} is empty"
+        if ds.probabilities is not None and ds.probabilities[i] == 0:
+            return f"dataset {i} has probability 0"
+    return None
+
+
+def round_robin(shares: Sequence[Sequence[int]], stopping: str, *, length: int | None = None) -> list[int]:
+    """THE round-robin rule (``probabilities=None``), in one place: the sequence of HF's
+    ``IterableDataset`` interleave. One row from each part in turn:
+
+    - ``first_exhausted``: the mix ends on the row that runs out a part
+      (``[a0 a1 a2]`` and ``[b0]`` give ``a0 b0``), or at the turn of a part that has no
+      rows;
+    - ``all_exhausted``: a part that runs out starts over from its first row, and the mix
+      ends on the row that completes the last part's first pass (``a0 b0 a1 b0 a2``); a
+      part with no rows at all is left out of the turns;
+    - ``all_exhausted_without_replacement``: a part that runs out is no longer drawn;
+      every row exactly once (``a0 b0 a1 a2``).
+
+    ``length`` (all_exhausted only) continues the mix, parts restarting as they run out,
+    to exactly that many rows."""
+    parts = len(shares)
+    pos = [0] * parts
+    out: list[int] = []
+    if stopping == "first_exhausted":
+        for i in itertools.cycle(range(parts)) if parts else ():
+            if pos[i] == len(shares[i]):
+                return out
+            out.append(shares[i][pos[i]])
+            pos[i] += 1
+            if pos[i] == len(shares[i]):
+                return out
+        return out
+    if stopping == "all_exhausted_without_replacement":
+        live = [len(s) > 0 for s in shares]
+        turn = 0
+        while any(live):
+            i, turn = turn % parts, turn + 1
+            if live[i]:
+                out.append(shares[i][pos[i]])
+                pos[i] += 1
+                live[i] = pos[i] < len(shares[i])
+        return out
+    turns = [i for i in range(parts) if shares[i]]
+    done: set[int] = set()
+    for i in itertools.cycle(turns) if turns else ():
+        if length is None and len(done) == len(turns):
+            break
+        if length is not None and len(out) >= length:
+            break
+        out.append(shares[i][pos[i]])
+        pos[i] += 1
+        if pos[i] == len(shares[i]):
+            pos[i] = 0
+            done.add(i)
+    return out
+
+
+def check_mix(ds: Interleave, sources: list[list[int]], drawn: list[int]) -> None:
+    """What a mix with probabilities may draw, read as one part: each part's rows in
+    its own order (starting over under all_exhausted), never a zero-probability part's;
+    first_exhausted stops when a drawn part has run out (so some part ran out), the
+    all_exhausted strategies run every part out (without replacement: exactly once)."""
+    can = drawable(ds)
+    owner = {i: k for k, part in enumerate(sources) for i in part}
+    if any(i not in owner or not can[owner[i]] for i in drawn):
+        raise Violation(f"{ds.stopping} mix drew a row of no drawable part: {drawn}")
+    for k, part in enumerate(sources):
+        got = [i for i in drawn if owner[i] == k]
+        cyclic = ds.stopping == "all_exhausted"
+        expected = [part[j % len(part)] for j in range(len(got))] if part and cyclic else part[: len(got)]
+        if got != expected:
+            raise Violation(f"part {k}'s rows out of order in the mix: {got}")
+        if ds.stopping != "first_exhausted" and can[k] and len(got) < len(part):
+            raise Violation(f"{ds.stopping}: part {k} not run out ({len(got)} of {len(part)} rows)")
+    if ds.stopping == "all_exhausted_without_replacement" and Counter(drawn) != Counter(
+        i for k, part in enumerate(sources) if can[k] for i in part
+    ):
+        raise Violation("without replacement every row comes exactly once")
+    # Where the mix ends: on the row that runs out the first part (first_exhausted), or
+    # that completes the last part's first pass (all_exhausted).
+    if ds.stopping != "all_exhausted_without_replacement" and drawn:
+        used: Counter[int] = Counter()
+        done_at = []
+        for at, i in enumerate(drawn):
+            used[owner[i]] += 1
+            done = [can[k] and bool(part) and used[k] >= len(part) for k, part in enumerate(sources)]
+            if any(done) if ds.stopping == "first_exhausted" else all(d or not can[k] for k, d in enumerate(done)):
+                done_at.append(at)
+        # (first_exhausted also ends at the first draw of a dataset with no rows.)
+        empty = ds.stopping == "first_exhausted" and any(c and not p for c, p in zip(can, sources))
+        if (done_at and done_at[0] != len(drawn) - 1) or (not done_at and not empty):
+            raise Violation(f"{ds.stopping} mix does not end where a part runs out: {drawn}")
+
+
+# ---------------------------------------------------------------------------------------
+# Division among ranks and workers.
+
+
+@dataclass(frozen=True)
+class Division:
+    """How a reading is divided: ``world_size`` ranks of ``num_workers`` workers.
+    ``pad=None`` is the default: on with several ranks and without drop_last (as
+    ``DistributedSampler(drop_last=False)``); it never pads between workers."""
+
+    world_size: int = 1
+    num_workers: int = 1
+    drop_last: bool = False
+    pad: bool | None = None
+
+    @property
+    def padded(self) -> bool:
+        pad = self.world_size > 1 if self.pad is None else self.pad
+        return pad and not self.drop_last
+
+    def keys(self) -> list[tuple[int, int]]:
+        return [(r, w) for r in range(self.world_size) for w in range(self.num_workers)]
+
+
+def cut(n: int, pieces: int, rotation: int = 0) -> list[int]:
+    """``n`` rows cut into ``pieces`` runs: each ``n // pieces`` rows, and the ``n % pieces``
+    left over one each to the pieces from ``rotation`` on, cyclically."""
+    each, extra = divmod(n, pieces)
+    return [each + (1 if (j - rotation) % pieces < extra else 0) for j in range(pieces)]
+
+
+def runs(items: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+    """``items`` cut into consecutive runs of these sizes."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(list(items[at : at + n]))
+        at += n
+    return out
+
+
+def cycled(items: Sequence[int], n: int) -> list[int]:
+    """The first ``n`` items of ``items`` repeated (wrapping around when it is short)."""
+    return [items[j % len(items)] for j in range(n)] if items else []
+
+
+def contiguous(epoch: Sequence[int], div: Division) -> dict[tuple[int, int], list[int]]:
+    """The epoch's rows in contiguous runs. With ``T`` rows and ``R`` ranks,
+    ``q, rem = divmod(T, R)``: rank ``k`` gets ``q + (1 if k < rem else 0)`` rows, ranks in
+    order; with drop_last every rank gets ``q`` (rank ``k``: rows ``[k*q, (k+1)*q)``, the
+    last ``rem`` rows dropped); padded, a rank short of ``ceil(T/R)`` rows gets the epoch's
+    first rows again at its end (at most one row when ``T >= R``). The rank's list (its
+    share, then its padding) is then cut between its workers the same way, in order,
+    never padded or trimmed: worker ``j`` of ``n`` rows gets ``n // W + (1 if j < n % W)``."""
+    R, W, T = div.world_size, div.num_workers, len(epoch)
+    q = T // R
+    out = {}
+    for k, rank_rows in enumerate(runs(epoch, [q] * R if div.drop_last else cut(T, R))):
+        if div.padded:
+            rank_rows = rank_rows + cycled(epoch, math.ceil(T / R) - len(rank_rows))
+        for w, part in enumerate(runs(rank_rows, cut(len(rank_rows), W))):
+            out[(k, w)] = part
+    return out
+
+
+def dealt(stream: Sequence[int], div: Division) -> dict[tuple[int, int], list[int]]:
+    """Round-robin: what follows a filter, flat_map, buffered shuffle, concatenate or
+    interleave before a take/skip (every part reads the stream up to the last take/skip
+    and keeps its own rows). Row ``j`` goes to rank ``j % R``; a rank's ``k``-th row to
+    worker ``k % W``. With drop_last only the first ``R * (T // R)`` rows are dealt;
+    padded, a rank short of ``ceil(T/R)`` rows gets the stream's first row once more, at
+    its end (so to the worker whose turn it is)."""
+    R, W, T = div.world_size, div.num_workers, len(stream)
+    if div.drop_last:
+        stream = stream[: R * (T // R)]
+    out = {}
+    for k in range(R):
+        rank_rows = list(stream[k::R])
+        if div.padded:
+            rank_rows += cycled(stream, math.ceil(T / R) - len(rank_rows))
+        for w in range(W):
+            out[(k, w)] = rank_rows[w::W]
+    return out
+
+
+def shares(sizes: Sequence[int], div: Division) -> dict[tuple[int, int], list[range]]:
+    """Each part's share of each dataset of a concatenate/interleave (as index ranges into
+    that dataset's rows). Dataset ``i`` of ``n_i`` rows is cut among ranks on its own,
+    contiguous, ranks in order, its left-over rows going to the ranks from
+    ``r_i = (n_0 + ... + n_{i-1}) % R`` on; a rank's rows of dataset ``i`` are cut among
+    its workers likewise, from ``w_i = (c_0 + ... + c_{i-1}) % W`` on (``c_j``: the rank's
+    rows of dataset ``j``). So across the datasets rank ``k`` gets ``T // R + (1 if k <
+    T % R)`` rows and its workers a cut of that, as if it were one dataset."""
+    R, W = div.world_size, div.num_workers
+    out: dict[tuple[int, int], list[range]] = {key: [] for key in div.keys()}
+    before = 0
+    rank_before = [0] * R
+    for n in sizes:
+        start = 0
+        for k, c in enumerate(cut(n, R, before % R)):
+            at = start
+            for w, m in enumerate(cut(c, W, rank_before[k] % W)):
+                out[(k, w)].append(range(at, at + m))
+                at += m
+            start += c
+            rank_before[k] += c
+        before += n
+    return out
+
+
+def balanced(
+    part: list[int], key: tuple[int, int], total: int, rank_rows: int, first: Sequence[int], div: Division
+) -> list[int]:
+    """A combined dataset's part brought to its target, so that padding is at most one
+    row per rank and drop_last drops fewer than ``world_size`` rows in all: the rank's
+    target is ``T // R`` with drop_last, ``ceil(T/R)`` padded, else its own rows; a
+    worker's is its cut of it. A worker above its target drops its last rows; one below
+    gets the first rows of the whole concatenation (``first``) appended."""
+    R, W = div.world_size, div.num_workers
+    t = total // R if div.drop_last else math.ceil(total / R) if div.padded else rank_rows
+    target = cut(t, W)[key[1]]
+    if len(part) >= target:
+        return part[:target]
+    return part + cycled(first, target - len(part))
+
+
+def starved(ds: Interleave, cuts: dict[tuple[int, int], list[range]]) -> None:
+    """Refuses a first_exhausted mix divided among several parts in which some part has
+    no rows of a dataset it can draw from (fewer rows than parts, or none at all): that
+    part's mix would end at once, and cutting every part to it would silently stop every
+    rank. (Read as one part, such a mix just ends at that dataset's first turn.)"""
+    can = drawable(ds)
+    if len(cuts) > 1 and ds.stopping == "first_exhausted" and any(
+        can[i] and len(r) == 0 for parts_cuts in cuts.values() for i, r in enumerate(parts_cuts)
+    ):
+        raise Refused("first_exhausted: a part has no rows of a dataset it must draw from")
+
+
+def stranded(own: dict[tuple[int, int], list[list[int]]]) -> None:
+    """Refuses an all_exhausted mix in which some part has no rows at all (of the
+    datasets it can draw from) while others have: it could not be carried on to the
+    longest mix. (A dataset a part has no rows of is only left out of its turns.)"""
+    if any(not any(s) for s in own.values()) and any(any(s) for s in own.values()):
+        raise Refused("all_exhausted: a part has no rows at all, so it cannot carry on")
+
+
+def combined_parts(
+    ds: Concatenate | Interleave, div: Division, epoch: int, observe: Observe | None
+) -> dict[tuple[int, int], list[int]]:
+    """A concatenate or interleave read as it is (no take/skip or index op after it).
+
+    concatenate: each part reads its share (:func:`shares`) of dataset 0, then of
+    dataset 1, ..., then is :func:`balanced`.
+
+    interleave: each part mixes its own shares. Round-robin parts are brought to one
+    length, so every rank takes as many steps: ``first_exhausted`` cuts every part's mix
+    to the shortest natural mix of all parts (see :func:`starved`); ``all_exhausted``
+    continues every part's mix (datasets starting over as they run out) to the longest
+    (see :func:`stranded`); without replacement every row comes once and parts are
+    :func:`balanced` as for a concatenation."""
+    e = origin_epoch(ds, epoch)
+    sources = [rows(p, e, observe) for p in ds.parts]
+    sizes = [len(s) for s in sources]
+    total = sum(sizes)
+    first = [i for s in sources for i in s]
+    cuts = shares(sizes, div)
+    own = {key: [[sources[i][j] for j in r] for i, r in enumerate(cuts[key])] for key in cuts}
+    rank_rows = {k: sum(len(r) for w in range(div.num_workers) for r in cuts[(k, w)]) for k in range(div.world_size)}
+    if isinstance(ds, Concatenate):
+        return {
+            key: balanced([i for s in own[key] for i in s], key, total, rank_rows[key[0]], first, div) for key in own
+        }
+    if (why := construction_error(ds, sizes)) is not None:
+        raise Refused(why)
+    starved(ds, cuts)
+    if ds.probabilities is not None:
+        raise NotExact("each part draws its own mix by chance")
+    natural = {key: round_robin(own[key], ds.stopping) for key in own}
+    if ds.stopping == "first_exhausted":
+        shortest = min(len(m) for m in natural.values())
+        return {key: m[:shortest] for key, m in natural.items()}
+    if ds.stopping == "all_exhausted":
+        stranded(own)
+        longest = max(len(m) for m in natural.values())
+        return {key: round_robin(own[key], ds.stopping, length=longest) for key in own}
+    return {key: balanced(m, key, total, rank_rows[key[0]], first, div) for key, m in natural.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# Putting it together.
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """Where a dataset's ops divide: ``ds.ops[:global_ops]`` run on the whole epoch,
+    divided by ``how`` ("contiguous", "dealt" or "combined"); the rest run per part."""
+
+    global_ops: int
+    how: str
+
+
+def anatomy(ds: Dataset) -> Anatomy:
+    ops = ds.ops
+    indexed = [i for i, op in enumerate(ops) if reads_by_index(op)]
+    head = indexed[-1] + 1 if indexed else 0
+    combined = not isinstance(ds, Source) and not indexed
+    counts = [i for i in range(head, len(ops)) if isinstance(ops[i], (Take, Skip))]
+    if not counts:
+        return Anatomy(head, "combined" if combined else "contiguous")
+    last = counts[-1]
+    in_place = all(isinstance(op, (Take, Skip, Map)) for op in ops[head : last + 1])
+    return Anatomy(last + 1, "contiguous" if in_place and not combined else "dealt")
+
+
+def parts(
+    ds: Dataset, div: Division, epoch: int = 0, observe: Observe | None = None
+) -> dict[tuple[int, int], list[int]]:
+    """The exact rows of every part ``(rank, worker)`` in epoch ``epoch``, before
+    batching. Raises :class:`NotExact` where chance decides them per part,
+    :class:`Refused` where the engine must raise."""
+    a = anatomy(ds)
+    if a.how == "combined":
+        assert not isinstance(ds, Source)
+        divided = combined_parts(ds, div, epoch, observe)
+    else:
+        epoch_rows = rows(prefix(ds, a.global_ops), epoch, observe)
+        divided = (contiguous if a.how == "contiguous" else dealt)(epoch_rows, div)
+    for op in ds.ops[a.global_ops :]:
+        if isinstance(op, Shuffle):
+            raise NotExact(f"{op} reorders each part's rows by chance")
+        divided = {key: per_row(op, part) for key, part in divided.items()}
+    return divided
+
+
+def batches(rows: Sequence[int], batch_size: int, drop_last: bool = False) -> list[list[int]]:
+    """A part's rows in batches of ``batch_size``; drop_last drops a short last batch."""
+    out = [list(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+    if drop_last and out and len(out[-1]) < batch_size:
+        out.pop()
+    return out
+
+
+def torch_batches(per_worker: Sequence[list[list[int]]]) -> list[list[int]]:
+    """What a torch ``DataLoader(num_workers=W, batch_size=None)`` over the adapter
+    yields for one rank: worker 0's first batch, worker 1's first, ..., round-robin
+    (torch's in-order delivery), skipping workers that ran out."""
+    out = []
+    for turn in range(max((len(b) for b in per_worker), default=0)):
+        out += [b[turn] for b in per_worker if turn < len(b)]
+    return out
+
+
+def torch_progress(counts: Sequence[int], steps: int) -> list[int]:
+    """How many batches each worker has handed out after ``steps`` steps of that
+    round-robin, its workers having ``counts`` batches (a worker that has handed out
+    all of its batches has finished its pass)."""
+    done = [0] * len(counts)
+    for turn in range(max(counts, default=0)):
+        for w, n in enumerate(counts):
+            if turn < n and sum(done) < steps:
+                done[w] += 1
+    return done
+
+
+# ---------------------------------------------------------------------------------------
+# What holds whatever the draws.
+
+
+@dataclass
+class Invariants:
+    """What every part's delivered rows (after batching) must satisfy in one epoch.
+
+    ``rows``: the epoch's rows, each as often as it comes without padding or dropping
+    (None when chance decides them); ``padding`` / ``dropped``: exactly how many rows
+    padding adds / drop_last and short batches leave out, across all parts (None: at
+    most ``padding_max`` / ``dropped_max``); ``support``: every delivered row is one of
+    these; ``counts``: rows per part, where chance cannot change them;
+    ``equal_counts``: every part delivers as many rows (the number decided by chance);
+    ``orders``: per part, for each dataset of an interleave, the rows that part must
+    take from it, in order (cyclic: starting over) — it takes a prefix of them."""
+
+    rows: Counter | None
+    support: set[int]
+    padding: int | None = 0
+    dropped: int | None = 0
+    padding_max: int = 0
+    dropped_max: int = 0
+    counts: dict[tuple[int, int], int] | None = None
+    equal_counts: bool = False
+    orders: dict[tuple[int, int], list[tuple[list[int], bool]]] = field(default_factory=dict)
+
+    def check(self, delivered: dict[tuple[int, int], list[int]]) -> list[str]:
+        """The rules ``delivered`` breaks (empty: none)."""
+        problems = []
+        everything = Counter(i for part in delivered.values() for i in part)
+        if not set(everything) <= self.support:
+            problems.append(f"rows outside the data: {sorted(set(everything) - self.support)[:10]}")
+        if self.rows is not None:
+            extra = sum((everything - self.rows).values())
+            missing = sum((self.rows - everything).values())
+            if self.padding is not None and extra != self.padding:
+                problems.append(f"{extra} rows beyond the epoch's, expected {self.padding} (padding)")
+            if self.padding is None and extra > self.padding_max:
+                problems.append(f"{extra} rows beyond the epoch's, at most {self.padding_max} (padding)")
+            if self.dropped is not None and missing != self.dropped:
+                problems.append(f"{missing} of the epoch's rows missing, expected {self.dropped}")
+            if self.dropped is None and missing > self.dropped_max:
+                problems.append(f"{missing} of the epoch's rows missing, at most {self.dropped_max}")
+        if self.counts is not None:
+            counts = {key: len(part) for key, part in delivered.items()}
+            if counts != self.counts:
+                problems.append(f"rows per part {counts}, expected {self.counts}")
+        if self.equal_counts and len({len(p) for p in delivered.values()}) > 1:
+            problems.append(f"parts differ in rows: {[len(p) for p in delivered.values()]}")
+        for key, orders in self.orders.items():
+            for rows_of, cyclic in orders:
+                mine = set(rows_of)
+                got = [i for i in delivered[key] if i in mine]
+                want = cycled(rows_of, len(got)) if cyclic else rows_of[: len(got)]
+                if got != want:
+                    problems.append(f"part {key} takes {got} of a dataset whose rows are {rows_of}")
+        return problems
+
+
+def unshuffled(ds: Dataset) -> Dataset:
+    """``ds`` without the shuffles that run per part (they only reorder a part's rows)."""
+    cut_at = anatomy(ds).global_ops
+    kept = ds.ops[:cut_at] + tuple(op for op in ds.ops[cut_at:] if not isinstance(op, Shuffle))
+    return replace(ds, ops=kept)
+
+
+def invariants(
+    ds: Dataset, div: Division, batch_size: int, epoch: int = 0, observe: Observe | None = None
+) -> Invariants:
+    """What holds for this reading whatever the per-part draws (for an exact reading,
+    what :func:`parts` gives, as invariants).
+
+    A per-part shuffle only reorders: the epoch's rows, the rows per part, how many are
+    padding and how many drop_last leaves out are those of the same reading without it;
+    which rows pad or are dropped depends on the order. An interleave with probabilities
+    mixing each part's own shares: without replacement every row comes once and the
+    counts are a concatenation's; otherwise every part delivers as many rows and takes
+    each dataset's rows of its share in order (all_exhausted: each at least once). After
+    a per-part filter or flat_map, which the order decides the input of, only bounds."""
+    after = ds.ops[anatomy(ds).global_ops :]
+    fans = sum(isinstance(op, FlatMap) for op in after)
+    per_part_rows = any(isinstance(op, (Filter, FlatMap)) for op in after)
+    try:
+        return _from_parts(parts(ds, div, epoch, observe), ds, div, batch_size, epoch, observe)
+    except NotExact:
+        pass
+    plain = unshuffled(ds)
+    if isinstance(ds, Interleave) and anatomy(ds).how == "combined" and ds.probabilities is not None:
+        if ds.stopping != "all_exhausted_without_replacement":
+            shuffled = any(isinstance(op, Shuffle) for op in after)
+            return _mixed(ds, div, batch_size, epoch, observe, per_part_rows, shuffled)
+        plain = Concatenate(ds.parts, ops=plain.ops)  # every row once, counts as concatenated
+    inv = _from_parts(parts(plain, div, epoch, observe), plain, div, batch_size, epoch, observe)
+    if per_part_rows:
+        parts_n = len(div.keys())
+        inv.counts = None
+        inv.padding, inv.padding_max = None, div.world_size * 2**fans
+        inv.dropped, inv.dropped_max = None, (div.world_size * 2**fans) + (batch_size - 1) * parts_n
+    return inv
+
+
+def _from_parts(
+    divided: dict[tuple[int, int], list[int]], ds: Dataset, div: Division, batch_size: int, epoch: int,
+    observe: Observe | None,
+) -> Invariants:
+    delivered = {key: [i for b in batches(p, batch_size, div.drop_last) for i in b] for key, p in divided.items()}
+    flat = Division(div.world_size, div.num_workers, drop_last=False, pad=False)
+    whole = Counter(i for part in parts(ds, flat, epoch, observe).values() for i in part)
+    got = Counter(i for p in delivered.values() for i in p)
+    return Invariants(
+        rows=whole,
+        support=set(whole) | set(got),
+        padding=sum((got - whole).values()),
+        dropped=sum((whole - got).values()),
+        counts={key: len(p) for key, p in delivered.items()},
+    )
+
+
+def _mixed(
+    ds: Interleave, div: Division, batch_size: int, epoch: int, observe: Observe | None, per_part_rows: bool,
+    shuffled: bool,
+) -> Invariants:
+    """first_exhausted / all_exhausted with probabilities, each part mixing its shares."""
+    sources = [rows(p, origin_epoch(ds, epoch), observe) for p in ds.parts]
+    can = drawable(ds)
+    cuts = shares([len(s) for s in sources], div)
+    starved(ds, cuts)
+    own = {key: [[sources[i][j] for j in r] if can[i] else [] for i, r in enumerate(cuts[key])] for key in cuts}
+    if ds.stopping == "all_exhausted":
+        stranded(own)
+    support = {i for s in own.values() for share in s for i in share}
+    for op in ds.ops[anatomy(ds).global_ops :]:
+        if isinstance(op, (Filter, FlatMap)):
+            support = set(per_row(op, sorted(support)))
+    inv = Invariants(rows=None, support=support, padding=None, dropped=None, equal_counts=not per_part_rows)
+    if not per_part_rows and not shuffled:
+        cyclic = ds.stopping == "all_exhausted"
+        inv.orders = {key: [(s, cyclic) for s in own[key] if s] for key in own}
+    if ds.stopping == "all_exhausted" and not per_part_rows:
+        # Every part takes every row of its shares at least once; repeats continue it.
+        inv.rows = Counter(support)
+        inv.padding_max = 1 << 62
+        inv.dropped = 0 if not div.drop_last or batch_size == 1 else None
+        inv.dropped_max = (batch_size - 1) * len(div.keys())
+    return inv
+
+
+# ---------------------------------------------------------------------------------------
+# Resuming.
+
+
+def resumable_elsewhere(ds: Dataset, delivered: bool = True) -> bool:
+    """Whether an epoch can resume on another division (elastic): the rows the old
+    parts had not delivered are divided anew and come exactly once. That needs the
+    delivered rows' positions in the epoch, which a flat_map's rows lack; and rows
+    dealt round-robin (:func:`dealt`: every part read the whole stream up to the last
+    take/skip) resume only on the division that dealt them. An epoch nothing of which
+    was delivered yet resumes anywhere: it starts afresh."""
+
+    def has_flat_map(d: Dataset) -> bool:
+        return any(isinstance(op, FlatMap) for op in d.ops) or (
+            not isinstance(d, Source) and any(has_flat_map(p) for p in d.parts)
+        )
+
+    if not delivered:
+        return True
+    return anatomy(ds).how != "dealt" and not has_flat_map(ds)
+
+
+def epoch_depends_on_division(ds: Dataset) -> bool:
+    """Whether the rows an epoch delivers depend on its division: an interleave whose
+    parts mix their own shares to the shortest or the longest mix (first_exhausted,
+    all_exhausted). The semantics do not say what resuming such an epoch on another
+    division gives."""
+    return (
+        isinstance(ds, Interleave)
+        and ds.stopping != "all_exhausted_without_replacement"
+        and anatomy(ds).how == "combined"
+    )
+
+
+def check_resumed(
+    whole: Counter, before: Counter, after: Counter, extra_max: int, support: set[int]
+) -> list[str]:
+    """Before-resume and after-resume together are the epoch: every row of ``whole``
+    delivered, nothing twice but padding (at most ``extra_max`` rows, repeats of rows of
+    the data)."""
+    got = before + after
+    problems = []
+    if missing := whole - got:
+        problems.append(f"rows never delivered: {sorted(missing.elements())[:20]}")
+    extra = got - whole
+    if sum(extra.values()) > extra_max:
+        problems.append(f"{sum(extra.values())} rows twice (at most {extra_max} padding): {sorted(extra.elements())[:20]}")
+    if not set(extra) <= support:
+        problems.append(f"rows outside the data: {sorted(set(extra) - support)[:20]}")
+    return problems
