@@ -355,8 +355,10 @@ def _own_state(loader: sf.DataLoader, resume: list[dict[str, Any]]) -> dict[str,
     mine = loader.state_dict()
 
     def division(state: dict[str, Any]) -> tuple[int, int, bool]:
-        # Padding divides nothing differently on one rank.
-        return state["world_size"], state.get("workers", 1), state["pad"] and state["world_size"] > 1
+        # Padding divides nothing differently on one rank (world_size counts every
+        # rank's workers).
+        world, workers = state["world_size"], state.get("workers", 1)
+        return world, workers, state["pad"] and world > workers
 
     if division(resume[0]["loader"]) != division(mine):
         return None

@@ -559,8 +559,10 @@ impl PyDataLoader {
             .get_item("seed")?
             .ok_or_else(|| PyKeyError::new_err("state_dict has no \"seed\""))?
             .extract()?;
-        // Padding divides nothing differently on one rank.
-        let division = |world: usize, workers: usize, pad: bool| (world, workers, pad && world > 1);
+        // Padding divides nothing differently on one rank (`world` counts every rank's
+        // workers).
+        let division =
+            |world: usize, workers: usize, pad: bool| (world, workers, pad && world > workers);
         let fresh = saved
             .iter()
             .all(|s| s.batches == 0 && s.remaining.is_none());
