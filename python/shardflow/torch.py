@@ -19,14 +19,18 @@ rank's ``StatefulDataLoader.state_dict()``) and pass the list to
 
 from __future__ import annotations
 
+import bisect
+import collections
 import logging
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset as _TorchIterableDataset
 from torch.utils.data import get_worker_info
@@ -110,6 +114,12 @@ class _SharedEpoch:
             self._values[self._EPOCH] = epoch
             self._values[self._NEXT] = epoch + 1
             self._seen = (os.getpid(), self._values[self._SET_VERSION], epoch)
+
+    def upcoming(self) -> int:
+        """The epoch the next pass in this process will read, as far as it is known here."""
+        if self._seen is not None and self._seen[0] == os.getpid() and self._seen[1] == self._values[self._SET_VERSION]:
+            return self._seen[2] + 1
+        return self._values[self._NEXT]
 
     def claim(self, base_seed: int) -> int:
         """The epoch this worker's next pass reads."""
@@ -225,22 +235,74 @@ class IterableDataset(_TorchIterableDataset):
         # Set when the resume was loaded in the main process (see _SharedEpoch.new_resume).
         self._resume_token: int | None = None
         self._main_passes = 0
+        # The framework that divides the dataset between its processes, when one does.
+        self._divided_by: str | None = None
 
     def set_epoch(self, epoch: int) -> None:
+        self._note_framework()
         self._epoch.set(epoch)
 
-    def _loader(self) -> sf.DataLoader:
+    def __len__(self) -> int:
+        """This rank's samples (``batch_size=None``) or batches in the next pass, padding
+        included, when the dataset knows them (what ``len()`` of a ``DataLoader`` of the
+        rank gives); ``TypeError`` when it does not (after a filter), as torch expects of
+        an iterable dataset without a length.
+
+        Asked by a torch ``DataLoader`` with workers, it counts as that loader will
+        deliver: each worker's part apart (torch batches each worker's samples on their
+        own, so every worker may end on a short batch), so that ``len()`` of the loader
+        is the number of batches it yields, which HF Trainer and Lightning count steps by."""
+        self._note_framework()
+        epoch = self._epoch.upcoming()
+        reader = next((o for o in _callers() if isinstance(o, _TorchDataLoader) and o.dataset is self), None)
+        workers = reader.num_workers if reader is not None else 0
+        if workers == 0:
+            return len(self._loader(batch_size=1 if self.batch_size is None else None, epoch=epoch))
+        if self.batch_size is not None:
+            return sum(len(self._loader(epoch=epoch, part=(w, workers))) for w in range(workers))
+        rows = [len(self._loader(batch_size=1, epoch=epoch, part=(w, workers))) for w in range(workers)]
+        if reader is None or reader.batch_size is None:
+            return sum(rows)
+        per_batch = reader.batch_size
+        batches = sum(n // per_batch if reader.drop_last else -(-n // per_batch) for n in rows)
+        # torch divides this by its batch size (rounding up, or down with drop_last).
+        return batches * per_batch
+
+    def _note_framework(self) -> None:
+        """Remembers whether a framework divides this dataset between its processes itself
+        (see :func:`_framework_division`); workers forked or spawned later inherit it."""
+        if self._divided_by is None:
+            self._divided_by = _framework_division()
+
+    def _loader(
+        self, batch_size: int | None = None, epoch: int | None = None, part: tuple[int, int] | None = None
+    ) -> sf.DataLoader:
+        """The loader of this process's part (``part``: of torch worker ``part[0]`` of
+        ``part[1]`` instead), reading ``epoch`` when given."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if part is not None:
+            worker, workers = part
         if info is not None and worker == 0 and not self.dataset._runs_python():
             _hint_workers_cost()
-        rank, world = _rank_and_world(self.rank, self.world_size)
+        if self._divided_by is not None:
+            # accelerate reads the whole epoch (on process 0, or on every process,
+            # keeping its own slice): shardflow must not divide it as well.
+            if self.world_size not in (None, 1):
+                raise ValueError(
+                    f"accelerate ({self._divided_by}) divides this dataset between its processes "
+                    f"itself, so shardflow must read the whole epoch here; leave rank= and "
+                    f"world_size= unset (world_size={self.world_size} would lose or repeat rows)"
+                )
+            rank, world = 0, 1
+        else:
+            rank, world = _rank_and_world(self.rank, self.world_size)
         # Every (rank, worker) pair is one part of the epoch. Ranks must take the same
         # number of steps, so their shares are padded (by default); the workers of one
         # rank read its share between them, each row once.
-        return sf.DataLoader(
+        loader = sf.DataLoader(
             self.dataset,
-            batch_size=self.batch_size or 256,
+            batch_size=batch_size or self.batch_size or 256,
             shuffle=self.shuffle,
             seed=self.seed if self.shuffle else None,
             drop_last=self.drop_last,
@@ -253,8 +315,13 @@ class IterableDataset(_TorchIterableDataset):
             prefetch=self.prefetch,
             output="torch" if self.batch_size else "numpy",
         )
+        if epoch is not None:
+            loader.set_epoch(epoch)
+        return loader
 
     def __iter__(self) -> Iterator[Any]:
+        self._note_framework()
+        self._check_batching()
         loader = self._loader()
         info = get_worker_info()
         if info is not None:
@@ -290,8 +357,27 @@ class IterableDataset(_TorchIterableDataset):
             loader.set_epoch(self._epoch.claim(iteration))
         return self._pass(loader, skip)
 
+    def _check_batching(self) -> None:
+        """Refuses to batch twice: this adapter's batches read by a torch DataLoader that
+        batches again (its ``batch_size`` not None, as HF Trainer's always is), or by
+        accelerate's IterableDatasetShard, which slices samples."""
+        if not self.batch_size:
+            return
+        for owner in _callers():
+            kind = type(owner).__name__
+            if (kind == "_IterableDatasetFetcher" and getattr(owner, "auto_collation", False)) or kind == "IterableDatasetShard":
+                raise ValueError(
+                    f"shardflow.torch.IterableDataset(batch_size={self.batch_size}) yields whole batches, "
+                    f"and the loader reading it ({kind}) batches them again: give the adapter "
+                    f"batch_size=None (it yields samples; torch, Trainer or accelerate batch them), or "
+                    f"the torch DataLoader batch_size=None"
+                )
+
     def _pass(self, loader: sf.DataLoader, skip: int) -> Iterator[Any]:
         batches = iter(loader)
+        # Recent positions, so that a state can be taken some samples (or batches) back
+        # (see _ahead): each sample's, or each batch's delivered rows.
+        self._recent: collections.deque[Any] = collections.deque(maxlen=_RECENT)
         while True:
             # Handed out sample by sample, a batch is resumed from the state before it.
             before = None if self.batch_size else loader.state_dict()
@@ -306,14 +392,56 @@ class IterableDataset(_TorchIterableDataset):
                 # While this generator waits at `yield`, the loader stands right after
                 # the batch, so its state can be taken then.
                 self._position = lambda: {"loader": loader.state_dict(), "samples_out": 0}
+                if self._divided_by == "DataLoaderDispatcher":
+                    self._recent.append(loader._batch_positions())
                 yield batch
                 continue
             positions = loader._batch_positions()
+            if not self._recent:
+                self._recent.append(_Known({"loader": before, "samples_out": skip, "positions": positions}))
             for i in range(skip, batch.num_rows):
                 # Recorded before the sample leaves: a state taken after it counts it.
                 self._position = _Known({"loader": before, "samples_out": i + 1, "positions": positions})
+                self._recent.append(self._position)
                 yield batch.row(i)
             skip = 0
+
+    def _ahead(self) -> int:
+        """How many samples (or, batching here, batches) this process's torch loader has
+        taken beyond those trained on when a state is asked for: accelerate's batch
+        dispatch fetches the next step's batches before the step that saves runs, and
+        corrects its own counters for that (``adjust_state_dict_for_prefetch``) but not
+        the dataset's state."""
+        for owner in _callers():
+            if type(owner).__name__ == "DataLoaderDispatcher" and not getattr(owner, "split_batches", True):
+                ahead = owner.state.num_processes - 1
+                if self.batch_size is None:
+                    ahead *= getattr(owner.base_dataloader, "batch_size", None) or 1
+                return ahead
+        return 0
+
+    def _rewound(self, position: dict[str, Any], back: int) -> dict[str, Any]:
+        """``position`` taken ``back`` samples (batches) earlier in this pass."""
+        if back == 0:
+            return position
+        kept = list(self._recent)
+        if self.batch_size is None:
+            # Every sample's position is kept (sharing the state before its batch); the
+            # first is the pass's start.
+            if back >= len(kept):
+                raise ValueError(f"cannot take this state {back} samples back ({len(kept) - 1} kept)")
+            return kept[-1 - back]()
+        if back > len(kept):
+            raise ValueError(f"cannot take this state {back} batches back ({len(kept)} kept)")
+        loader = dict(position["loader"])
+        loader["batches_done"] -= back
+        dropped = kept[len(kept) - back :]
+        if loader.get("consumed") is not None:
+            if any(rows is None for rows in dropped):
+                loader["consumed"] = None
+            else:
+                loader["consumed"] = _without(loader["consumed"], [p for rows in dropped for p in rows])
+        return {**position, "loader": loader, "ended": False}
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled (for spawned workers, or a copy), the position is worked out now.
@@ -325,7 +453,12 @@ class IterableDataset(_TorchIterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """Where the pass in progress in this process stands (one state per worker
         under torch's workers); plain JSON-serialisable data."""
-        return {"format": _STATE_FORMAT, "position": self._position() if self._position else None}
+        if self._position is None:
+            return {"format": _STATE_FORMAT, "position": None}
+        position = self._position()
+        if self._divided_by == "DataLoaderDispatcher":
+            position = self._rewound(position, self._ahead())
+        return {"format": _STATE_FORMAT, "position": position}
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """The next pass in this process resumes at ``state``'s position: this worker's
@@ -346,6 +479,54 @@ class IterableDataset(_TorchIterableDataset):
         # alone. Loaded in the main process, each later iteration forks workers that
         # inherit it again, and only the first of them may resume.
         self._resume_token = self._epoch.new_resume() if get_worker_info() is None else None
+
+
+#: Positions kept for taking a state back (see IterableDataset._ahead): enough for 64
+#: processes' worth of batches of 128 samples.
+_RECENT = 1 << 13
+
+
+def _without(flat: list[int], positions: list[int]) -> list[int]:
+    """Flat ``[start, end)`` pairs of rows, less ``positions``."""
+    out: list[int] = []
+    removed = sorted(set(positions))
+    for start, end in zip(flat[::2], flat[1::2]):
+        at = start
+        for p in removed[bisect.bisect_left(removed, start) : bisect.bisect_left(removed, end)]:
+            if p > at:
+                out += [at, p]
+            at = p + 1
+        if at < end:
+            out += [at, end]
+    return out
+
+
+def _callers(depth: int = 24) -> Iterator[object]:
+    """The objects whose methods are on the call stack above the caller's caller."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if owner is not None:
+            yield owner
+        frame = frame.f_back
+
+
+def _framework_division() -> str | None:
+    """Which of accelerate's loaders, found among the callers, divides this dataset
+    between processes itself: ``DataLoaderDispatcher`` (its default for an iterable
+    dataset, and HF Trainer's: process 0 reads every batch and sends each process its
+    slice) or ``IterableDatasetShard`` (``dispatch_batches=False``: every process reads
+    everything and keeps its slice). Both call the dataset's ``set_epoch`` (and its
+    ``__len__``) before they read it."""
+    if "accelerate" not in sys.modules:
+        return None
+    for owner in _callers():
+        for kind in type(owner).__mro__:
+            if kind.__module__.startswith("accelerate.") and kind.__name__ in ("DataLoaderDispatcher", "IterableDatasetShard"):
+                return kind.__name__
+    return None
 
 
 def _own_state(loader: sf.DataLoader, resume: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ use arrow_array::RecordBatch;
 use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyCapsule, PyDict, PyModule, PyType};
+use pyo3::types::{PyCapsule, PyDict, PyList, PyModule, PyType};
 
 use super::arrow_ffi::stream_capsule;
 use super::batch::PyRecordBatch;
@@ -235,6 +235,18 @@ impl PyDataLoader {
             )));
         }
         Ok(saved)
+    }
+
+    /// Whether part `other` of this loader's division delivers as many rows as this
+    /// one (known without reading: no filter or flat_map decides them).
+    fn same_share(&self, other: usize) -> crate::error::Result<bool> {
+        let dataset = self.dataset();
+        let run = self.run_options(self.position().epoch);
+        let theirs = dataset.rows_of_run(&RunOptions {
+            part: other,
+            ..run.clone()
+        })?;
+        Ok(theirs.is_some() && theirs == dataset.rows_of_run(&run)?)
     }
 
     /// The rows of the saved epoch that the saving ranks had not delivered: every
@@ -574,15 +586,28 @@ impl PyDataLoader {
             == division(self.world_size, self.workers, self.pad)
         {
             // The same split: replay this rank's own stream to where it stood.
-            let own = saved
-                .into_iter()
-                .find(|s| s.rank == self.rank)
-                .ok_or_else(|| {
-                    PyValueError::new_err(format!(
-                        "no state of rank {} among the states given",
+            let lone = saved.len() == 1;
+            let own = match saved.into_iter().find(|s| s.rank == self.rank || lone) {
+                Some(own) if own.rank == self.rank => own,
+                // Another rank's state alone (frameworks save rank 0's): ranks of equal
+                // shares take their steps together, so this rank stood at the same batch
+                // of its own stream; which rows those were, only its own state says.
+                Some(other)
+                    if other.remaining.is_none()
+                        && py.detach(|| self.same_share(other.rank))? =>
+                {
+                    Saved {
+                        consumed: None,
+                        ..other
+                    }
+                }
+                _ => {
+                    return Err(PyValueError::new_err(format!(
+                        "no state of rank {} among the states given (another rank's alone resumes it only when every rank's share of the epoch is known to be as long)",
                         self.rank
-                    ))
-                })?;
+                    )));
+                }
+            };
             self.remaining = own.remaining.map(|rows| (own.epoch, Arc::new(rows)));
             self.set_position(Position {
                 epoch: own.epoch,
@@ -757,6 +782,9 @@ fn to_torch<'py>(
         return Ok(out.into_any());
     }
     let kind: String = value.getattr("dtype")?.getattr("kind")?.extract()?;
+    if kind == "O" {
+        return lists_to_torch(py, value, pin);
+    }
     if !"biufc".contains(kind.as_str()) {
         return value.call_method0("tolist");
     }
@@ -766,6 +794,42 @@ fn to_torch<'py>(
     } else {
         Ok(tensor)
     }
+}
+
+/// A column of one numeric array per row (a list column): one tensor when every row's
+/// array has the same shape and dtype (token ids of one length), else a list of
+/// tensors; other objects (strings, bytes, nulls) as a list.
+fn lists_to_torch<'py>(
+    py: Python<'py>,
+    column: &Bound<'py, PyAny>,
+    pin: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let np = py.import("numpy")?;
+    let ndarray = np.getattr("ndarray")?;
+    let items: Vec<Bound<'py, PyAny>> = column.try_iter()?.collect::<PyResult<_>>()?;
+    let mut shapes = Vec::with_capacity(items.len());
+    for item in &items {
+        if !item.is_instance(&ndarray)? {
+            return column.call_method0("tolist");
+        }
+        let kind: String = item.getattr("dtype")?.getattr("kind")?.extract()?;
+        if !"biufc".contains(kind.as_str()) {
+            return column.call_method0("tolist");
+        }
+        shapes.push((
+            item.getattr("dtype")?.str()?.to_string(),
+            item.getattr("shape")?.extract::<Vec<usize>>()?,
+        ));
+    }
+    if !items.is_empty() && shapes.iter().all(|s| *s == shapes[0]) {
+        let stacked = np.call_method1("stack", (PyList::new(py, &items)?,))?;
+        return to_torch(py, &stacked, pin);
+    }
+    let tensors = items
+        .iter()
+        .map(|item| to_torch(py, item, pin))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(PyList::new(py, tensors)?.into_any())
 }
 
 fn to_output(py: Python<'_>, batch: RecordBatch, output: Output) -> PyResult<Py<PyAny>> {

@@ -1,0 +1,181 @@
+"""One rank of the trainer tests (tests/test_trainers.py): trains a 2-layer GPT-2 (built
+from a config, nothing downloaded) on shardflow data with HF Trainer, an accelerate loop
+or Lightning, and logs every row id it trains on, with its epoch and step. Started as a
+plain process with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set, as
+torchrun sets them (one process: no distributed run).
+
+    python trainer_worker.py SPEC_JSON
+
+SPEC: framework ("trainer" | "accelerate" | "lightning"), data (a Parquet path with
+`id` and `input_ids` columns), out (a folder), epochs, batch_size (per rank), workers
+(torch DataLoader workers), mode ("samples": the adapter yields samples and the
+framework batches them; "batches": the adapter batches), shuffle, adapter (extra
+keyword arguments of the adapter), kill_at (a global step: save a checkpoint there,
+then exit at once, as a killed run), resume (resume from the checkpoint in out).
+Each rank writes out/log-RANK.jsonl: one line per step, {"epoch", "step", "ids"}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import shardflow as sf
+from shardflow.torch import IterableDataset
+
+SPEC: dict[str, Any] = json.loads(sys.argv[1])
+OUT = Path(SPEC["out"])
+RANK = int(os.environ.get("RANK", "0"))
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+LOG = OUT / f"log-{RANK}.jsonl"
+
+
+def tiny_gpt2() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, tie_word_embeddings=False)
+    return GPT2LMHeadModel(config)
+
+
+class Logged(torch.nn.Module):
+    """GPT-2 that records the row ids of every batch it trains on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = tiny_gpt2()
+        self.epoch = 0
+        self.step = 0
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, row_id: torch.Tensor) -> Any:
+        if self.training:
+            with LOG.open("a") as log:
+                log.write(json.dumps({"epoch": self.epoch, "step": self.step, "ids": row_id.tolist()}) + "\n")
+            self.step += 1
+        return self.gpt(input_ids=input_ids, labels=labels)
+
+
+def adapter() -> IterableDataset:
+    ds = sf.dataset(SPEC["data"]).rename_column("id", "row_id")
+    batch_size = SPEC["batch_size"] if SPEC["mode"] == "batches" else None
+    ds = ds.map(lambda row: {"labels": row["input_ids"]})
+    return IterableDataset(ds, batch_size=batch_size, shuffle=SPEC.get("shuffle", True), **SPEC.get("adapter", {}))
+
+
+def loader_batch_size() -> int | None:
+    return None if SPEC["mode"] == "batches" else SPEC["batch_size"]
+
+
+def run_trainer() -> None:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    model = Logged()
+
+    class Epochs(TrainerCallback):
+        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            model.epoch = int(state.epoch or 0)
+            model.step = state.global_step
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            model.step = state.global_step
+            if SPEC.get("kill_at") == state.global_step:
+                control.should_save = True
+            return control
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if SPEC.get("kill_at") == state.global_step:
+                if torch.distributed.is_initialized():
+                    torch.distributed.barrier()  # every rank's part of the checkpoint is written
+                os._exit(0)
+
+    args = TrainingArguments(
+        output_dir=str(OUT / "checkpoints"),
+        per_device_train_batch_size=SPEC["batch_size"],
+        num_train_epochs=SPEC["epochs"],
+        dataloader_num_workers=SPEC["workers"],
+        learning_rate=1e-3,
+        save_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=adapter(), callbacks=[Epochs()])
+    checkpoint = None
+    if SPEC.get("resume"):
+        checkpoint = str(sorted((OUT / "checkpoints").glob("checkpoint-*"))[-1])
+    trainer.train(resume_from_checkpoint=checkpoint)
+
+
+def run_accelerate() -> None:
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    stateful = SPEC.get("stateful", False)
+    config = DataLoaderConfiguration(use_stateful_dataloader=stateful, **SPEC.get("accelerate", {}))
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    model = Logged()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if stateful:
+        from torchdata.stateful_dataloader import StatefulDataLoader as Loader
+    else:
+        from torch.utils.data import DataLoader as Loader
+    loader = Loader(adapter(), batch_size=loader_batch_size(), num_workers=SPEC["workers"])
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    inner = accelerator.unwrap_model(model)
+    saved = OUT / "accelerate-state"
+    step, first_epoch = 0, 0
+    if SPEC.get("resume"):
+        accelerator.load_state(str(saved))
+        step, first_epoch = json.loads((saved / "progress.json").read_text())
+    for epoch in range(first_epoch, SPEC["epochs"]):
+        loader.set_epoch(epoch)
+        inner.epoch = epoch
+        for batch in loader:
+            inner.step = step
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if SPEC.get("kill_at") == step:
+                accelerator.save_state(str(saved))
+                if accelerator.is_main_process:
+                    (saved / "progress.json").write_text(json.dumps([step, epoch]))
+                accelerator.wait_for_everyone()
+                os._exit(0)
+
+
+def run_lightning() -> None:
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Logged()
+
+        def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+            self.model.epoch = self.current_epoch
+            self.model.step = self.global_step
+            return self.model(**batch).loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    trainer = L.Trainer(
+        accelerator="cpu", devices=WORLD, strategy="ddp" if WORLD > 1 else "auto", max_epochs=SPEC["epochs"],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    loader = DataLoader(adapter(), batch_size=loader_batch_size(), num_workers=SPEC["workers"])
+    trainer.fit(Module(), loader)
+
+
+if __name__ == "__main__":
+    {"trainer": run_trainer, "accelerate": run_accelerate, "lightning": run_lightning}[SPEC["framework"]]()
