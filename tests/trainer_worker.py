@@ -154,7 +154,6 @@ def run_accelerate() -> None:
 
 def run_lightning() -> None:
     import lightning as L
-    from torch.utils.data import DataLoader
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -169,12 +168,26 @@ def run_lightning() -> None:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
+    saved = OUT / "lightning.ckpt"
+
+    class Kill(L.Callback):
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if SPEC.get("kill_at") == trainer.global_step:
+                trainer.save_checkpoint(str(saved))
+                trainer.strategy.barrier()
+                os._exit(0)
+
     trainer = L.Trainer(
         accelerator="cpu", devices=WORLD, strategy="ddp" if WORLD > 1 else "auto", max_epochs=SPEC["epochs"],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[Kill()],
     )
-    loader = DataLoader(adapter(), batch_size=loader_batch_size(), num_workers=SPEC["workers"])
-    trainer.fit(Module(), loader)
+    if SPEC.get("stateful", False):
+        from torchdata.stateful_dataloader import StatefulDataLoader as Loader
+    else:
+        from torch.utils.data import DataLoader as Loader
+    loader = Loader(adapter(), batch_size=loader_batch_size(), num_workers=SPEC["workers"])
+    trainer.fit(Module(), loader, ckpt_path=str(saved) if SPEC.get("resume") else None)
 
 
 if __name__ == "__main__":

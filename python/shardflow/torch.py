@@ -270,9 +270,13 @@ class IterableDataset(_TorchIterableDataset):
 
     def _note_framework(self) -> None:
         """Remembers whether a framework divides this dataset between its processes itself
-        (see :func:`_framework_division`); workers forked or spawned later inherit it."""
+        (see :func:`_framework_division`); workers forked or spawned later inherit it.
+        Follows Lightning's epoch, which it never passes to an iterable dataset."""
         if self._divided_by is None:
             self._divided_by = _framework_division()
+        epoch = _lightning_epoch()
+        if epoch is not None and epoch != self._epoch.upcoming():
+            self._epoch.set(epoch)
 
     def _loader(
         self, batch_size: int | None = None, epoch: int | None = None, part: tuple[int, int] | None = None
@@ -526,6 +530,18 @@ def _framework_division() -> str | None:
         for kind in type(owner).__mro__:
             if kind.__module__.startswith("accelerate.") and kind.__name__ in ("DataLoaderDispatcher", "IterableDatasetShard"):
                 return kind.__name__
+    return None
+
+
+def _lightning_epoch() -> int | None:
+    """The epoch Lightning's fit loop, found among the callers, is about to train (it
+    asks the loader's length, then makes its iterator, when an epoch's data is set up:
+    at the start, and on resuming)."""
+    if "lightning" not in sys.modules and "pytorch_lightning" not in sys.modules:
+        return None
+    for owner in _callers():
+        if type(owner).__name__ == "_FitLoop" and type(owner).__module__.endswith("loops.fit_loop"):
+            return int(owner.epoch_progress.current.processed)
     return None
 
 

@@ -1,0 +1,199 @@
+"""shardflow inside the trainers people use: HF Trainer, an accelerate loop and Lightning,
+each run as 2 processes joined by gloo on CPU (as torchrun starts them), training a
+2-layer GPT-2 built from a config (tests/trainer_worker.py). Every rank logs the row ids
+of every step; the union of the ranks must be every row exactly once per epoch, in a new
+order each epoch, in as many steps on every rank; and a run killed at a step of epoch 0
+or 1 and resumed through the framework's own checkpoint must train exactly the batches
+the uninterrupted run trained, step for step."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from test_ddp import free_port
+from torch.utils.data import DataLoader as TorchLoader
+
+import shardflow as sf
+from shardflow.torch import IterableDataset
+
+WORKER = Path(__file__).with_name("trainer_worker.py")
+EPOCHS = 2
+BATCH = 8
+
+
+def write_rows(path: Path, n: int) -> str:
+    """`n` rows: an id and 8 token ids."""
+    tokens = [((np.arange(8) + i) % 64).tolist() for i in range(n)]
+    pq.write_table(pa.table({"id": np.arange(n), "input_ids": pa.array(tokens, pa.list_(pa.int64()))}), path, row_group_size=50)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def rows300(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_rows(tmp_path_factory.mktemp("trainers") / "rows.parquet", 300)
+
+
+def run(world: int, out: Path, **spec: Any) -> None:
+    """One run of `world` processes (or a single process, without a distributed run)."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"epochs": EPOCHS, "batch_size": BATCH, "workers": 0, "mode": "samples", "out": str(out), **spec}
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        if world > 1:
+            env.update(
+                RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", TORCHELASTIC_RUN_ID="shardflow-test",
+            )
+        log = open(out / f"out-{rank}.txt", "ab")
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(spec)], env=env, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    for rank, p in enumerate(procs):
+        try:
+            p.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+                q.wait()
+            pytest.fail(f"rank {rank} did not finish: {(out / f'out-{rank}.txt').read_text()[-3000:]}")
+        assert p.returncode == 0, (out / f"out-{rank}.txt").read_text()[-5000:]
+
+
+def steps(out: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (out / f"log-{rank}.jsonl").read_text().splitlines()]
+
+
+def check_epochs(out: Path, world: int, rows: int, padding: int = 0) -> None:
+    """Every row exactly once per epoch across the ranks (and `padding` rows twice), the
+    ranks in lockstep, and a new order each epoch."""
+    logs = [steps(out, r) for r in range(world)]
+    assert len({len(log) for log in logs}) == 1, [len(log) for log in logs]
+    per_epoch: dict[int, list[int]] = collections.defaultdict(list)
+    for log in logs:
+        for step in log:
+            per_epoch[step["epoch"]] += step["ids"]
+    assert sorted(per_epoch) == list(range(EPOCHS))
+    for epoch, ids in per_epoch.items():
+        assert sorted(set(ids)) == list(range(rows)) and len(ids) == rows + padding, (epoch, len(ids), len(set(ids)))
+    orders = [[i for step in logs[0] if step["epoch"] == e for i in step["ids"]] for e in range(EPOCHS)]
+    assert orders[0] != orders[1]
+
+
+def check_resumed(whole: Path, resumed: Path, world: int, kill_at: int) -> None:
+    """The resumed run trained, after the kill, exactly the uninterrupted run's batches."""
+    for rank in range(world):
+        expected, got = steps(whole, rank), steps(resumed, rank)
+        assert len(got) == len(expected), (rank, len(got), len(expected))
+        assert [s["ids"] for s in got[kill_at:]] == [s["ids"] for s in expected[kill_at:]], rank
+
+
+def test_hf_trainer_on_two_ranks_trains_every_row_and_resumes_exactly(rows300: str, tmp_path: Path) -> None:
+    # Trainer's loader goes through accelerate's batch dispatch (rank 0 reads for both):
+    # the adapter read only its rank's half there, so half the rows were never trained.
+    spec = dict(framework="trainer", data=rows300)
+    run(2, tmp_path / "whole", **spec)
+    check_epochs(tmp_path / "whole", 2, 300)
+    assert len(steps(tmp_path / "whole", 0)) == EPOCHS * 19  # 150 rows a rank, batches of 8
+    # Killed in epoch 1 (19 steps an epoch), resumed from Trainer's checkpoint: Trainer
+    # sets the epoch and skips the batches it trained, and the adapter's order is a
+    # function of (seed, epoch).
+    run(2, tmp_path / "killed", kill_at=25, **spec)
+    run(2, tmp_path / "killed", resume=True, **spec)
+    check_resumed(tmp_path / "whole", tmp_path / "killed", 2, 25)
+
+
+def test_hf_trainer_with_workers_counts_its_steps_exactly(tmp_path: Path) -> None:
+    # 310 rows, 2 torch workers: each worker's 155 samples end on a short batch of its
+    # own, so the loader yields 2 x 20 batches, not ceil(310 / 8) = 39; len() says so and
+    # Trainer takes every one (with 39 it would stop short in the last epoch).
+    spec = dict(framework="trainer", data=write_rows(tmp_path / "rows.parquet", 310), workers=2)
+    run(2, tmp_path / "whole", **spec)
+    check_epochs(tmp_path / "whole", 2, 310)
+    assert len(steps(tmp_path / "whole", 0)) == EPOCHS * 20
+    run(2, tmp_path / "killed", kill_at=7, **spec)  # in epoch 0
+    run(2, tmp_path / "killed", resume=True, **spec)
+    check_resumed(tmp_path / "whole", tmp_path / "killed", 2, 7)
+
+
+def test_hf_trainer_on_one_process(rows300: str, tmp_path: Path) -> None:
+    # num_train_epochs needs the dataset's length (Trainer refused an adapter without one).
+    run(1, tmp_path / "out", framework="trainer", data=rows300)
+    check_epochs(tmp_path / "out", 1, 300)
+
+
+@pytest.mark.parametrize("mode", ["samples", "batches"])
+def test_accelerate_loop_resumes_exactly_through_save_state(rows300: str, tmp_path: Path, mode: str) -> None:
+    # Batches: the adapter batches (the torch loader's batch_size=None). accelerate's
+    # dispatch fetches the next step's batches before a step saves; the adapter's state
+    # is taken back by them.
+    spec = dict(framework="accelerate", data=rows300, mode=mode, stateful=True)
+    run(2, tmp_path / "whole", **spec)
+    check_epochs(tmp_path / "whole", 2, 300)
+    run(2, tmp_path / "killed", kill_at=25, **spec)
+    run(2, tmp_path / "killed", resume=True, **spec)
+    check_resumed(tmp_path / "whole", tmp_path / "killed", 2, 25)
+
+
+def test_accelerate_without_dispatch_divides_once(rows300: str, tmp_path: Path) -> None:
+    # dispatch_batches=False: accelerate's IterableDatasetShard gives each process its
+    # slice of what the adapter yields, so the adapter reads the whole epoch on each.
+    # (It completes the last round of 2 x 8 rows with the first rows again: 300 -> 304.)
+    run(2, tmp_path / "out", framework="accelerate", data=rows300, accelerate={"dispatch_batches": False})
+    check_epochs(tmp_path / "out", 2, 300, padding=4)
+
+
+def test_lightning_ddp_resumes_exactly_from_its_checkpoint(rows300: str, tmp_path: Path) -> None:
+    # Lightning checkpoints rank 0's loader state alone; rank 1 resumes from it (its share
+    # is as long, so it stood at the same batch).
+    spec = dict(framework="lightning", data=rows300, stateful=True)
+    run(2, tmp_path / "whole", **spec)
+    check_epochs(tmp_path / "whole", 2, 300)
+    run(2, tmp_path / "killed", kill_at=25, **spec)
+    run(2, tmp_path / "killed", resume=True, **spec)
+    check_resumed(tmp_path / "whole", tmp_path / "killed", 2, 25)
+
+
+# ---------------------------------------------------------------------------------------
+# In one process.
+
+
+def uneven(n: int = 103) -> sf.Dataset:
+    return sf.from_dict({"id": np.arange(n), "tokens": np.arange(n * 4).reshape(n, 4).tolist()})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("adapter_batch", [None, 8], ids=["samples", "batches"])
+def test_len_is_what_the_torch_loader_yields(workers: int, adapter_batch: int | None) -> None:
+    adapter = IterableDataset(uneven(), batch_size=adapter_batch, rank=1, world_size=2)
+    loader = TorchLoader(
+        adapter, batch_size=None if adapter_batch else 5, num_workers=workers,
+        multiprocessing_context="fork" if workers else None,
+    )
+    expected = len(loader)
+    assert len(list(loader)) == expected
+    assert len(adapter) == (52 if adapter_batch is None else 7)  # rank 1's share, padded to 52 rows
+
+
+def test_batching_twice_is_an_error() -> None:
+    with pytest.raises(ValueError, match="batches them again.*batch_size=None"):
+        next(iter(TorchLoader(IterableDataset(uneven(), batch_size=8), batch_size=4)))
+
+
+def test_token_lists_of_one_length_are_one_tensor() -> None:
+    batch = next(iter(sf.DataLoader(uneven(), batch_size=6, output="torch")))
+    assert isinstance(batch["tokens"], torch.Tensor) and batch["tokens"].shape == (6, 4)
+    ragged = sf.from_list([{"tokens": [1, 2]}, {"tokens": [3]}])
+    out = next(iter(sf.DataLoader(ragged, batch_size=2, output="torch")))["tokens"]
+    assert [t.tolist() for t in out] == [[1, 2], [3]]
