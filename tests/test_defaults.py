@@ -154,15 +154,29 @@ def test_a_state_names_its_dataset_rank_and_drop_last(parquet: str, tmp_path: Pa
         sf.DataLoader(sf.dataset(parquet).take(10), batch_size=64, rank=0, world_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match="dataset"):
         sf.DataLoader(sf.dataset(parquet, columns=["id"]), batch_size=64, rank=0, world_size=2).load_state_dict(state)
+    # Another rank's state alone (frameworks checkpoint rank 0's) resumes a rank whose
+    # share is as long at the same batch of its own stream; where shares are not known
+    # to be as long (a filter decides them), it is refused.
+    first = sf.DataLoader(sf.dataset(parquet), batch_size=64, rank=0, world_size=2)
+    next(iter(first))
+    rank1 = sf.DataLoader(sf.dataset(parquet), batch_size=64, rank=1, world_size=2)
+    whole = [b["id"].tolist() for b in rank1]
+    rank1.load_state_dict(first.state_dict())
+    assert [b["id"].tolist() for b in rank1] == whole[1:]
+    kept = sf.dataset(parquet).filter(lambda row: row["id"] % 3 > 0)
+    filtered = sf.DataLoader(kept, batch_size=64, rank=0, world_size=2)
+    next(iter(filtered))
     with pytest.raises(ValueError, match="rank"):
-        sf.DataLoader(sf.dataset(parquet), batch_size=64, rank=1, world_size=2).load_state_dict(state)
+        sf.DataLoader(kept, batch_size=64, rank=1, world_size=2).load_state_dict(filtered.state_dict())
     with pytest.raises(ValueError, match="drop_last"):
         sf.DataLoader(sf.dataset(parquet), batch_size=64, rank=0, world_size=2, drop_last=True).load_state_dict(state)
     # Another world size resumes elastically: from this one state when ranks move in
     # lockstep, from every rank's state otherwise.
     sf.DataLoader(sf.dataset(parquet), batch_size=64, rank=0, world_size=3).load_state_dict(state)
     buffered = sf.dataset(parquet).shuffle(seed=1, buffer_size=100)
-    one = sf.DataLoader(buffered, batch_size=64, rank=0, world_size=2).state_dict()
+    mid_epoch = sf.DataLoader(buffered, batch_size=64, rank=0, world_size=2)
+    next(iter(mid_epoch))  # (a state of an epoch nothing was delivered of resumes anywhere)
+    one = mid_epoch.state_dict()
     with pytest.raises(ValueError, match="every rank's state_dict"):
         sf.DataLoader(buffered, batch_size=64, rank=0, world_size=3).load_state_dict(one)
     # The same dataset, opened again, is the same dataset.

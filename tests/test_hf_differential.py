@@ -231,3 +231,41 @@ def test_batch_returns_a_dataset_of_batches() -> None:
         # Any verb can follow it: here a map over whole batches, then a take.
         sums = batched.map(lambda b: {"total": int(sum(b["id"]))}).take(2)
         assert [r["total"] for r in sums] == [sum(b["id"]) for b in theirs[:2]]
+
+
+def test_random_access_after_a_filter_as_datasets_has_it(tmp_path) -> None:
+    # datasets runs a filter eagerly, so len, [i], select and train_test_split work after
+    # it; shardflow runs it once over the rows when they are first addressed.
+    import json
+
+    rows = [{"id": i, "text": f"row {i}", "score": i * 0.5} for i in range(40)]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    calls = []
+
+    def keep(row: dict) -> bool:
+        calls.append(row["id"])
+        return row["id"] % 3 != 0
+
+    hf = datasets.Dataset.from_list(rows).filter(lambda r: r["id"] % 3 != 0)
+    for ours in (sf.from_list(rows).filter(keep), sf.dataset(str(path)).map(lambda r: {"twice": r["id"] * 2}).filter(keep)):
+        calls.clear()
+        assert len(ours) == len(hf) == 26
+        assert len(calls) == 40  # one pass
+        assert ours[5]["id"] == hf[5]["id"] and ours[-1]["id"] == hf[-1]["id"]
+        assert ours.select(range(3, 9))["id"] == hf.select(range(3, 9))["id"]
+        split_ours = ours.train_test_split(test_size=0.25, shuffle=False)
+        split_hf = hf.train_test_split(test_size=0.25, shuffle=False)
+        assert split_ours["test"]["id"] == split_hf["test"]["id"] and split_ours["train"]["id"] == split_hf["train"]["id"]
+        shuffled = ours.shuffle(seed=1)  # a full permutation of the kept rows, as datasets'
+        assert sorted(shuffled["id"]) == sorted(hf["id"]) and shuffled["id"] != hf["id"]
+        assert len(calls) == 40  # the pass is made once, whatever is made from the filter
+        # Ranks divide the kept rows exactly, as for any dataset with known rows.
+        parts = [[i for b in sf.DataLoader(ours.select(range(26)), batch_size=4, rank=r, world_size=2) for i in b["id"].tolist()] for r in range(2)]
+        assert [len(p) for p in parts] == [13, 13] and sorted(parts[0] + parts[1]) == list(hf["id"])
+    # What cannot be addressed says what ends random access and what to do.
+    fanned = sf.from_list(rows).flat_map(lambda r: [r, r])
+    with pytest.raises(TypeError, match="flat_map.*from_arrow"):
+        len(fanned)
+    with pytest.raises(ValueError, match="flat_map.*from_arrow"):
+        fanned.select([0])

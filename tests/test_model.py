@@ -232,8 +232,8 @@ class Builder:
         kinds = ["take", "skip"]
         if not within_part:
             kinds += ["filter", "map", "flat_map"]
-        if m.addressable(model):
-            kinds += ["select", "shard"] + (["split"] if n and n >= 2 else [])
+        if m.addressable(model) and n is not None:
+            kinds += ["select", "shard"] + (["split"] if n >= 2 else [])
         if self.seeded:
             kinds += ["shuffle"] if m.addressable(model) else []
             kinds += [] if within_part else ["buffer"]

@@ -844,11 +844,16 @@ impl Dataset {
                 ));
             }
         };
-        rows.with_ops(&self.ops, draws)
+        let origin = Dataset {
+            origin: self.origin.clone(),
+            ops: Vec::new(),
+        };
+        rows.with_ops(&self.ops, draws, origin.fingerprint())
     }
 
     /// Whether rows can be addressed by index through every op: what `select` and a
-    /// full-permutation `shuffle` need.
+    /// full-permutation `shuffle` need. A filter's rows can (random access runs it once
+    /// over the rows before it, as `datasets` runs a filter).
     pub fn addressable(&self) -> bool {
         let origin = match &self.origin {
             Origin::Files(_) => true,
@@ -857,7 +862,7 @@ impl Dataset {
         origin
             && self.ops.iter().all(|op| match op {
                 Op::Shuffle { .. } => false,
-                Op::Transform(t) => t.preserves_rows(),
+                Op::Transform(t) => t.preserves_rows() || t.filters(),
                 Op::Permute { .. }
                 | Op::Take(_)
                 | Op::Skip(_)

@@ -23,6 +23,11 @@ pub trait BatchTransform: Send + Sync {
     }
     /// Whether every input row gives exactly one output row, so lengths stay known.
     fn preserves_rows(&self) -> bool;
+    /// Whether it is a filter (see `keep`): random access runs it over the rows once and
+    /// keeps the row numbers that pass.
+    fn filters(&self) -> bool {
+        false
+    }
     /// Rows per call for functions that want fixed-size batches.
     fn batch_rows(&self) -> Option<usize> {
         None

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use arrow_array::RecordBatch;
+use arrow_array::{Array, RecordBatch};
 use arrow_schema::SchemaRef;
 
 use super::ops::{BatchTransform, Draws, Indices, Op, Weights};
@@ -25,6 +25,45 @@ use crate::source::{self, Io};
 const CACHE_BYTES: usize = 256 * 1024 * 1024;
 /// Neighbouring records closer than this are read together.
 const RUN_GAP_BYTES: u64 = 64 * 1024;
+
+/// Rows read at a time by a filter's pass (see `RandomAccess::kept_by`).
+const FILTER_PASS_ROWS: u64 = 8192;
+
+/// What filters kept, by the rows they were run over: their pass is made once per
+/// process, not once per epoch, loader or dataset made from it.
+mod kept {
+    use std::sync::{Arc, Mutex, Weak};
+
+    use super::{BatchTransform, Indices};
+
+    /// Passes remembered, the latest last.
+    const KEPT: usize = 32;
+
+    type Entry = (String, Weak<dyn BatchTransform>, Indices);
+
+    static CACHE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+    /// The key names the filter by its address: it counts only while that filter lives.
+    pub fn get(key: &str, filter: &Arc<dyn BatchTransform>) -> Option<Indices> {
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|(_, f, _)| f.strong_count() > 0);
+        let at = cache.iter().position(|(k, f, _)| {
+            k == key && f.upgrade().is_some_and(|f| Arc::ptr_eq(&f, filter))
+        })?;
+        let entry = cache.remove(at);
+        let kept = entry.2.clone();
+        cache.push(entry);
+        Some(kept)
+    }
+
+    pub fn put(key: &str, filter: &Arc<dyn BatchTransform>, kept: Indices) {
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= KEPT {
+            cache.remove(0);
+        }
+        cache.push((key.to_string(), Arc::downgrade(filter), kept));
+    }
+}
 
 /// A decoded unit in the cache: its index, its batches and their size in memory.
 type CachedUnit = (usize, Arc<Vec<RecordBatch>>, usize);
@@ -204,8 +243,11 @@ impl RandomAccess {
 
     /// These rows with `ops` applied, in `epoch` (which a full-permutation shuffle
     /// depends on). Only ops that keep rows addressable can be.
-    pub(super) fn with_ops(mut self, ops: &[Op], draws: Draws) -> Result<Self> {
+    /// Access through `ops`, each drawing as `draws` says. `key` names the rows so far
+    /// (the origin's fingerprint), so that what a filter keeps is found once per process.
+    pub(super) fn with_ops(mut self, ops: &[Op], draws: Draws, mut key: String) -> Result<Self> {
         for (stage, op) in ops.iter().enumerate() {
+            key.push_str(&format!("\0{op:?}@{}", draws.stage(stage)));
             match op {
                 Op::Take(n) => self.len = self.len.min(*n),
                 Op::Skip(n) => {
@@ -250,10 +292,19 @@ impl RandomAccess {
                         self.schema = schema;
                     }
                     self.transforms.push(t.clone());
+                    key.push_str(&format!("#{:p}", Arc::as_ptr(t)));
+                }
+                Op::Transform(t) if t.filters() => {
+                    // As `datasets` runs a filter: once over the rows, keeping the row
+                    // numbers that pass.
+                    key.push_str(&format!("#{:p}", Arc::as_ptr(t)));
+                    let kept = self.kept_by(t, &key)?;
+                    self.len = kept.len();
+                    self.maps.push(IndexMap::Select(kept));
                 }
                 other => {
                     return Err(Error::invalid_argument(format!(
-                        "indexing needs every row in place, so it cannot follow {other:?}; index the dataset before it, or iterate it"
+                        "indexing needs every row in place, so it cannot follow {other:?}; index the dataset before it, iterate it, or read it into memory first (sf.from_arrow(ds.to_arrow()))"
                     )));
                 }
             }
@@ -263,6 +314,32 @@ impl RandomAccess {
 
     pub fn len(&self) -> u64 {
         self.len
+    }
+
+    /// The rows (numbers) that `filter` keeps, found by one pass over them in order, or
+    /// from an earlier pass over the same rows (`key`) in this process.
+    fn kept_by(&self, filter: &Arc<dyn BatchTransform>, key: &str) -> Result<Indices> {
+        if let Some(kept) = kept::get(key, filter) {
+            return Ok(kept);
+        }
+        let mut rows = Vec::new();
+        let mut start = 0;
+        while start < self.len {
+            let end = (start + FILTER_PASS_ROWS).min(self.len);
+            let batch = self.rows(&(start..end).collect::<Vec<_>>())?;
+            let mask = filter.keep(&batch).ok_or_else(|| {
+                Error::Internal(format!("{} gives no verdict on rows", filter.describe()))
+            })??;
+            rows.extend(
+                (0..mask.len())
+                    .filter(|&i| mask.is_valid(i) && mask.value(i))
+                    .map(|i| start + i as u64),
+            );
+            start = end;
+        }
+        let kept = Indices::list(rows);
+        kept::put(key, filter, kept.clone());
+        Ok(kept)
     }
 
     /// One weight per row, as `weights` says, checked.

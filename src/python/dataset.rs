@@ -502,10 +502,11 @@ impl PyDataset {
 impl PyDataset {
     /// Shuffles the rows, seeded and new each epoch. Without `buffer_size` /
     /// `buffer_bytes`, on a dataset whose rows can be addressed (every format, through
-    /// `select`, `take`, `skip`, `map`), this is a uniform permutation of all rows, as
-    /// Hugging Face's `Dataset.shuffle`. With either, or after a `filter` / `flat_map`,
-    /// it is a streaming shuffle: shard order plus a buffer of at most `buffer_size` rows
-    /// and `buffer_bytes` bytes, as `IterableDataset.shuffle`.
+    /// `select`, `take`, `skip`, `map`, and `filter`, which is then run once over the
+    /// rows when the epoch is first read), this is a uniform permutation of all rows, as
+    /// Hugging Face's `Dataset.shuffle`. With either, or after a `flat_map`, it is a
+    /// streaming shuffle: shard order plus a buffer of at most `buffer_size` rows and
+    /// `buffer_bytes` bytes, as `IterableDataset.shuffle`.
     #[pyo3(signature = (seed=None, buffer_size=None, buffer_bytes=None))]
     fn shuffle(
         &self,
@@ -591,7 +592,7 @@ impl PyDataset {
         let dataset = self.derived(self.inner.with_op(op), "weighted_sample", kwargs.into_any());
         if !dataset.inner.addressable() {
             return Err(PyValueError::new_err(
-                "weighted_sample needs random access to the rows, so it cannot follow a filter, flat_map, buffered shuffle or interleave",
+                "weighted_sample needs random access to the rows, so it cannot follow a flat_map, a batched map that changes rows, a shuffle buffer or an interleave; read them into memory first (sf.from_arrow(ds.to_arrow()))",
             ));
         }
         // Weights that do not fit the rows are refused now, not on first iteration.
@@ -624,7 +625,7 @@ impl PyDataset {
         // Refuse a selection that cannot be read now, not on first iteration.
         if !dataset.inner.addressable() {
             return Err(PyValueError::new_err(
-                "select needs random access to the rows, so it cannot follow a filter, flat_map, buffered shuffle or interleave",
+                "select needs random access to the rows, so it cannot follow a flat_map, a batched map that changes rows, a shuffle buffer or an interleave; read them into memory first (sf.from_arrow(ds.to_arrow()))",
             ));
         }
         Ok(dataset)
@@ -1000,17 +1001,21 @@ impl PyDataset {
         Ok((rebuild, (steps, self.current_epoch())))
     }
 
-    /// Number of samples; stream formats are indexed to count them. A filter or
-    /// flat_map makes it unknown.
+    /// Number of samples; stream formats are indexed to count them. After a filter, its
+    /// first call runs the filter once over the rows, as `datasets` runs a filter (see
+    /// `select`). A flat_map, a batched map that changes rows or a shuffle buffer makes
+    /// it unknown.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        let rows = py.detach(|| self.inner.len())?;
-        match rows {
-            Some(rows) => Ok(rows as usize),
-            None => Err(PyTypeError::new_err(format!(
-                "the length of this {} dataset is not known without reading it",
-                self.inner.format_name()
-            ))),
+        if let Some(rows) = py.detach(|| self.inner.len())? {
+            return Ok(rows as usize);
         }
+        if self.inner.addressable() {
+            return Ok(self.random_access(py)?.len() as usize);
+        }
+        Err(PyTypeError::new_err(format!(
+            "the length of this {} dataset is not known without reading it (a flat_map, a batched map that changes rows, a shuffle buffer or an interleave decides it as it runs); len(sf.from_arrow(ds.to_arrow())) reads it",
+            self.inner.format_name()
+        )))
     }
 
     /// The sample at `index` (negative counts from the end) as a dict; for a slice,

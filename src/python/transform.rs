@@ -342,6 +342,10 @@ impl BatchTransform for PyTransform {
         })
     }
 
+    fn filters(&self) -> bool {
+        matches!(self.kind, Kind::Filter)
+    }
+
     fn keep(&self, batch: &RecordBatch) -> Option<Result<BooleanArray>> {
         matches!(self.kind, Kind::Filter).then(|| with_gil(|py| self.mask(py, batch)))
     }

@@ -211,8 +211,9 @@ def as_loaded(ds: Dataset, shuffle: bool = False, seed: int = 0) -> Dataset:
 def addressable(ds: Dataset) -> bool:
     """Whether rows can be read by index: what ``select``, ``shard``,
     ``train_test_split``, ``weighted_sample`` and a full shuffle need (a full shuffle of
-    a dataset without it is a buffered one). An interleave, a filter, a flat_map or a
-    buffered shuffle ends random access."""
+    a dataset without it is a buffered one). A filter keeps it (random access runs the
+    filter once over the rows, as ``datasets`` does); an interleave, a flat_map or a
+    buffered shuffle ends it."""
     if isinstance(ds, Interleave):
         origin = False
     elif isinstance(ds, Concatenate):
@@ -220,7 +221,7 @@ def addressable(ds: Dataset) -> bool:
     else:
         origin = True
     return origin and all(
-        isinstance(op, (Take, Skip, Map)) or reads_by_index(op) for op in ds.ops
+        isinstance(op, (Take, Skip, Map, Filter)) or reads_by_index(op) for op in ds.ops
     )
 
 
@@ -359,8 +360,9 @@ def rows(ds: Dataset, epoch: int = 0, observe: Observe | None = None) -> list[in
 
 
 def size(ds: Dataset) -> int | None:
-    """How many rows one reader gets, where neither chance nor a function decides it
-    (what ``len(ds)`` says)."""
+    """How many rows one reader gets, where neither chance nor a flat_map decides it
+    (what ``len(ds)`` says: after a filter, what the filter keeps, where the rows before
+    it can be addressed)."""
     if isinstance(ds, Source):
         n: int | None = sum(len(s) for s in ds.shards)
     else:
@@ -376,9 +378,16 @@ def size(ds: Dataset) -> int | None:
                 n = len(origin_rows(replace(ds, parts=tuple(Source((tuple(range(s or 0)),)) for s in sizes)), 0, None))
             except Refused:
                 n = None
-    for op in ds.ops:
+    for stage, op in enumerate(ds.ops):
         if n is None:
             return None
+        if isinstance(op, Filter):
+            through = prefix(ds, stage + 1)
+            try:
+                n = len(rows(through)) if addressable(through) else None
+            except (NotExact, Refused):
+                n = None
+            continue
         if isinstance(op, Take):
             n = min(n, op.n)
         elif isinstance(op, Skip):
@@ -391,7 +400,7 @@ def size(ds: Dataset) -> int | None:
             n = len(split_range(n, op))
         elif isinstance(op, WeightedSample):
             n = op.num_samples
-        elif isinstance(op, (Filter, FlatMap)):
+        elif isinstance(op, FlatMap):
             n = None
     return n
 
