@@ -132,8 +132,9 @@ def test_take_skip_filter_map_flat_map(shards: str) -> None:
     assert [r["id"] for r in ds.skip(1000).take(3)] == [1000, 1001, 1002]
     evens = ds.filter(lambda r: r["id"] % 2 == 0)
     assert [r["id"] for r in evens.take(4)] == [0, 2, 4, 6]
+    assert len(evens) == 2723  # the filter run once over the rows, as datasets runs it
     with pytest.raises(TypeError, match="not known"):
-        len(evens)
+        len(ds.flat_map(lambda r: [r]))
     mapped = ds.map(lambda r: {"id": r["id"], "sq": r["id"] ** 2, "name": r["name"].upper()})
     assert len(mapped) == 5445
     # The returned dict is merged into the row (as datasets does).

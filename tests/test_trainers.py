@@ -129,8 +129,12 @@ def test_hf_trainer_with_workers_counts_its_steps_exactly(tmp_path: Path) -> Non
 
 def test_hf_trainer_on_one_process(rows300: str, tmp_path: Path) -> None:
     # num_train_epochs needs the dataset's length (Trainer refused an adapter without one).
-    run(1, tmp_path / "out", framework="trainer", data=rows300)
-    check_epochs(tmp_path / "out", 1, 300)
+    spec = dict(framework="trainer", data=rows300)
+    run(1, tmp_path / "whole", **spec)
+    check_epochs(tmp_path / "whole", 1, 300)
+    run(1, tmp_path / "killed", kill_at=45, **spec)  # epoch 1 of 38 steps each
+    run(1, tmp_path / "killed", resume=True, **spec)
+    check_resumed(tmp_path / "whole", tmp_path / "killed", 1, 45)
 
 
 @pytest.mark.parametrize("mode", ["samples", "batches"])
@@ -152,6 +156,12 @@ def test_accelerate_without_dispatch_divides_once(rows300: str, tmp_path: Path) 
     # (It completes the last round of 2 x 8 rows with the first rows again: 300 -> 304.)
     run(2, tmp_path / "out", framework="accelerate", data=rows300, accelerate={"dispatch_batches": False})
     check_epochs(tmp_path / "out", 2, 300, padding=4)
+
+
+@pytest.mark.parametrize("framework", ["accelerate", "lightning"])
+def test_torch_workers_under_accelerate_and_lightning(rows300: str, tmp_path: Path, framework: str) -> None:
+    run(2, tmp_path / "out", framework=framework, data=rows300, workers=2)
+    check_epochs(tmp_path / "out", 2, 300)
 
 
 def test_lightning_ddp_resumes_exactly_from_its_checkpoint(rows300: str, tmp_path: Path) -> None:
