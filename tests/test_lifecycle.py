@@ -79,7 +79,7 @@ def test_ctrl_c_interrupts_a_waiting_consumer(large: str) -> None:
         release.wait(DEADLINE)
         return batch
 
-    loader = sf.DataLoader(sf.dataset(large).map(stuck, batched=True, batch_size=100), batch_size=100)
+    loader = sf.DataLoader(sf.dataset(large).map(stuck, batched=True, batch_size=100, batch_format="numpy"), batch_size=100)
     # Python only turns SIGINT into KeyboardInterrupt if SIGINT was not ignored when it
     # started, and a shell starting a background job ignores it: install the handler an
     # interactive session has, whatever started the tests.
@@ -100,7 +100,7 @@ def test_slow_consumer_bounds_the_work_done_ahead(large: str) -> None:
         processed.append(len(batch["id"]))
         return batch
 
-    ds = sf.dataset(large).map(count, batched=True, batch_size=1000)
+    ds = sf.dataset(large).map(count, batched=True, batch_size=1000, batch_format="numpy")
     it = iter(sf.DataLoader(ds, batch_size=1000, prefetch=2))
     # At rest: one batch consumed, two buffered, one waiting to be sent. Wait until the
     # pipeline has run that far ahead, then watch it go no further than one more in the

@@ -136,6 +136,8 @@ def test_access_denied_and_secrets_never_shown(formats: tuple[Path, dict], seawe
     with pytest.raises(PermissionError) as info:
         sf.dataset("s3://formats/parquet/part-0.parquet", storage_options=wrong)
     assert "s3://formats/parquet/part-0.parquet" in str(info.value)
+    # It names the object asked for, not a manifest probed beside it.
+    assert "_shardflow.json" not in str(info.value)
     with pytest.raises(PermissionError):
         sf.dataset("s3://formats/parquet/part-0.parquet", storage_options={"endpoint_url": seaweed.s3_url, "anonymous": True})
     ds = sf.dataset("s3://formats/parquet/part-0.parquet", storage_options=seaweed.storage_options())

@@ -94,13 +94,13 @@ def test_map_dataset_with_distributed_sampler(tmp_path: Path) -> None:
     assert sorted(seen) == list(range(600))
 
 
-def test_map_dataset_indexes_stream_formats_and_refuses_fanned_out_rows(tmp_path: Path) -> None:
+def test_map_dataset_indexes_stream_formats_and_what_ops_decide(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
     assert sf.dataset(str(tmp_path / "a.jsonl"))[-1] == {"a": 2}
     pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "a.parquet")
-    with pytest.raises(ValueError, match="cannot follow"):
-        sf.dataset(str(tmp_path / "a.parquet")).flat_map(lambda r: [r])[0]
     assert sf.dataset(str(tmp_path / "a.parquet")).filter(lambda r: r["a"] > 1)[0] == {"a": 2}
+    fanned = MapDataset(sf.dataset(str(tmp_path / "a.parquet")).flat_map(lambda r: [r, {"a": -r["a"]}]))
+    assert len(fanned) == 4 and fanned[3] == {"a": -2}
     assert sf.dataset(str(tmp_path / "a.parquet")).map(lambda r: {"b": r["a"] * 10})[1] == {"a": 2, "b": 20}
 
 

@@ -369,7 +369,7 @@ KILLED_WRITER = textwrap.dedent(
         time.sleep(0.05)
         return batch
 
-    ds = sf.from_dict({"x": np.arange(200_000), "pad": np.zeros((200_000, 64), np.uint8)}).map(slow, batched=True, batch_size=2000)
+    ds = sf.from_dict({"x": np.arange(200_000), "pad": np.zeros((200_000, 64), np.uint8)}).map(slow, batched=True, batch_size=2000, batch_format="numpy")
     ds.write(sys.argv[1], "parquet", max_rows_per_shard=4000, num_threads=2)
     """
 )

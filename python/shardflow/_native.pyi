@@ -65,15 +65,29 @@ class Dataset:
     ) -> Dataset: ...
     def take(self, n: int) -> Dataset: ...
     def skip(self, n: int) -> Dataset: ...
-    def filter(self, func: Callable[[dict[str, Any]], object]) -> Dataset: ...
+    def filter(
+        self,
+        function: Callable[..., Any],
+        batched: bool = False,
+        batch_size: int | None = None,
+        *,
+        input_columns: str | list[str] | None = None,
+        fn_kwargs: dict[str, Any] | None = None,
+        batch_format: str = "python",
+    ) -> Dataset: ...
     def map(
         self,
-        func: Callable[[dict[str, Any]], Mapping[str, Any]],
+        function: Callable[..., Mapping[str, Any]],
         batched: bool = False,
         batch_size: int | None = None,
         schema: Any = None,
         remove_columns: str | list[str] | None = None,
+        *,
+        input_columns: str | list[str] | None = None,
+        fn_kwargs: dict[str, Any] | None = None,
+        batch_format: str = "python",
     ) -> Dataset: ...
+    def add_column(self, name: str, column: Any) -> Dataset: ...
     def flat_map(
         self, func: Callable[[dict[str, Any]], Iterable[Mapping[str, Any]]], schema: Any = None
     ) -> Dataset: ...

@@ -806,13 +806,33 @@ impl Dataset {
     }
 
     fn first_batch_schema(&self) -> Result<SchemaRef> {
-        let mut stream = self.stream(&RunOptions::default(), Arc::new(Stats::default()))?;
-        match stream.next() {
-            Some(batch) => Ok(batch?.schema()),
-            None => Err(Error::invalid_argument(
-                "the schema of this dataset is not known: its functions gave no rows; pass schema= to map",
-            )),
+        let first = |ds: &Dataset| -> Result<Option<SchemaRef>> {
+            let mut stream = ds.stream(&RunOptions::default(), Arc::new(Stats::default()))?;
+            stream.next().map(|b| b.map(|b| b.schema())).transpose()
+        };
+        if let Some(schema) = first(self)? {
+            return Ok(schema);
         }
+        // No rows reached the end. Only functions change columns: learn each one's
+        // from the rows coming out of it; where none do, the function was never called
+        // and the columns going in stay (as `datasets` keeps them for a map over no
+        // rows).
+        let mut schema = self.source_schema()?;
+        for (i, op) in self.ops.iter().enumerate() {
+            let Op::Transform(t) = op else { continue };
+            if let Some(next) = t.output_schema(&schema) {
+                schema = next;
+                continue;
+            }
+            let through = Dataset {
+                origin: self.origin.clone(),
+                ops: self.ops[..=i].to_vec(),
+            };
+            if let Some(next) = first(&through)? {
+                schema = next;
+            }
+        }
+        Ok(schema)
     }
 
     /// Which epoch each of this dataset's seeded draws follows in epoch `epoch`.
@@ -828,6 +848,26 @@ impl Dataset {
     /// Map-style access with each op drawing for the epoch `draws` gives it: a prefix
     /// of the ops draws as the whole chain would (see [`Draws`]).
     fn random_access_with(&self, draws: Draws) -> Result<RandomAccess> {
+        // What random access cannot pass through (a flat_map or a batched map, which may
+        // change the rows' number; a shuffle buffer; an interleave's draws) is read
+        // into memory once per process, as `datasets` writes its result, and random
+        // access goes on from there.
+        if let Some(at) = self.ops.iter().position(|op| !op.keeps_rows_addressable()) {
+            let read = self.materialized(Some(at), draws)?;
+            let rest = Dataset {
+                origin: read.origin,
+                ops: self.ops[at + 1..].to_vec(),
+            };
+            return rest.random_access_with(draws.after(at + 1));
+        }
+        if matches!(&self.origin, Origin::Combined(c) if c.mix.is_some()) {
+            let read = self.materialized(None, draws)?;
+            return Dataset {
+                origin: read.origin,
+                ops: self.ops.clone(),
+            }
+            .random_access_with(draws);
+        }
         let rows = match &self.origin {
             Origin::Files(source) => RandomAccess::files(self.indexed()?, source.io())?,
             Origin::Combined(c) if c.mix.is_none() => {
@@ -838,17 +878,74 @@ impl Dataset {
                     .collect::<Result<Vec<_>>>()?;
                 RandomAccess::concat(parts, c.schema.clone())
             }
-            Origin::Combined(_) => {
-                return Err(Error::invalid_argument(
-                    "an interleaved dataset has no random access (its rows depend on the draws); iterate it",
-                ));
-            }
+            Origin::Combined(_) => unreachable!("an interleave is read into memory above"),
         };
         let origin = Dataset {
             origin: self.origin.clone(),
             ops: Vec::new(),
         };
         rows.with_ops(&self.ops, draws, origin.fingerprint())
+    }
+
+    /// The rows of this dataset's origin and its ops up to `through` (none: the origin
+    /// alone), read as one reader in the epoch `draws` gives them, as an in-memory
+    /// dataset; kept for the process while the functions it ran live.
+    fn materialized(&self, through: Option<usize>, draws: Draws) -> Result<Dataset> {
+        let ops = through.map_or(&[][..], |at| &self.ops[..=at]);
+        let prefix = Dataset {
+            origin: self.origin.clone(),
+            ops: ops.to_vec(),
+        };
+        let epoch = through.map_or(draws.origin(), |at| draws.stage(at));
+        let functions: Vec<Arc<dyn BatchTransform>> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Transform(t) => Some(t.clone()),
+                _ => None,
+            })
+            .collect();
+        // The origin and the functions by address too: in-memory data and functions
+        // do not show in a fingerprint.
+        let origin = materialized::Origin::of(&self.origin);
+        let mut key = format!("{}@{epoch}{}", prefix.fingerprint(), origin.address());
+        for f in &functions {
+            key.push_str(&format!("#{:p}", Arc::as_ptr(f)));
+        }
+        if let Some(read) = materialized::get(&key) {
+            return Ok(read);
+        }
+        let run = RunOptions {
+            epoch,
+            ..RunOptions::default()
+        };
+        let mut batches = Vec::new();
+        for batch in prefix.stream(&run, Arc::new(Stats::default()))? {
+            let (batch, _) = rows::detach(batch?);
+            if batch.num_rows() > 0 {
+                batches.push(batch);
+            }
+        }
+        let schema = match batches.first() {
+            Some(first) => first.schema(),
+            // No rows came out, so no function gave a schema: that of the rows going
+            // in (as `datasets` keeps the features of a map over no rows).
+            None => {
+                let before = Dataset {
+                    origin: self.origin.clone(),
+                    ops: ops[..ops.len().saturating_sub(1)].to_vec(),
+                };
+                before
+                    .schema()
+                    .unwrap_or_else(|_| Arc::new(arrow_schema::Schema::empty()))
+            }
+        };
+        let batches = batches
+            .into_iter()
+            .map(|b| conform(b, &schema))
+            .collect::<Result<Vec<_>>>()?;
+        let read = Dataset::from_batches(schema, batches, None);
+        materialized::put(key, origin, &functions, read.clone());
+        Ok(read)
     }
 
     /// Whether rows can be addressed by index through every op: what `select` and a
@@ -859,16 +956,7 @@ impl Dataset {
             Origin::Files(_) => true,
             Origin::Combined(c) => c.mix.is_none() && c.parts.iter().all(Dataset::addressable),
         };
-        origin
-            && self.ops.iter().all(|op| match op {
-                Op::Shuffle { .. } => false,
-                Op::Transform(t) => t.preserves_rows() || t.filters(),
-                Op::Permute { .. }
-                | Op::Take(_)
-                | Op::Skip(_)
-                | Op::Select(_)
-                | Op::Sample { .. } => true,
-            })
+        origin && self.ops.iter().all(Op::keeps_rows_addressable)
     }
 
     /// Whether no user function changes the records' columns.
@@ -1315,6 +1403,76 @@ fn unit_shuffle_seed(ops: &[Op]) -> Option<(usize, u64)> {
         }
     }
     None
+}
+
+/// Datasets read into memory for random access (see `Dataset::materialized`), by what
+/// they were read from; an entry counts only while the functions it ran live (the key
+/// names them by address).
+mod materialized {
+    use std::sync::{Arc, Mutex, Weak};
+
+    use super::{BatchTransform, Combined, DataSource, Dataset};
+
+    /// Datasets kept, the latest last: each holds its rows in memory.
+    const KEPT: usize = 8;
+
+    /// What a dataset was read from, held weakly: an entry counts while it lives.
+    pub enum Origin {
+        Files(Weak<DataSource>),
+        Combined(Weak<Combined>),
+    }
+
+    impl Origin {
+        pub fn of(origin: &super::Origin) -> Self {
+            match origin {
+                super::Origin::Files(f) => Origin::Files(Arc::downgrade(f)),
+                super::Origin::Combined(c) => Origin::Combined(Arc::downgrade(c)),
+            }
+        }
+
+        pub fn address(&self) -> String {
+            match self {
+                Origin::Files(f) => format!("@{:p}", f.as_ptr()),
+                Origin::Combined(c) => format!("@{:p}", c.as_ptr()),
+            }
+        }
+
+        fn lives(&self) -> bool {
+            match self {
+                Origin::Files(f) => f.strong_count() > 0,
+                Origin::Combined(c) => c.strong_count() > 0,
+            }
+        }
+    }
+
+    type Entry = (String, Origin, Vec<Weak<dyn BatchTransform>>, Dataset);
+
+    static CACHE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+    pub fn get(key: &str) -> Option<Dataset> {
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|(_, origin, functions, _)| {
+            origin.lives() && functions.iter().all(|f| f.strong_count() > 0)
+        });
+        let at = cache.iter().position(|(k, ..)| k == key)?;
+        let entry = cache.remove(at);
+        let read = entry.3.clone();
+        cache.push(entry);
+        Some(read)
+    }
+
+    pub fn put(key: String, origin: Origin, functions: &[Arc<dyn BatchTransform>], read: Dataset) {
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= KEPT {
+            cache.remove(0);
+        }
+        cache.push((
+            key,
+            origin,
+            functions.iter().map(Arc::downgrade).collect(),
+            read,
+        ));
+    }
 }
 
 /// Where the epoch is split between parts (see [`Split`]), for `ops` run as a stream

@@ -185,6 +185,18 @@ impl Op {
         matches!(self, Op::Take(_) | Op::Skip(_))
     }
 
+    /// Whether random access goes through the op without reading the rows before it
+    /// into memory: every op but a flat_map or batched map (which may change the rows'
+    /// number) and a shuffle buffer. (A filter is run once over the rows; see
+    /// `RandomAccess::with_ops`.)
+    pub fn keeps_rows_addressable(&self) -> bool {
+        match self {
+            Op::Shuffle { .. } => false,
+            Op::Transform(t) => t.preserves_rows() || t.filters(),
+            _ => true,
+        }
+    }
+
     /// Whether the op addresses rows by index, so the rows before it are read by
     /// random access.
     pub fn needs_index(&self) -> bool {
@@ -230,6 +242,14 @@ impl Draws {
             0
         } else {
             self.epoch
+        }
+    }
+
+    /// The draws of the ops from `stage` on, as a chain of their own.
+    pub fn after(&self, stage: usize) -> Self {
+        Self {
+            epoch: self.epoch,
+            last_pick: self.last_pick.and_then(|last| last.checked_sub(stage)),
         }
     }
 

@@ -13,7 +13,7 @@ use super::errors::callback_error;
 use super::from_python::{columns_to_batch, rows_to_batch};
 use super::next_batch;
 use super::to_python::batch_to_rows;
-use super::transform::{Kind, PyTransform};
+use super::transform::{Columns, Kind, PyTransform};
 use crate::format::example::{FeatureSpec, Kind as ExampleKind, Missing, Shape, Values};
 use crate::format::{OnError, ReadOptions};
 use crate::options::{OptionValue, Options};
@@ -472,19 +472,27 @@ impl PyDataset {
         }
     }
 
+    /// This dataset with the user's function `func` added as `kind`, called as `call`
+    /// (`func` itself, or wrapped to take `input_columns`/`fn_kwargs`).
+    #[allow(clippy::too_many_arguments)]
     fn transform(
         &self,
         func: &Bound<'_, PyAny>,
+        call: Option<Bound<'_, PyAny>>,
         kind: Kind,
         method: &'static str,
-        args: Bound<'_, PyTuple>,
+        args: Bound<'_, PyDict>,
         schema: Option<&Bound<'_, PyAny>>,
         remove_columns: Vec<String>,
     ) -> PyResult<PyDataset> {
         check_callable(func)?;
         let schema = schema.map(schema_from_py).transpose()?;
-        let transform = PyTransform::new(func, kind, schema).removing(remove_columns);
-        Ok(self.with(Op::Transform(Arc::new(transform)), method, args))
+        let mut transform = PyTransform::new(func, kind, schema).removing(remove_columns);
+        if let Some(call) = call {
+            transform = transform.calling(&call);
+        }
+        let inner = self.inner.with_op(Op::Transform(Arc::new(transform)));
+        Ok(self.derived(inner, method, args.into_any()))
     }
 
     /// Starts one pass over the dataset's records, in decoded batches.
@@ -590,18 +598,16 @@ impl PyDataset {
             seed,
         };
         let dataset = self.derived(self.inner.with_op(op), "weighted_sample", kwargs.into_any());
-        if !dataset.inner.addressable() {
-            return Err(PyValueError::new_err(
-                "weighted_sample needs random access to the rows, so it cannot follow a flat_map, a batched map that changes rows, a shuffle buffer or an interleave; read them into memory first (sf.from_arrow(ds.to_arrow()))",
-            ));
-        }
         // Weights that do not fit the rows are refused now, not on first iteration.
         py.detach(|| dataset.inner.random_access(0))?;
         Ok(dataset)
     }
 
     /// The rows at `indices` (a range, slice, list or numpy integer array), in that
-    /// order. Lazy: nothing is copied, and only the selected rows are read.
+    /// order. Lazy: nothing is copied, and only the selected rows are read. Rows an op
+    /// decides as it runs are found when the selection is first read, once per process:
+    /// a filter is run over the rows (its row numbers kept); the rows out of a flat_map,
+    /// a batched map, a shuffle buffer or an interleave are read into memory.
     fn select(&self, py: Python<'_>, indices: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
         let chosen = if let Ok(slice) = indices.cast::<pyo3::types::PySlice>() {
             let len = self.__len__(py)?;
@@ -623,11 +629,6 @@ impl PyDataset {
         };
         let dataset = self.with(Op::Select(chosen), "select", PyTuple::new(py, [arg])?);
         // Refuse a selection that cannot be read now, not on first iteration.
-        if !dataset.inner.addressable() {
-            return Err(PyValueError::new_err(
-                "select needs random access to the rows, so it cannot follow a flat_map, a batched map that changes rows, a shuffle buffer or an interleave; read them into memory first (sf.from_arrow(ds.to_arrow()))",
-            ));
-        }
         Ok(dataset)
     }
 
@@ -898,61 +899,112 @@ impl PyDataset {
         ))
     }
 
-    /// Keeps the samples for which `fn(sample)` is true.
-    fn filter(&self, func: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
-        self.transform(
-            func,
-            Kind::Filter,
-            "filter",
-            PyTuple::new(func.py(), [func])?,
-            None,
-            Vec::new(),
-        )
+    /// Keeps the samples for which `fn(sample)` is true; with `batched=True`,
+    /// `fn(batch)` gives one verdict per row of `batch_size` rows at a time (default
+    /// 1000). `input_columns` (a name or a list) passes those columns as the function's
+    /// arguments instead of the whole row, and `fn_kwargs` its keyword arguments, as in
+    /// `datasets`. A batch is a dict of lists, or of numpy arrays with
+    /// `batch_format="numpy"`.
+    #[pyo3(signature = (function, batched=false, batch_size=None, *, input_columns=None, fn_kwargs=None, batch_format="python"))]
+    fn filter(
+        &self,
+        function: &Bound<'_, PyAny>,
+        batched: bool,
+        batch_size: Option<usize>,
+        input_columns: Option<&Bound<'_, PyAny>>,
+        fn_kwargs: Option<&Bound<'_, PyDict>>,
+        batch_format: &str,
+    ) -> PyResult<PyDataset> {
+        let kind = match batching(batched, batch_size, batch_format)? {
+            None => Kind::Filter,
+            Some((batch_rows, columns)) => Kind::FilterBatched {
+                batch_rows,
+                columns,
+            },
+        };
+        let py = function.py();
+        let args = PyDict::new(py);
+        args.set_item("function", function)?;
+        args.set_item("batched", batched)?;
+        args.set_item("batch_size", batch_size)?;
+        args.set_item("input_columns", input_columns)?;
+        args.set_item("fn_kwargs", fn_kwargs)?;
+        args.set_item("batch_format", batch_format)?;
+        let call = calling(function, input_columns, fn_kwargs)?;
+        self.transform(function, call, kind, "filter", args, None, Vec::new())
     }
 
     /// `fn(sample) -> dict`, or with `batched=True`, `fn(batch) -> dict of columns` on
-    /// `batch_size` rows at a time (default 1000). As in `datasets`, the returned dict
-    /// is merged into the sample (new keys added, returned keys replaced), less the
-    /// input columns `remove_columns` names. The returned columns' schema is `schema=`
-    /// or that of the first batch; later batches are cast to it or refused.
-    #[pyo3(signature = (func, batched=false, batch_size=None, schema=None, remove_columns=None))]
+    /// `batch_size` rows at a time (default 1000), a batch being a dict of lists (or of
+    /// numpy arrays, `batch_format="numpy"`). As in `datasets`, the returned dict is
+    /// merged into the sample (new keys added, returned keys replaced), less the input
+    /// columns `remove_columns` names; `input_columns` and `fn_kwargs` as for `filter`.
+    /// The returned columns' schema is `schema=` (every batch cast to it, a value that
+    /// does not fit an error) or that of the first batch (later batches widened to it or
+    /// refused).
+    #[pyo3(signature = (function, batched=false, batch_size=None, schema=None, remove_columns=None, *, input_columns=None, fn_kwargs=None, batch_format="python"))]
+    #[allow(clippy::too_many_arguments)]
     fn map(
         &self,
-        func: &Bound<'_, PyAny>,
+        function: &Bound<'_, PyAny>,
         batched: bool,
         batch_size: Option<usize>,
         schema: Option<&Bound<'_, PyAny>>,
         remove_columns: Option<&Bound<'_, PyAny>>,
+        input_columns: Option<&Bound<'_, PyAny>>,
+        fn_kwargs: Option<&Bound<'_, PyDict>>,
+        batch_format: &str,
     ) -> PyResult<PyDataset> {
-        let kind = match (batched, batch_size) {
-            (false, None) => Kind::Map,
-            (false, Some(_)) => {
-                return Err(PyValueError::new_err(
-                    "batch_size= is only used with batched=True",
-                ));
-            }
-            (true, Some(0)) => return Err(PyValueError::new_err("batch_size must be at least 1")),
-            (true, rows) => Kind::MapBatched {
-                batch_rows: rows.unwrap_or(DEFAULT_MAP_BATCH),
+        let kind = match batching(batched, batch_size, batch_format)? {
+            None => Kind::Map,
+            Some((batch_rows, columns)) => Kind::MapBatched {
+                batch_rows,
+                columns,
             },
         };
-        let py = func.py();
-        let args = PyTuple::new(
-            py,
-            [
-                func.clone(),
-                batched.into_pyobject(py)?.to_owned().into_any(),
-                batch_size.into_pyobject(py)?,
-                schema.map_or_else(|| py.None().into_bound(py), |s| s.clone()),
-                remove_columns.map_or_else(|| py.None().into_bound(py), |c| c.clone()),
-            ],
-        )?;
+        let py = function.py();
+        let args = PyDict::new(py);
+        args.set_item("function", function)?;
+        args.set_item("batched", batched)?;
+        args.set_item("batch_size", batch_size)?;
+        args.set_item("schema", schema)?;
+        args.set_item("remove_columns", remove_columns)?;
+        args.set_item("input_columns", input_columns)?;
+        args.set_item("fn_kwargs", fn_kwargs)?;
+        args.set_item("batch_format", batch_format)?;
         // A column name alone, or a list of them (as `datasets` takes).
         let remove = remove_columns
             .map(name_list)
             .transpose()?
             .unwrap_or_default();
-        self.transform(func, kind, "map", args, schema, remove)
+        let call = calling(function, input_columns, fn_kwargs)?;
+        self.transform(function, call, kind, "map", args, schema, remove)
+    }
+
+    /// Adds `column` (one value per row, in the order the rows come in the current
+    /// epoch) as `name`, as `datasets`' `add_column`. The rows are read into memory (a
+    /// `pyarrow` table) to line the values up with them.
+    fn add_column<'py>(
+        slf: &Bound<'py, Self>,
+        name: &str,
+        column: &Bound<'py, PyAny>,
+    ) -> PyResult<PyDataset> {
+        let py = slf.py();
+        if slf.get().column_names(py)?.iter().any(|c| c == name) {
+            return Err(PyValueError::new_err(format!(
+                "add_column: the dataset already has a column {name:?}"
+            )));
+        }
+        let table = Self::to_arrow(slf)?;
+        let rows: usize = table.getattr("num_rows")?.extract()?;
+        let values = py.import("pyarrow")?.call_method1("array", (column,))?;
+        let given: usize = values.len()?;
+        if given != rows {
+            return Err(PyValueError::new_err(format!(
+                "add_column: {given} values for {rows} rows"
+            )));
+        }
+        from_arrow(py, &table.call_method1("append_column", (name, values))?)
     }
 
     /// `fn(sample) -> iterable of samples`; the schema as for `map`.
@@ -962,15 +1014,18 @@ impl PyDataset {
         func: &Bound<'_, PyAny>,
         schema: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyDataset> {
-        let py = func.py();
-        let args = PyTuple::new(
-            py,
-            [
-                func.clone(),
-                schema.map_or_else(|| py.None().into_bound(py), |s| s.clone()),
-            ],
-        )?;
-        self.transform(func, Kind::FlatMap, "flat_map", args, schema, Vec::new())
+        let args = PyDict::new(func.py());
+        args.set_item("func", func)?;
+        args.set_item("schema", schema)?;
+        self.transform(
+            func,
+            None,
+            Kind::FlatMap,
+            "flat_map",
+            args,
+            schema,
+            Vec::new(),
+        )
     }
 
     /// Chooses the epoch that `ds[i]`, `ds.__getitems__` and `iter(ds)` read: what a
@@ -1001,21 +1056,16 @@ impl PyDataset {
         Ok((rebuild, (steps, self.current_epoch())))
     }
 
-    /// Number of samples; stream formats are indexed to count them. After a filter, its
-    /// first call runs the filter once over the rows, as `datasets` runs a filter (see
-    /// `select`). A flat_map, a batched map that changes rows or a shuffle buffer makes
-    /// it unknown.
+    /// Number of samples; stream formats are indexed to count them. Where an op decides
+    /// it as it runs, the first call does what `datasets` does when the op is called:
+    /// runs a filter once over the rows (keeping the row numbers that pass), or reads the
+    /// rows out of a flat_map, a batched map, a shuffle buffer or an interleave into
+    /// memory (see `select`).
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         if let Some(rows) = py.detach(|| self.inner.len())? {
             return Ok(rows as usize);
         }
-        if self.inner.addressable() {
-            return Ok(self.random_access(py)?.len() as usize);
-        }
-        Err(PyTypeError::new_err(format!(
-            "the length of this {} dataset is not known without reading it (a flat_map, a batched map that changes rows, a shuffle buffer or an interleave decides it as it runs); len(sf.from_arrow(ds.to_arrow())) reads it",
-            self.inner.format_name()
-        )))
+        Ok(self.random_access(py)?.len() as usize)
     }
 
     /// The sample at `index` (negative counts from the end) as a dict; for a slice,
@@ -1413,6 +1463,54 @@ fn in_range(indices: Vec<i64>, len: u64) -> PyResult<Vec<u64>> {
             }
         })
         .collect()
+}
+
+/// How a batched function is fed: `None` for a function of one row, else its rows per
+/// call and what its batch holds.
+fn batching(
+    batched: bool,
+    batch_size: Option<usize>,
+    batch_format: &str,
+) -> PyResult<Option<(usize, Columns)>> {
+    let columns = match batch_format {
+        "python" => Columns::Lists,
+        "numpy" => Columns::Numpy,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "batch_format is \"python\" (lists, as datasets gives them) or \"numpy\", not {other:?}"
+            )));
+        }
+    };
+    match (batched, batch_size) {
+        (false, None) if columns == Columns::Lists => Ok(None),
+        (false, None) => Err(PyValueError::new_err(
+            "batch_format= is only used with batched=True",
+        )),
+        (false, Some(_)) => Err(PyValueError::new_err(
+            "batch_size= is only used with batched=True",
+        )),
+        (true, Some(0)) => Err(PyValueError::new_err("batch_size must be at least 1")),
+        (true, rows) => Ok(Some((rows.unwrap_or(DEFAULT_MAP_BATCH), columns))),
+    }
+}
+
+/// `function` as `map`/`filter` call it: wrapped to take `input_columns` (a name or a
+/// list) and `fn_kwargs` when either is given.
+fn calling<'py>(
+    function: &Bound<'py, PyAny>,
+    input_columns: Option<&Bound<'py, PyAny>>,
+    fn_kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let columns = input_columns
+        .filter(|c| !c.is_none())
+        .map(name_list)
+        .transpose()?;
+    let kwargs = fn_kwargs.filter(|k| !k.is_empty());
+    if columns.is_none() && kwargs.is_none() {
+        return Ok(None);
+    }
+    let call = function.py().import("shardflow._calls")?.getattr("Call")?;
+    Ok(Some(call.call1((function, columns, kwargs))?))
 }
 
 fn name_list(names: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {

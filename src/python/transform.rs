@@ -19,13 +19,24 @@ use crate::pipeline::BatchTransform;
 pub enum Kind {
     /// Keep the samples for which `fn(sample)` is true.
     Filter,
+    /// Keep the rows for which `fn(batch)`, given `batch_rows` rows at a time (see
+    /// `Columns`), gives true.
+    FilterBatched { batch_rows: usize, columns: Columns },
     /// `fn(sample) -> dict`, merged into the sample (as `datasets` does).
     Map,
-    /// `fn(batch: dict[str, np.ndarray]) -> dict of columns` on `batch_rows` rows at a
-    /// time, merged into the batch.
-    MapBatched { batch_rows: usize },
+    /// `fn(batch) -> dict of columns` on `batch_rows` rows at a time, merged into the
+    /// batch.
+    MapBatched { batch_rows: usize, columns: Columns },
     /// `fn(sample) -> iterable of samples`.
     FlatMap,
+}
+
+/// What a batched function gets: a dict of columns, each a list (as `datasets` gives
+/// it) or a numpy array (`batch_format="numpy"`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Columns {
+    Lists,
+    Numpy,
 }
 
 pub struct PyTransform {
@@ -37,6 +48,9 @@ pub struct PyTransform {
     /// The schema of every batch the function returns: given (`schema=`), or that of
     /// the first one. Later batches are cast to it where no value can change.
     pub schema: OnceLock<SchemaRef>,
+    /// Whether the user gave the schema: then every batch is cast to it, and a value
+    /// that does not fit is an error naming it.
+    declared: bool,
     /// A map's input columns left out of its output (`remove_columns=`).
     remove_columns: Vec<String>,
 }
@@ -45,6 +59,7 @@ impl PyTransform {
     pub fn new(func: &Bound<'_, PyAny>, kind: Kind, schema: Option<SchemaRef>) -> Self {
         let verb = match kind {
             Kind::Filter => "filter",
+            Kind::FilterBatched { .. } => "filter(batched)",
             Kind::Map => "map",
             Kind::MapBatched { .. } => "map(batched)",
             Kind::FlatMap => "flat_map",
@@ -60,6 +75,7 @@ impl PyTransform {
                 .unwrap_or_else(|_| "?".into()),
         };
         let fixed = OnceLock::new();
+        let declared = schema.is_some();
         if let Some(schema) = schema {
             let _ = fixed.set(schema);
         }
@@ -68,8 +84,18 @@ impl PyTransform {
             kind,
             name: format!("{verb}({function})"),
             schema: fixed,
+            declared,
             remove_columns: Vec::new(),
         }
+    }
+
+    /// The same transform calling `call` (the user's function wrapped to take its
+    /// `fn_kwargs` or `input_columns`) in place of the function it is named after.
+    pub fn calling(mut self, call: &Bound<'_, PyAny>) -> Self {
+        // SAFETY: the old function is not used again (dropped here, with the GIL).
+        drop(unsafe { ManuallyDrop::take(&mut self.func) });
+        self.func = ManuallyDrop::new(call.clone().unbind());
+        self
     }
 
     /// A map that leaves `columns` of its input out of its output.
@@ -195,7 +221,7 @@ impl PyTransform {
                 columns.push(column.clone());
                 continue;
             }
-            if !widens(from, field.data_type()) {
+            if !self.declared && !widens(from, field.data_type()) {
                 return Err(mismatch(format!(
                     "column {:?} is {from} in a later batch but {} in the first; give schema= to choose the type",
                     field.name(),
@@ -207,8 +233,15 @@ impl PyTransform {
                 ..Default::default()
             };
             columns.push(
-                arrow_cast::cast_with_options(column, field.data_type(), &options)
-                    .map_err(|e| mismatch(format!("column {:?}: {e}", field.name())))?,
+                arrow_cast::cast_with_options(column, field.data_type(), &options).map_err(
+                    |e| {
+                        mismatch(format!(
+                            "column {:?} does not fit the {} that schema= gives it: {e}",
+                            field.name(),
+                            field.data_type()
+                        ))
+                    },
+                )?,
             );
         }
         RecordBatch::try_new(schema.clone(), columns).map_err(|e| mismatch(e.to_string()))
@@ -270,6 +303,25 @@ fn widens(from: &DataType, to: &DataType) -> bool {
     }
 }
 
+/// A batch as the dict of columns a batched function gets.
+fn columns_of<'py>(
+    py: Python<'py>,
+    batch: &RecordBatch,
+    columns: Columns,
+) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    match columns {
+        Columns::Numpy => batch_to_numpy(py, batch),
+        Columns::Lists => {
+            let dict = pyo3::types::PyDict::new(py);
+            for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+                let values = super::to_python::column_to_py(py, column.as_ref())?;
+                dict.set_item(field.name(), pyo3::types::PyList::new(py, values)?)?;
+            }
+            Ok(dict)
+        }
+    }
+}
+
 fn with_gil<T>(f: impl FnOnce(Python<'_>) -> PyResult<T>) -> Result<T> {
     fork::attach(|py| f(py).map_err(callback_error)).unwrap_or_else(|| {
         Err(Error::Internal(
@@ -293,10 +345,28 @@ impl PyTransform {
     /// The filter's verdict on each row of `batch`.
     fn mask(&self, py: Python<'_>, batch: &RecordBatch) -> PyResult<BooleanArray> {
         let func = self.func.bind(py);
-        let keep = batch_to_rows(py, batch)?
-            .into_iter()
-            .map(|row| func.call1((row,))?.is_truthy())
-            .collect::<PyResult<Vec<bool>>>()?;
+        let keep = match self.kind {
+            Kind::FilterBatched { columns, .. } => {
+                let verdicts = func.call1((columns_of(py, batch, columns)?,))?;
+                let keep = verdicts
+                    .try_iter()?
+                    .map(|v| v?.is_truthy())
+                    .collect::<PyResult<Vec<bool>>>()?;
+                if keep.len() != batch.num_rows() {
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "{}: the function gave {} verdicts for {} rows; a batched filter gives one per row",
+                        self.name,
+                        keep.len(),
+                        batch.num_rows()
+                    )));
+                }
+                keep
+            }
+            _ => batch_to_rows(py, batch)?
+                .into_iter()
+                .map(|row| func.call1((row,))?.is_truthy())
+                .collect::<PyResult<Vec<bool>>>()?,
+        };
         Ok(BooleanArray::from(keep))
     }
 }
@@ -306,7 +376,7 @@ impl BatchTransform for PyTransform {
         with_gil(|py| {
             let func = self.func.bind(py);
             let out = match self.kind {
-                Kind::Filter => {
+                Kind::Filter | Kind::FilterBatched { .. } => {
                     let keep = self.mask(py, &batch)?;
                     filter_record_batch(&batch, &keep)
                         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?
@@ -318,8 +388,8 @@ impl BatchTransform for PyTransform {
                         .collect::<PyResult<Vec<_>>>()?;
                     rows_to_batch(py, &results)?
                 }
-                Kind::MapBatched { .. } => {
-                    columns_to_batch(py, &func.call1((batch_to_numpy(py, &batch)?,))?)?
+                Kind::MapBatched { columns, .. } => {
+                    columns_to_batch(py, &func.call1((columns_of(py, &batch, columns)?,))?)?
                 }
                 Kind::FlatMap => {
                     let mut results = Vec::new();
@@ -334,7 +404,7 @@ impl BatchTransform for PyTransform {
             Ok(out)
         })
         .and_then(|out| match self.kind {
-            Kind::Filter => Ok(vec![out]),
+            Kind::Filter | Kind::FilterBatched { .. } => Ok(vec![out]),
             Kind::FlatMap => Ok(vec![self.conform(out)?]),
             Kind::Map | Kind::MapBatched { .. } => {
                 Ok(vec![self.merge(&batch, self.conform(out)?)?])
@@ -343,11 +413,16 @@ impl BatchTransform for PyTransform {
     }
 
     fn filters(&self) -> bool {
-        matches!(self.kind, Kind::Filter)
+        matches!(self.kind, Kind::Filter | Kind::FilterBatched { .. })
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> Option<SchemaRef> {
+        // A filter keeps the rows' columns as they are.
+        self.filters().then(|| input.clone())
     }
 
     fn keep(&self, batch: &RecordBatch) -> Option<Result<BooleanArray>> {
-        matches!(self.kind, Kind::Filter).then(|| with_gil(|py| self.mask(py, batch)))
+        self.filters().then(|| with_gil(|py| self.mask(py, batch)))
     }
 
     fn preserves_rows(&self) -> bool {
@@ -356,7 +431,9 @@ impl BatchTransform for PyTransform {
 
     fn batch_rows(&self) -> Option<usize> {
         match self.kind {
-            Kind::MapBatched { batch_rows } => Some(batch_rows),
+            Kind::MapBatched { batch_rows, .. } | Kind::FilterBatched { batch_rows, .. } => {
+                Some(batch_rows)
+            }
             _ => None,
         }
     }

@@ -145,9 +145,13 @@ pub fn find(spec: &str, storage: &Arc<Storage>) -> Result<Option<Manifest>> {
     }
     let is_prefix = match super::local_path(spec) {
         Some(dir) => std::path::Path::new(dir).is_dir(),
-        None => spec
-            .strip_prefix("s3://")
-            .is_some_and(|rest| !rest.is_empty()),
+        // An object store cannot tell a prefix from an object without asking: a last
+        // segment with an extension (`chat.jsonl`) is taken for an object, so that its
+        // errors (credentials, say) name it rather than a manifest beside it.
+        None => spec.strip_prefix("s3://").is_some_and(|rest| {
+            let last = rest.rsplit('/').next().unwrap_or("");
+            !rest.is_empty() && (rest.ends_with('/') || !last.contains('.'))
+        }),
     };
     if !is_prefix {
         return Ok(None);
