@@ -456,3 +456,26 @@ def test_the_cookbook_patterns_port_line_for_line(tmp_path) -> None:
         out["batch"] = [b["id"] for b in streamed]
     assert results["sf"] == results["hf"]
     assert results["sf"]["split sizes"] == (10, 40) and results["sf"]["test and train apart"]
+
+
+def test_json_files_hold_lines_or_an_array_as_datasets_reads_them(tmp_path) -> None:
+    import json
+
+    records = [{"id": i, "text": f"t{i}", "score": i if i < 5 else i + 0.5, "tags": [{"k": i}]} for i in range(12)]
+    (tmp_path / "array.json").write_text(json.dumps(records, indent=1))
+    (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for name in ("array.json", "lines.json"):
+        path = str(tmp_path / name)
+        hf = datasets.load_dataset("json", data_files=path, split="train")
+        for ours in (sf.dataset(path), sf.dataset(path, format="json")):
+            assert ours.to_list() == hf.to_list(), name
+            assert len(ours) == 12 and ours[7]["score"] == 7.5
+    assert sf.dataset(str(tmp_path / "array.json"), columns=["id"]).column_names == ["id"]
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "a.json").write_text(json.dumps(records))
+    (tmp_path / "mixed" / "b.json").write_text(json.dumps(records[0]) + "\n")
+    with pytest.raises(ValueError, match="JSON Lines, but other files a JSON array"):
+        sf.dataset(str(tmp_path / "mixed" / "*.json"))
+    (tmp_path / "numbers.json").write_text("[1, 2]")
+    with pytest.raises(sf.DecodeError, match="numbers.json.*not an object"):
+        sf.dataset(str(tmp_path / "numbers.json"))

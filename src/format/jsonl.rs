@@ -398,3 +398,95 @@ fn decode_with(builder: ReaderBuilder, data: &[u8]) -> Result<Vec<RecordBatch>, 
     }
     Ok(batches)
 }
+
+/// The records of `.json` files that hold a JSON array of objects each (as `datasets`'
+/// json loader reads them), decoded in memory: the schema given, or inferred from every
+/// record (so an integer field that later holds a float is a float column). `None` when
+/// the files hold JSON Lines, which are read as such; files of both kinds are an error.
+pub fn json_arrays(
+    shards: &[ShardMeta],
+    options: &ReadOptions,
+    io: &Io,
+) -> Result<Option<(SchemaRef, Vec<RecordBatch>)>> {
+    use std::io::Read;
+    let mut documents = Vec::with_capacity(shards.len());
+    for shard in shards {
+        let url = shard.url.as_str();
+        let mut reader = compression::auto_gzip(
+            io.open(shard)?.open_stream()?,
+            url,
+            compression::DEFAULT_MAX_DECOMPRESSED,
+        )?;
+        let mut text = Vec::new();
+        reader
+            .read_to_end(&mut text)
+            .map_err(|e| stream_error(url, Position::Byte(text.len() as u64), e))?;
+        let array = text.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+        documents.push((url, array, text));
+    }
+    match documents.iter().filter(|(_, array, _)| *array).count() {
+        0 => return Ok(None),
+        n if n < documents.len() => {
+            let lines = documents
+                .iter()
+                .find(|(_, array, _)| !array)
+                .map_or("a file", |(url, _, _)| url);
+            return Err(Error::invalid_argument(format!(
+                "{lines} holds JSON Lines, but other files a JSON array: read them apart"
+            )));
+        }
+        _ => {}
+    }
+    let mut records = Vec::new();
+    for &(url, _, ref text) in &documents {
+        let value: serde_json::Value = serde_json::from_slice(text).map_err(|e| {
+            Error::decode(url, FORMAT, Position::Line(e.line() as u64), e.to_string())
+        })?;
+        let serde_json::Value::Array(items) = value else {
+            return Err(Error::decode(
+                url,
+                FORMAT,
+                Position::Unknown,
+                "not a JSON array",
+            ));
+        };
+        for (i, item) in items.into_iter().enumerate() {
+            if !item.is_object() {
+                return Err(Error::decode(
+                    url,
+                    FORMAT,
+                    Position::Unknown,
+                    format!("array element {i} is not an object (a record)"),
+                ));
+            }
+            records.push(item);
+        }
+    }
+    let (schema, coerce) = match &options.schema {
+        Some(schema) => (schema.clone(), false),
+        None => {
+            let mut inference = SchemaInference::default();
+            for record in &records {
+                inference.add(record).map_err(|message| {
+                    Error::decode(documents[0].0, FORMAT, Position::Unknown, message)
+                })?;
+            }
+            (Arc::new(inference.schema()), inference.needs_coercion())
+        }
+    };
+    let mut decoder = ReaderBuilder::new(schema.clone())
+        .with_batch_size(DECODE_BATCH_ROWS)
+        .with_coerce_primitive(coerce)
+        .build_decoder()
+        .map_err(|e| Error::decode(documents[0].0, FORMAT, Position::Unknown, e.to_string()))?;
+    let mut batches = Vec::new();
+    for chunk in records.chunks(DECODE_BATCH_ROWS) {
+        decoder
+            .serialize(chunk)
+            .and_then(|()| decoder.flush())
+            .map_err(|e| Error::decode(documents[0].0, FORMAT, Position::Unknown, e.to_string()))?
+            .into_iter()
+            .for_each(|b| batches.push(b));
+    }
+    Ok(Some((schema, batches)))
+}

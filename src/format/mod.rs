@@ -419,6 +419,13 @@ static REGISTRY: &[Registration] = &[
         extensions: &[".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz"],
         make: || Arc::new(jsonl::JsonLines),
     },
+    // `.json` files hold JSON Lines or one JSON array of records (`Dataset::open` reads
+    // an array into memory; see `jsonl::json_arrays`), as `datasets`' json loader.
+    Registration {
+        name: "json",
+        extensions: &[".json", ".json.gz"],
+        make: || Arc::new(jsonl::JsonLines),
+    },
     Registration {
         name: "npy",
         extensions: &[".npy"],

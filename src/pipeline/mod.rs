@@ -431,11 +431,21 @@ impl Dataset {
             Some(m) => source::manifest::shards(&specs[0], m, &storage)?,
             None => source::resolve(specs, &storage)?,
         };
-        let format = format::by_name(match (format, &manifest) {
+        let name = match (format, &manifest) {
             (Some(name), _) => name,
             (None, Some(m)) => &m.format,
             (None, None) => format::infer(&shards)?,
-        })?;
+        };
+        if name == "json" {
+            let io = Io {
+                storage: storage.clone(),
+                counters: Default::default(),
+            };
+            if let Some((schema, batches)) = format::jsonl::json_arrays(&shards, &options, &io)? {
+                return Ok(Dataset::from_batches(schema, batches, options.columns));
+            }
+        }
+        let format = format::by_name(name)?;
         options.images =
             format::image::ImageSpec::take(format.name(), &mut options.format_options)?;
         if let Some(m) = &manifest {
