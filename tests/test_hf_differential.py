@@ -479,3 +479,24 @@ def test_json_files_hold_lines_or_an_array_as_datasets_reads_them(tmp_path) -> N
     (tmp_path / "numbers.json").write_text("[1, 2]")
     with pytest.raises(sf.DecodeError, match="numbers.json.*not an object"):
         sf.dataset(str(tmp_path / "numbers.json"))
+
+
+def test_with_indices_numbers_rows_as_datasets_does(tmp_path) -> None:
+    # The index of each row in the dataset the function is called on, in its order.
+    hf, ours = both(ROWS)
+    tag = lambda row, i: {"at": i, "check": row["id"] * 100 + i}  # noqa: E731
+    for chain in (lambda d: d, lambda d: d.select([7, 2, 9, 4]), lambda d: d.filter(lambda r: r["id"] % 3 > 0)):
+        assert chain(ours).map(tag, with_indices=True).to_list() == chain(hf).map(tag, with_indices=True).to_list()
+    got = ours.select([7, 2, 9, 4]).map(tag, with_indices=True)
+    assert got["at"] == [0, 1, 2, 3] and got["check"] == [700, 201, 902, 403]
+    assert got[2] == {**ours[9], "at": 2, "check": 902}  # by index too
+    assert got.select([3, 0])["at"] == [3, 0]
+    batched = ours.map(lambda b, idx: {"at": [i * 10 for i in idx]}, batched=True, batch_size=5, with_indices=True)
+    assert batched["at"] == [i * 10 for i in range(12)]
+    kept = ours.filter(lambda row, i: i % 4 == 0, with_indices=True)
+    assert kept["id"] == hf.filter(lambda row, i: i % 4 == 0, with_indices=True)["id"] == [0, 4, 8]
+    scaled = ours.map(lambda score, i, k: {"s": score * k + i}, with_indices=True, input_columns="score", fn_kwargs={"k": 2})
+    assert scaled["s"] == hf.map(lambda score, i, k: {"s": score * k + i}, with_indices=True, input_columns="score", fn_kwargs={"k": 2})["s"]
+    # Read by ranks, every row keeps its own index.
+    parts = [[(int(i), int(a)) for b in sf.DataLoader(got, batch_size=2, rank=r, world_size=2) for i, a in zip(b["id"], b["at"])] for r in range(2)]
+    assert sorted(parts[0] + parts[1]) == [(2, 1), (4, 3), (7, 0), (9, 2)]

@@ -17,7 +17,8 @@ class Call:
         self.input_columns = input_columns
         self.fn_kwargs = dict(fn_kwargs or {})
 
-    def __call__(self, row: dict[str, Any]) -> Any:
+    def __call__(self, row: dict[str, Any], *index: Any) -> Any:
+        # `index`: the row's index (or the batch's indices) with `with_indices=True`.
         if self.input_columns is None:
-            return self.function(row, **self.fn_kwargs)
-        return self.function(*(row[name] for name in self.input_columns), **self.fn_kwargs)
+            return self.function(row, *index, **self.fn_kwargs)
+        return self.function(*(row[name] for name in self.input_columns), *index, **self.fn_kwargs)

@@ -21,6 +21,7 @@ __all__ = [
     "from_arrow",
     "from_dict",
     "from_list",
+    "from_pandas",
     "interleave",
 ]
 
@@ -71,6 +72,7 @@ class Dataset:
         batched: bool = False,
         batch_size: int | None = None,
         *,
+        with_indices: bool = False,
         input_columns: str | list[str] | None = None,
         fn_kwargs: dict[str, Any] | None = None,
         batch_format: str = "python",
@@ -83,6 +85,7 @@ class Dataset:
         schema: Any = None,
         remove_columns: str | list[str] | None = None,
         *,
+        with_indices: bool = False,
         input_columns: str | list[str] | None = None,
         fn_kwargs: dict[str, Any] | None = None,
         batch_format: str = "python",

@@ -1199,6 +1199,19 @@ impl Dataset {
 
     /// Builds this epoch's stream of batches. Runs on the pipeline thread.
     pub fn stream(&self, run: &RunOptions, stats: Arc<Stats>) -> Result<BatchIter> {
+        // A function taking row indices learns them from the rows' positions.
+        let indexed = self
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Transform(t) if t.wants_indices()));
+        if indexed && !run.track {
+            let tracked = RunOptions {
+                track: true,
+                ..run.clone()
+            };
+            let stream = self.stream(&tracked, stats)?;
+            return Ok(Box::new(stream.map(|b| b.map(|b| rows::detach(b).0))));
+        }
         let head = self.head(run.epoch, run.count_rows)?;
         let draws = self.draws(run.epoch);
         let ops = &self.ops[head.rest..];
@@ -1209,9 +1222,10 @@ impl Dataset {
                     return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
                 }
                 // Every part reads the whole epoch up to the last take/skip, then keeps
-                // its own rows of it (so positions of the head mean nothing after).
+                // its own rows of it (so positions of the head mean nothing after, but
+                // to a function taking row indices).
                 let whole = RunOptions {
-                    track: false,
+                    track: indexed,
                     ..run.whole()
                 };
                 self.head_stream(&head, &split, &whole, &stats)?

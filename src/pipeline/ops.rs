@@ -28,6 +28,11 @@ pub trait BatchTransform: Send + Sync {
     fn filters(&self) -> bool {
         false
     }
+    /// Whether the function takes each row's index too (`with_indices=True`): its input
+    /// batches then carry them as their last column, [`rows::INDEX_COLUMN`].
+    fn wants_indices(&self) -> bool {
+        false
+    }
     /// Rows per call for functions that want fixed-size batches.
     fn batch_rows(&self) -> Option<usize> {
         None
@@ -632,9 +637,23 @@ impl Transformed {
     fn run(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
         let (batch, positions) = rows::detach(batch);
         let Some(positions) = positions else {
+            if self.transform.wants_indices() {
+                return Err(Error::Internal(
+                    "a function taking row indices got rows without positions".into(),
+                ));
+            }
             return self.transform.apply(batch);
         };
-        if let Some(keep) = self.transform.keep(&batch) {
+        // The rows' indices in the dataset the function was added to: their positions
+        // in its indexed head (see `Dataset::with_indices`).
+        let given = |batch: RecordBatch| -> Result<RecordBatch> {
+            if self.transform.wants_indices() {
+                rows::with_index(batch, positions.values().iter().map(|&p| rows::row_of(p)))
+            } else {
+                Ok(batch)
+            }
+        };
+        if let Some(keep) = self.transform.keep(&given(batch.clone())?) {
             let keep = keep?;
             let batch = rows::attach(batch, positions)?;
             return Ok(vec![
@@ -642,7 +661,7 @@ impl Transformed {
                     .map_err(|e| Error::Internal(format!("filtering rows: {e}")))?,
             ]);
         }
-        let mut out = self.transform.apply(batch)?;
+        let mut out = self.transform.apply(given(batch)?)?;
         if self.transform.preserves_rows()
             && let [only] = &mut out[..]
             && only.num_rows() == positions.len()

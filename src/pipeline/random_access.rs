@@ -187,7 +187,9 @@ pub struct RandomAccess {
     /// Applied last to first to turn an output index into a source row.
     maps: Vec<IndexMap>,
     len: u64,
-    transforms: Vec<Arc<dyn BatchTransform>>,
+    /// Applied first to last, each with the number of `maps` before it (the indices it
+    /// sees are those of that level).
+    transforms: Vec<(Arc<dyn BatchTransform>, usize)>,
     schema: SchemaRef,
 }
 
@@ -291,7 +293,7 @@ impl RandomAccess {
                     if let Some(schema) = t.output_schema(&self.schema) {
                         self.schema = schema;
                     }
-                    self.transforms.push(t.clone());
+                    self.transforms.push((t.clone(), self.maps.len()));
                     key.push_str(&format!("#{:p}", Arc::as_ptr(t)));
                 }
                 Op::Transform(t) if t.filters() => {
@@ -326,7 +328,10 @@ impl RandomAccess {
         let mut start = 0;
         while start < self.len {
             let end = (start + FILTER_PASS_ROWS).min(self.len);
-            let batch = self.rows(&(start..end).collect::<Vec<_>>())?;
+            let mut batch = self.rows(&(start..end).collect::<Vec<_>>())?;
+            if filter.wants_indices() {
+                batch = super::rows::with_index(batch, start..end)?;
+            }
             let mask = filter.keep(&batch).ok_or_else(|| {
                 Error::Internal(format!("{} gives no verdict on rows", filter.describe()))
             })??;
@@ -452,7 +457,16 @@ impl RandomAccess {
                 schema,
             } => concat_rows(parts, starts, schema, &source)?,
         };
-        for transform in &self.transforms {
+        for (transform, level) in &self.transforms {
+            if transform.wants_indices() {
+                let at_level = indices.iter().map(|&i| {
+                    self.maps[*level..]
+                        .iter()
+                        .rev()
+                        .fold(i, |i, map| map.apply(i))
+                });
+                out = super::rows::with_index(out, at_level)?;
+            }
             let mut batches = transform.apply(out)?;
             out = match batches.pop() {
                 Some(only) if batches.is_empty() => only,

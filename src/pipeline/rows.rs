@@ -27,6 +27,31 @@ pub fn tag(leaf: u64, row: u64) -> u64 {
     (leaf << LEAF_SHIFT) | row
 }
 
+/// The column that carries each row's index to a function that takes it (see
+/// `BatchTransform::wants_indices`); the function removes it.
+pub const INDEX_COLUMN: &str = "__shardflow_index__";
+
+/// The row number a position holds, its leaf left out.
+pub fn row_of(position: u64) -> u64 {
+    position & ((1 << LEAF_SHIFT) - 1)
+}
+
+/// `batch` with `indices` as its last column, [`INDEX_COLUMN`].
+pub fn with_index(batch: RecordBatch, indices: impl Iterator<Item = u64>) -> Result<RecordBatch> {
+    let schema = batch.schema();
+    let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(INDEX_COLUMN, DataType::UInt64, false)));
+    let mut columns = batch.columns().to_vec();
+    columns.push(Arc::new(UInt64Array::from_iter_values(indices)) as ArrayRef);
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(
+        Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
+        columns,
+        &options,
+    )
+    .map_err(|e| Error::Internal(format!("giving rows their indices: {e}")))
+}
+
 /// `batch` with `positions` as its last (hidden) column.
 pub fn attach(batch: RecordBatch, positions: UInt64Array) -> Result<RecordBatch> {
     let schema = batch.schema();

@@ -472,26 +472,37 @@ impl PyDataset {
         }
     }
 
-    /// This dataset with the user's function `func` added as `kind`, called as `call`
-    /// (`func` itself, or wrapped to take `input_columns`/`fn_kwargs`).
-    #[allow(clippy::too_many_arguments)]
+    /// This dataset with the user's function `func` added, called as `call` (`func`
+    /// itself, or wrapped to take `input_columns`/`fn_kwargs`); `how` is its kind,
+    /// whether it takes row indices, its `schema=` and the columns it removes.
     fn transform(
         &self,
+        py: Python<'_>,
         func: &Bound<'_, PyAny>,
         call: Option<Bound<'_, PyAny>>,
-        kind: Kind,
+        how: (Kind, bool, Option<&Bound<'_, PyAny>>, Vec<String>),
         method: &'static str,
         args: Bound<'_, PyDict>,
-        schema: Option<&Bound<'_, PyAny>>,
-        remove_columns: Vec<String>,
     ) -> PyResult<PyDataset> {
+        let (kind, with_indices, schema, remove_columns) = how;
         check_callable(func)?;
         let schema = schema.map(schema_from_py).transpose()?;
-        let mut transform = PyTransform::new(func, kind, schema).removing(remove_columns);
+        let mut transform = PyTransform::new(func, kind, schema)
+            .removing(remove_columns)
+            .indexed(with_indices);
         if let Some(call) = call {
             transform = transform.calling(&call);
         }
-        let inner = self.inner.with_op(Op::Transform(Arc::new(transform)));
+        let rows = if with_indices {
+            // As `datasets` numbers a map's rows: in the order of the dataset it is
+            // called on, so its rows are read by index (a select of all of them).
+            let n = self.__len__(py)? as u64;
+            self.inner
+                .with_op(Op::Select(Indices::Range { start: 0, len: n }))
+        } else {
+            self.inner.clone()
+        };
+        let inner = rows.with_op(Op::Transform(Arc::new(transform)));
         Ok(self.derived(inner, method, args.into_any()))
     }
 
@@ -905,12 +916,15 @@ impl PyDataset {
     /// arguments instead of the whole row, and `fn_kwargs` its keyword arguments, as in
     /// `datasets`. A batch is a dict of lists, or of numpy arrays with
     /// `batch_format="numpy"`.
-    #[pyo3(signature = (function, batched=false, batch_size=None, *, input_columns=None, fn_kwargs=None, batch_format="python"))]
+    #[pyo3(signature = (function, batched=false, batch_size=None, *, with_indices=false, input_columns=None, fn_kwargs=None, batch_format="python"))]
+    #[allow(clippy::too_many_arguments)]
     fn filter(
         &self,
+        py: Python<'_>,
         function: &Bound<'_, PyAny>,
         batched: bool,
         batch_size: Option<usize>,
+        with_indices: bool,
         input_columns: Option<&Bound<'_, PyAny>>,
         fn_kwargs: Option<&Bound<'_, PyDict>>,
         batch_format: &str,
@@ -922,16 +936,17 @@ impl PyDataset {
                 columns,
             },
         };
-        let py = function.py();
         let args = PyDict::new(py);
         args.set_item("function", function)?;
         args.set_item("batched", batched)?;
         args.set_item("batch_size", batch_size)?;
+        args.set_item("with_indices", with_indices)?;
         args.set_item("input_columns", input_columns)?;
         args.set_item("fn_kwargs", fn_kwargs)?;
         args.set_item("batch_format", batch_format)?;
         let call = calling(function, input_columns, fn_kwargs)?;
-        self.transform(function, call, kind, "filter", args, None, Vec::new())
+        let transform = (kind, with_indices, None, Vec::new());
+        self.transform(py, function, call, transform, "filter", args)
     }
 
     /// `fn(sample) -> dict`, or with `batched=True`, `fn(batch) -> dict of columns` on
@@ -942,15 +957,17 @@ impl PyDataset {
     /// The returned columns' schema is `schema=` (every batch cast to it, a value that
     /// does not fit an error) or that of the first batch (later batches widened to it or
     /// refused).
-    #[pyo3(signature = (function, batched=false, batch_size=None, schema=None, remove_columns=None, *, input_columns=None, fn_kwargs=None, batch_format="python"))]
+    #[pyo3(signature = (function, batched=false, batch_size=None, schema=None, remove_columns=None, *, with_indices=false, input_columns=None, fn_kwargs=None, batch_format="python"))]
     #[allow(clippy::too_many_arguments)]
     fn map(
         &self,
+        py: Python<'_>,
         function: &Bound<'_, PyAny>,
         batched: bool,
         batch_size: Option<usize>,
         schema: Option<&Bound<'_, PyAny>>,
         remove_columns: Option<&Bound<'_, PyAny>>,
+        with_indices: bool,
         input_columns: Option<&Bound<'_, PyAny>>,
         fn_kwargs: Option<&Bound<'_, PyDict>>,
         batch_format: &str,
@@ -962,13 +979,13 @@ impl PyDataset {
                 columns,
             },
         };
-        let py = function.py();
         let args = PyDict::new(py);
         args.set_item("function", function)?;
         args.set_item("batched", batched)?;
         args.set_item("batch_size", batch_size)?;
         args.set_item("schema", schema)?;
         args.set_item("remove_columns", remove_columns)?;
+        args.set_item("with_indices", with_indices)?;
         args.set_item("input_columns", input_columns)?;
         args.set_item("fn_kwargs", fn_kwargs)?;
         args.set_item("batch_format", batch_format)?;
@@ -978,7 +995,14 @@ impl PyDataset {
             .transpose()?
             .unwrap_or_default();
         let call = calling(function, input_columns, fn_kwargs)?;
-        self.transform(function, call, kind, "map", args, schema, remove)
+        self.transform(
+            py,
+            function,
+            call,
+            (kind, with_indices, schema, remove),
+            "map",
+            args,
+        )
     }
 
     /// Adds `column` (one value per row, in the order the rows come in the current
@@ -1014,18 +1038,12 @@ impl PyDataset {
         func: &Bound<'_, PyAny>,
         schema: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyDataset> {
-        let args = PyDict::new(func.py());
+        let py = func.py();
+        let args = PyDict::new(py);
         args.set_item("func", func)?;
         args.set_item("schema", schema)?;
-        self.transform(
-            func,
-            None,
-            Kind::FlatMap,
-            "flat_map",
-            args,
-            schema,
-            Vec::new(),
-        )
+        let transform = (Kind::FlatMap, false, schema, Vec::new());
+        self.transform(py, func, None, transform, "flat_map", args)
     }
 
     /// Chooses the epoch that `ds[i]`, `ds.__getitems__` and `iter(ds)` read: what a

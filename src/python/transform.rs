@@ -53,6 +53,8 @@ pub struct PyTransform {
     declared: bool,
     /// A map's input columns left out of its output (`remove_columns=`).
     remove_columns: Vec<String>,
+    /// The function takes each row's index after the row (`with_indices=True`).
+    with_indices: bool,
 }
 
 impl PyTransform {
@@ -86,7 +88,45 @@ impl PyTransform {
             schema: fixed,
             declared,
             remove_columns: Vec::new(),
+            with_indices: false,
         }
+    }
+
+    /// A function that takes each row's index too (the row's, or the batch's list).
+    pub fn indexed(mut self, with_indices: bool) -> Self {
+        self.with_indices = with_indices;
+        self
+    }
+
+    /// `batch` without its index column, and the indices (see `wants_indices`).
+    fn split_indices<'py>(
+        &self,
+        py: Python<'py>,
+        batch: RecordBatch,
+    ) -> PyResult<(RecordBatch, Option<Vec<u64>>)> {
+        if !self.with_indices {
+            return Ok((batch, None));
+        }
+        let mut batch = batch;
+        let at = batch
+            .schema()
+            .index_of(crate::pipeline::rows::INDEX_COLUMN)
+            .map_err(|_| {
+                pyo3::exceptions::PyRuntimeError::new_err(format!(
+                    "{}: rows came without their indices",
+                    self.name
+                ))
+            })?;
+        let column = batch.remove_column(at);
+        let indices = column
+            .as_any()
+            .downcast_ref::<arrow_array::UInt64Array>()
+            .map(|a| a.values().to_vec())
+            .ok_or_else(|| {
+                pyo3::exceptions::PyRuntimeError::new_err("row indices of another type")
+            })?;
+        let _ = py;
+        Ok((batch, Some(indices)))
     }
 
     /// The same transform calling `call` (the user's function wrapped to take its
@@ -345,9 +385,15 @@ impl PyTransform {
     /// The filter's verdict on each row of `batch`.
     fn mask(&self, py: Python<'_>, batch: &RecordBatch) -> PyResult<BooleanArray> {
         let func = self.func.bind(py);
+        let (batch, indices) = self.split_indices(py, batch.clone())?;
+        let batch = &batch;
         let keep = match self.kind {
             Kind::FilterBatched { columns, .. } => {
-                let verdicts = func.call1((columns_of(py, batch, columns)?,))?;
+                let input = columns_of(py, batch, columns)?;
+                let verdicts = match &indices {
+                    Some(indices) => func.call1((input, indices.clone()))?,
+                    None => func.call1((input,))?,
+                };
                 let keep = verdicts
                     .try_iter()?
                     .map(|v| v?.is_truthy())
@@ -364,7 +410,14 @@ impl PyTransform {
             }
             _ => batch_to_rows(py, batch)?
                 .into_iter()
-                .map(|row| func.call1((row,))?.is_truthy())
+                .enumerate()
+                .map(|(i, row)| {
+                    match &indices {
+                        Some(indices) => func.call1((row, indices[i])),
+                        None => func.call1((row,)),
+                    }?
+                    .is_truthy()
+                })
                 .collect::<PyResult<Vec<bool>>>()?,
         };
         Ok(BooleanArray::from(keep))
@@ -375,21 +428,34 @@ impl BatchTransform for PyTransform {
     fn apply(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
         with_gil(|py| {
             let func = self.func.bind(py);
+            if matches!(self.kind, Kind::Filter | Kind::FilterBatched { .. }) {
+                let keep = self.mask(py, &batch)?;
+                let (batch, _) = self.split_indices(py, batch)?;
+                let kept = filter_record_batch(&batch, &keep)
+                    .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+                return Ok((kept, batch));
+            }
+            let (batch, indices) = self.split_indices(py, batch)?;
             let out = match self.kind {
-                Kind::Filter | Kind::FilterBatched { .. } => {
-                    let keep = self.mask(py, &batch)?;
-                    filter_record_batch(&batch, &keep)
-                        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?
-                }
+                Kind::Filter | Kind::FilterBatched { .. } => unreachable!("filtered above"),
                 Kind::Map => {
                     let results = batch_to_rows(py, &batch)?
                         .into_iter()
-                        .map(|row| func.call1((row,)))
+                        .enumerate()
+                        .map(|(i, row)| match &indices {
+                            Some(indices) => func.call1((row, indices[i])),
+                            None => func.call1((row,)),
+                        })
                         .collect::<PyResult<Vec<_>>>()?;
                     rows_to_batch(py, &results)?
                 }
                 Kind::MapBatched { columns, .. } => {
-                    columns_to_batch(py, &func.call1((columns_of(py, &batch, columns)?,))?)?
+                    let columns = columns_of(py, &batch, columns)?;
+                    let out = match &indices {
+                        Some(indices) => func.call1((columns, indices.clone()))?,
+                        None => func.call1((columns,))?,
+                    };
+                    columns_to_batch(py, &out)?
                 }
                 Kind::FlatMap => {
                     let mut results = Vec::new();
@@ -401,19 +467,23 @@ impl BatchTransform for PyTransform {
                     rows_to_batch(py, &results)?
                 }
             };
-            Ok(out)
+            Ok((out, batch))
         })
-        .and_then(|out| match self.kind {
+        .and_then(|(out, input)| match self.kind {
             Kind::Filter | Kind::FilterBatched { .. } => Ok(vec![out]),
             Kind::FlatMap => Ok(vec![self.conform(out)?]),
             Kind::Map | Kind::MapBatched { .. } => {
-                Ok(vec![self.merge(&batch, self.conform(out)?)?])
+                Ok(vec![self.merge(&input, self.conform(out)?)?])
             }
         })
     }
 
     fn filters(&self) -> bool {
         matches!(self.kind, Kind::Filter | Kind::FilterBatched { .. })
+    }
+
+    fn wants_indices(&self) -> bool {
+        self.with_indices
     }
 
     fn output_schema(&self, input: &SchemaRef) -> Option<SchemaRef> {
