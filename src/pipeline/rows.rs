@@ -38,38 +38,33 @@ pub fn row_of(position: u64) -> u64 {
 
 /// `batch` with `indices` as its last column, [`INDEX_COLUMN`].
 pub fn with_index(batch: RecordBatch, indices: impl Iterator<Item = u64>) -> Result<RecordBatch> {
-    let schema = batch.schema();
-    let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
-    fields.push(Arc::new(Field::new(INDEX_COLUMN, DataType::UInt64, false)));
-    let mut columns = batch.columns().to_vec();
-    columns.push(Arc::new(UInt64Array::from_iter_values(indices)) as ArrayRef);
-    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-    RecordBatch::try_new_with_options(
-        Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
-        columns,
-        &options,
-    )
-    .map_err(|e| Error::Internal(format!("giving rows their indices: {e}")))
+    with_last(batch, INDEX_COLUMN, UInt64Array::from_iter_values(indices))
+        .map_err(|e| Error::Internal(format!("giving rows their indices: {e}")))
 }
 
 /// `batch` with `positions` as its last (hidden) column.
 pub fn attach(batch: RecordBatch, positions: UInt64Array) -> Result<RecordBatch> {
+    with_last(batch, POSITION_COLUMN, positions)
+        .map_err(|e| Error::Internal(format!("attaching row positions: {e}")))
+}
+
+/// `batch` with `values` as a last column named `name`.
+fn with_last(
+    batch: RecordBatch,
+    name: &str,
+    values: UInt64Array,
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
     let schema = batch.schema();
     let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
-    fields.push(Arc::new(Field::new(
-        POSITION_COLUMN,
-        DataType::UInt64,
-        false,
-    )));
+    fields.push(Arc::new(Field::new(name, DataType::UInt64, false)));
     let mut columns = batch.columns().to_vec();
-    columns.push(Arc::new(positions) as ArrayRef);
+    columns.push(Arc::new(values) as ArrayRef);
     let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
     RecordBatch::try_new_with_options(
         Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
         columns,
         &options,
     )
-    .map_err(|e| Error::Internal(format!("attaching row positions: {e}")))
 }
 
 /// The position of a row whose place is not known (it was made by a flat_map in one

@@ -937,14 +937,16 @@ impl PyDataset {
             },
         };
         let args = PyDict::new(py);
-        args.set_item("function", function)?;
-        args.set_item("batched", batched)?;
-        args.set_item("batch_size", batch_size)?;
-        args.set_item("with_indices", with_indices)?;
-        args.set_item("input_columns", input_columns)?;
-        args.set_item("fn_kwargs", fn_kwargs)?;
-        args.set_item("batch_format", batch_format)?;
-        let call = calling(function, input_columns, fn_kwargs)?;
+        let call = FunctionArgs {
+            function,
+            batched,
+            batch_size,
+            with_indices,
+            input_columns,
+            fn_kwargs,
+            batch_format,
+        }
+        .recorded(&args)?;
         let transform = (kind, with_indices, None, Vec::new());
         self.transform(py, function, call, transform, "filter", args)
     }
@@ -980,21 +982,23 @@ impl PyDataset {
             },
         };
         let args = PyDict::new(py);
-        args.set_item("function", function)?;
-        args.set_item("batched", batched)?;
-        args.set_item("batch_size", batch_size)?;
         args.set_item("schema", schema)?;
         args.set_item("remove_columns", remove_columns)?;
-        args.set_item("with_indices", with_indices)?;
-        args.set_item("input_columns", input_columns)?;
-        args.set_item("fn_kwargs", fn_kwargs)?;
-        args.set_item("batch_format", batch_format)?;
+        let call = FunctionArgs {
+            function,
+            batched,
+            batch_size,
+            with_indices,
+            input_columns,
+            fn_kwargs,
+            batch_format,
+        }
+        .recorded(&args)?;
         // A column name alone, or a list of them (as `datasets` takes).
         let remove = remove_columns
             .map(name_list)
             .transpose()?
             .unwrap_or_default();
-        let call = calling(function, input_columns, fn_kwargs)?;
         self.transform(
             py,
             function,
@@ -1509,6 +1513,32 @@ fn batching(
         )),
         (true, Some(0)) => Err(PyValueError::new_err("batch_size must be at least 1")),
         (true, rows) => Ok(Some((rows.unwrap_or(DEFAULT_MAP_BATCH), columns))),
+    }
+}
+
+/// The arguments `map` and `filter` share.
+struct FunctionArgs<'a, 'py> {
+    function: &'a Bound<'py, PyAny>,
+    batched: bool,
+    batch_size: Option<usize>,
+    with_indices: bool,
+    input_columns: Option<&'a Bound<'py, PyAny>>,
+    fn_kwargs: Option<&'a Bound<'py, PyDict>>,
+    batch_format: &'a str,
+}
+
+impl<'py> FunctionArgs<'_, 'py> {
+    /// Records them in `args` (the verb's recipe step), and gives the function as the
+    /// verb calls it (see `calling`).
+    fn recorded(&self, args: &Bound<'py, PyDict>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        args.set_item("function", self.function)?;
+        args.set_item("batched", self.batched)?;
+        args.set_item("batch_size", self.batch_size)?;
+        args.set_item("with_indices", self.with_indices)?;
+        args.set_item("input_columns", self.input_columns)?;
+        args.set_item("fn_kwargs", self.fn_kwargs)?;
+        args.set_item("batch_format", self.batch_format)?;
+        calling(self.function, self.input_columns, self.fn_kwargs)
     }
 }
 
