@@ -53,6 +53,16 @@ pub enum Error {
         url: String,
     },
 
+    /// A Hugging Face Hub repo, revision or file that does not exist (or that the token
+    /// given may not see): the reason says which.
+    #[error("{}: {reason}", redact(.url))]
+    NotOnHub {
+        /// The `hf://` URL.
+        url: String,
+        /// What the Hub did not find.
+        reason: String,
+    },
+
     /// A glob or prefix that matches nothing.
     #[error("no files match {:?}", redact(.pattern))]
     NoMatch {
@@ -182,6 +192,7 @@ impl Error {
     pub fn url(&self) -> Option<&str> {
         match self {
             Error::NotFound { url }
+            | Error::NotOnHub { url, .. }
             | Error::PermissionDenied { url }
             | Error::Exists { url }
             | Error::Write { url, .. }

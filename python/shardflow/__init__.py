@@ -30,6 +30,7 @@ from shardflow._native import (
     from_pandas,
     interleave,
 )
+from shardflow._load import DatasetDict, load_dataset
 from shardflow.features import FixedLen, VarLen
 from shardflow.errors import (
     AccessDeniedError,
@@ -52,6 +53,7 @@ __all__ = [
     "BatchIterator",
     "DataLoader",
     "Dataset",
+    "DatasetDict",
     "DecodeError",
     "FixedLen",
     "InternalError",
@@ -73,4 +75,5 @@ __all__ = [
     "from_list",
     "from_pandas",
     "interleave",
+    "load_dataset",
 ]

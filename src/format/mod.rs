@@ -492,32 +492,76 @@ pub fn name_for_path(url: &str) -> Option<&'static str> {
         .map(|r| r.name)
 }
 
-/// Picks the format for a shard list: the one named, or the one every file's extension implies.
-pub fn infer(shards: &[ShardMeta]) -> Result<&'static str> {
-    let mut found: Option<&'static str> = None;
-    for shard in shards {
-        let Some(name) = name_for_path(&shard.url) else {
-            return Err(Error::invalid_argument(format!(
-                "{}: cannot infer the format from the file name; pass format=",
-                shard.url
-            )));
-        };
-        match found {
-            Some(previous) if previous != name => {
+/// Picks the format of a shard list and keeps the shards to read as that format.
+///
+/// `named(url)` says whether the user named the file itself, rather than it being found
+/// by listing a directory, a prefix or a glob. A named file is always read, and without
+/// `format=` its extension must name the format. A listing is read as a repository
+/// holds data: its files of the format are kept and the rest (a README.md, a LICENSE, a
+/// `.gitattributes`) are left out, as `datasets` leaves them out. A listing that holds
+/// two data formats is still an error, and so is a format given whose extension no
+/// listed file has — unless it has none (`raw`), or no listed file names a format
+/// (Spark's `part-00000` files read with `format="parquet"`).
+pub fn choose(
+    shards: Vec<ShardMeta>,
+    format: Option<&str>,
+    named: impl Fn(&str) -> bool,
+) -> Result<(&'static str, Vec<ShardMeta>)> {
+    let mut found: Option<(&'static str, &str)> = None;
+    for shard in &shards {
+        let implied = name_for_path(&shard.url);
+        let Some(name) = implied else {
+            if named(&shard.url) && format.is_none() {
                 return Err(Error::invalid_argument(format!(
-                    "the sources mix formats ({previous} and {name}, e.g. {}); pass format= or narrow the pattern",
+                    "{}: cannot infer the format from the file name; pass format=",
                     shard.url
                 )));
             }
-            _ => found = Some(name),
+            continue;
+        };
+        match found {
+            Some((previous, example)) if previous != name && format.is_none() => {
+                return Err(Error::invalid_argument(format!(
+                    "the sources mix formats ({previous}, e.g. {example}, and {name}, e.g. {}); pass format= or narrow the pattern",
+                    shard.url
+                )));
+            }
+            None => found = Some((name, &shard.url)),
+            _ => {}
         }
     }
-    found.ok_or_else(|| Error::invalid_argument("no source given"))
+    let name = match (format, found) {
+        (Some(given), _) => by_name(given)?.name(),
+        (None, Some((name, _))) => name,
+        (None, None) => {
+            return Err(match shards.first() {
+                Some(shard) => Error::invalid_argument(format!(
+                    "{}: cannot infer the format from the file names; pass format=",
+                    shard.url
+                )),
+                None => Error::invalid_argument("no source given"),
+            });
+        }
+    };
+    let of_format = |url: &str| name_for_path(url) == Some(name);
+    let any_of_format = shards.iter().any(|s| of_format(&s.url));
+    let kept: Vec<ShardMeta> = shards
+        .into_iter()
+        .filter(|s| named(&s.url) || of_format(&s.url) || !any_of_format)
+        .collect();
+    if kept.is_empty() {
+        return Err(Error::invalid_argument("no source given"));
+    }
+    Ok((name, kept))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn infer(shards: &[ShardMeta]) -> Result<&'static str> {
+        choose(shards.to_vec(), None, |_| true).map(|(name, _)| name)
+    }
 
     fn shard(url: &str) -> ShardMeta {
         ShardMeta {
@@ -535,8 +579,20 @@ mod tests {
             infer(&[shard("x.JSONL.GZ"), shard("y.ndjson")]).unwrap(),
             "jsonl"
         );
+        let listed = |_: &str| false;
         assert!(infer(&[shard("a.parquet"), shard("b.jsonl")]).is_err());
         assert!(infer(&[shard("a.bin")]).is_err());
+        // A listing's README is left out; a named one is not.
+        let (name, kept) =
+            choose(vec![shard("d/README.md"), shard("d/a.parquet")], None, listed).unwrap();
+        assert_eq!((name, kept), ("parquet", vec![shard("d/a.parquet")]));
+        assert!(choose(vec![shard("README.md"), shard("a.parquet")], None, |_| true).is_err());
+        // format= given: a listing's other files are left out, unless none has its extension.
+        let (_, kept) =
+            choose(vec![shard("d/README.md"), shard("d/b.csv")], Some("csv"), listed).unwrap();
+        assert_eq!(kept, vec![shard("d/b.csv")]);
+        let spark = vec![shard("d/part-00000"), shard("d/part-00001")];
+        assert_eq!(choose(spark.clone(), Some("parquet"), listed).unwrap().1, spark);
         assert!(by_name("nope").is_err());
         assert_eq!(by_name("jsonl").unwrap().name(), "jsonl");
     }

@@ -395,6 +395,18 @@ impl Combined {
 
 /// `share` of each of the parts of a combination holding `counts` rows: each part's
 /// left-over rows go to the ranks (and workers) after the previous part's.
+/// The files the user named (brace ranges expanded), as a listing reports them: a shard
+/// whose URL is not among them was found by listing a directory, a prefix or a glob.
+fn named_files(specs: &[String]) -> Result<std::collections::HashSet<String>> {
+    let mut named = std::collections::HashSet::new();
+    for spec in specs {
+        for expanded in source::pattern::expand_braces(spec.trim())? {
+            named.insert(source::local_path(&expanded).unwrap_or(&expanded).to_string());
+        }
+    }
+    Ok(named)
+}
+
 fn part_shares(share: Share, counts: &[u64]) -> Vec<Share> {
     let (mut first_rank, mut first_worker) = share.first;
     counts
@@ -420,21 +432,38 @@ impl Dataset {
     pub fn open(
         specs: &[String],
         format: Option<&str>,
+        options: ReadOptions,
+        storage: Arc<Storage>,
+    ) -> Result<Self> {
+        Self::open_listed(specs, None, format, options, storage)
+    }
+
+    /// [`Dataset::open`], where `listing` (if any) is the shard list made earlier from
+    /// `specs` (by another process: a pickled dataset's), used instead of listing again.
+    pub fn open_listed(
+        specs: &[String],
+        listing: Option<Vec<ShardMeta>>,
+        format: Option<&str>,
         mut options: ReadOptions,
         storage: Arc<Storage>,
     ) -> Result<Self> {
-        let manifest = match specs {
-            [spec] => source::manifest::find(spec, &storage)?,
+        let manifest = match (specs, &listing) {
+            ([spec], None) => source::manifest::find(spec, &storage)?,
             _ => None,
         };
-        let mut shards = match &manifest {
-            Some(m) => source::manifest::shards(&specs[0], m, &storage)?,
-            None => source::resolve(specs, &storage)?,
+        let mut shards = match (&manifest, listing) {
+            (Some(m), _) => source::manifest::shards(&specs[0], m, &storage)?,
+            (None, Some(listing)) => listing,
+            (None, None) => source::resolve(specs, &storage)?,
         };
-        let name = match (format, &manifest) {
-            (Some(name), _) => name,
-            (None, Some(m)) => &m.format,
-            (None, None) => format::infer(&shards)?,
+        let name = match &manifest {
+            Some(m) => format.unwrap_or(&m.format),
+            None => {
+                let named = named_files(specs)?;
+                let (name, kept) = format::choose(shards, format, |url| named.contains(url))?;
+                shards = kept;
+                name
+            }
         };
         if name == "json" {
             let io = Io {

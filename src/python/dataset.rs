@@ -20,7 +20,7 @@ use crate::options::{OptionValue, Options};
 use crate::pipeline::{
     self, BatchReceiver, Dataset, Indices, Op, RandomAccess, RunOptions, Stats, Weights,
 };
-use crate::source::{Storage, StorageOptions};
+use crate::source::{ShardMeta, Storage, StorageOptions};
 use crate::write::{ShardFormat, WriteOptions};
 
 /// Rows per call of a batched `map` when the user gives no `batch_size` (as in
@@ -80,7 +80,7 @@ fn check_callable(func: &Bound<'_, PyAny>) -> PyResult<()> {
 /// Opens a dataset from paths, `file://` URLs, globs (`data/*.parquet`), brace ranges
 /// (`shard-{000..099}.parquet`) or a list of these.
 #[pyfunction]
-#[pyo3(signature = (source, format=None, *, columns=None, schema=None, features=None, format_options=None, storage_options=None, on_error="raise"))]
+#[pyo3(signature = (source, format=None, *, columns=None, schema=None, features=None, format_options=None, storage_options=None, on_error="raise", _listing=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn dataset(
     py: Python<'_>,
@@ -92,8 +92,20 @@ pub fn dataset(
     format_options: Option<&Bound<'_, PyDict>>,
     storage_options: Option<&Bound<'_, PyDict>>,
     on_error: &str,
+    _listing: Option<Vec<(String, Option<u64>, Option<String>)>>,
 ) -> PyResult<PyDataset> {
     let specs = source_list(source)?;
+    let listing = _listing.map(|entries| {
+        entries
+            .into_iter()
+            .map(|(url, size, etag)| ShardMeta {
+                url,
+                size,
+                etag,
+                rows: None,
+            })
+            .collect()
+    });
     let columns_arg = columns.clone();
     let options = ReadOptions {
         columns,
@@ -106,12 +118,23 @@ pub fn dataset(
         on_error: OnError::parse(on_error)?,
         images: None,
     };
-    let storage = match storage_options {
-        Some(given) => StorageOptions::parse(&parse_options(given)?)?,
-        None => StorageOptions::default(),
-    };
-    let storage = Storage::new(storage)?;
-    let inner = py.detach(|| Dataset::open(&specs, format.as_deref(), options, storage))?;
+    let storage = storage_from(storage_options)?;
+    let inner = py.detach(|| {
+        Dataset::open_listed(&specs, listing, format.as_deref(), options, storage)
+    })?;
+    // A remote listing travels with the pickled recipe, so that worker processes (and
+    // every rank's spawned workers) list nothing: listings are what rate limits count.
+    // Not a manifest's (its shards know their rows): the manifest is read again.
+    let shards = inner.shards();
+    let listed_remotely = shards
+        .iter()
+        .all(|s| crate::source::local_path(&s.url).is_none() && s.rows.is_none());
+    let listing = listed_remotely.then(|| {
+        shards
+            .into_iter()
+            .map(|s| (s.url, s.size, s.etag))
+            .collect::<Vec<_>>()
+    });
     let kwargs = PyDict::new(py);
     kwargs.set_item("source", source)?;
     kwargs.set_item("format", format)?;
@@ -121,12 +144,60 @@ pub fn dataset(
     kwargs.set_item("format_options", format_options)?;
     kwargs.set_item("storage_options", storage_options)?;
     kwargs.set_item("on_error", on_error)?;
+    kwargs.set_item("_listing", listing)?;
     Ok(PyDataset {
         inner,
         recipe: vec![("dataset", kwargs.into_any().unbind())],
         access: Default::default(),
         epoch: Default::default(),
     })
+}
+
+fn storage_from(storage_options: Option<&Bound<'_, PyDict>>) -> PyResult<Arc<Storage>> {
+    let options = match storage_options {
+        Some(given) => StorageOptions::parse(&parse_options(given)?)?,
+        None => StorageOptions::default(),
+    };
+    Ok(Storage::new(options)?)
+}
+
+/// The files `source` names, as `dataset(source)` lists them: `(url, size, version)` each
+/// (`load_dataset` resolves a repo's splits from this, and passes it on as `_listing`).
+#[pyfunction]
+#[pyo3(signature = (source, storage_options=None))]
+pub fn _list_files(
+    py: Python<'_>,
+    source: &Bound<'_, PyAny>,
+    storage_options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Vec<(String, Option<u64>, Option<String>)>> {
+    let specs = source_list(source)?;
+    let storage = storage_from(storage_options)?;
+    let shards = py.detach(|| crate::source::resolve(&specs, &storage))?;
+    Ok(shards.into_iter().map(|s| (s.url, s.size, s.etag)).collect())
+}
+
+/// The bytes of one file or object (a repo's README.md); `size` as its listing said.
+#[pyfunction]
+#[pyo3(signature = (url, size=None, storage_options=None))]
+pub fn _read_file(
+    py: Python<'_>,
+    url: String,
+    size: Option<u64>,
+    storage_options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Py<pyo3::types::PyBytes>> {
+    let storage = storage_from(storage_options)?;
+    let shard = ShardMeta {
+        url,
+        size,
+        etag: None,
+        rows: None,
+    };
+    let bytes = py.detach(|| -> crate::error::Result<bytes::Bytes> {
+        let source = crate::source::open(&shard, &storage, Arc::default())?;
+        let size = crate::source::size_blocking(source.as_ref(), size)?;
+        source.read_range_blocking(0..size)
+    })?;
+    Ok(pyo3::types::PyBytes::new(py, &bytes).unbind())
 }
 
 /// A dataset of records in memory; `recipe_step` is how a pickled copy rebuilds it.

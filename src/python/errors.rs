@@ -36,7 +36,9 @@ fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
     };
     let class = match &error {
         Error::Callback(_) => return PyRuntimeError::new_err(error.to_string()),
-        Error::NotFound { .. } | Error::NoMatch { .. } => exception_class!(py, "NotFoundError"),
+        Error::NotFound { .. } | Error::NotOnHub { .. } | Error::NoMatch { .. } => {
+            exception_class!(py, "NotFoundError")
+        }
         Error::PermissionDenied { .. } => exception_class!(py, "AccessDeniedError"),
         Error::Io { .. } => exception_class!(py, "ReadError"),
         Error::Exists { .. } => exception_class!(py, "AlreadyExistsError"),

@@ -59,8 +59,8 @@ mod _native {
     use super::batch::PyRecordBatch;
     #[pymodule_export]
     use super::dataset::{
-        PyDataset, SampleIterator, concatenate, dataset, from_arrow, from_dict, from_list,
-        from_pandas, interleave,
+        PyDataset, SampleIterator, _list_files, _read_file, concatenate, dataset, from_arrow,
+        from_dict, from_list, from_pandas, interleave,
     };
     #[pymodule_export]
     use super::loader::{BatchIterator, PyDataLoader};

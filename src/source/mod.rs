@@ -2,6 +2,7 @@
 //! and reading those shards whole, by range, or as a stream.
 
 pub mod cache;
+mod hf;
 mod http;
 mod local;
 pub mod manifest;
@@ -121,7 +122,7 @@ impl Io {
     }
 }
 
-/// Turns user input (paths, `file://`/`s3://`/`http(s)://` URLs, globs, brace ranges,
+/// Turns user input (paths, `file://`/`s3://`/`hf://`/`http(s)://` URLs, globs, brace ranges,
 /// directories and prefixes) into the shard list. Each pattern's matches are sorted; the
 /// order of the patterns is kept.
 pub fn resolve(specs: &[String], storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
@@ -138,6 +139,7 @@ pub fn resolve(specs: &[String], storage: &Arc<Storage>) -> Result<Vec<ShardMeta
             match scheme(&expanded) {
                 Scheme::Local(path) => shards.extend(local::list(path)?),
                 Scheme::S3 => shards.extend(s3::list(&expanded, storage)?),
+                Scheme::Hub => shards.extend(hf::list(&expanded, storage)?),
                 Scheme::Http => {
                     if expanded.contains('*') {
                         return Err(Error::invalid_argument(format!(
@@ -153,7 +155,7 @@ pub fn resolve(specs: &[String], storage: &Arc<Storage>) -> Result<Vec<ShardMeta
                 }
                 Scheme::Unsupported(name) => {
                     return Err(Error::invalid_argument(format!(
-                        "{spec}: {name}:// sources are not supported (use a path, s3:// or http(s)://)"
+                        "{spec}: {name}:// sources are not supported (use a path, s3://, hf:// or http(s)://)"
                     )));
                 }
             }
@@ -177,6 +179,7 @@ pub fn open(
         Scheme::Local(path) => return Ok(Arc::new(LocalSource::new(path, counters))),
         Scheme::S3 => Box::new(s3::S3Backend::new(url, storage)?),
         Scheme::Http => Box::new(http::HttpBackend::new(url, storage)?),
+        Scheme::Hub => Box::new(hf::backend(url, storage)?),
         Scheme::Unsupported(name) => {
             return Err(Error::invalid_argument(format!(
                 "{url}: {name}:// sources are not supported"
@@ -214,6 +217,8 @@ enum Scheme<'a> {
     Local(&'a str),
     S3,
     Http,
+    /// A Hugging Face Hub dataset repo.
+    Hub,
     Unsupported(&'a str),
 }
 
@@ -224,6 +229,7 @@ fn scheme(spec: &str) -> Scheme<'_> {
     match spec.split_once("://") {
         Some(("s3", _)) => Scheme::S3,
         Some(("http" | "https", _)) => Scheme::Http,
+        Some(("hf", _)) => Scheme::Hub,
         Some((name, _)) if !name.contains('/') => Scheme::Unsupported(name),
         _ => Scheme::Local(spec),
     }

@@ -130,17 +130,22 @@ impl Inner {
                 self.counters.requests.fetch_add(1, Relaxed);
                 tokio::time::timeout(self.storage.options.timeout, attempt()).await
             };
+            let mut asked = Duration::ZERO;
             let cause = match outcome {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(Failure::Permanent(e))) => return Err(e),
                 Ok(Err(Failure::Transient(cause))) => cause,
+                Ok(Err(Failure::Throttled(cause, wait))) => {
+                    asked = wait;
+                    cause
+                }
                 Err(_) => format!("no response within {:?}", self.storage.options.timeout),
             };
             if tries >= policy.max_attempts {
                 return Err(self.gave_up(offset, what, &cause, tries));
             }
             self.counters.retries.fetch_add(1, Relaxed);
-            tokio::time::sleep(policy.backoff(tries)).await;
+            tokio::time::sleep(policy.backoff(tries).max(asked)).await;
         }
     }
 
@@ -170,6 +175,7 @@ impl Inner {
             tries += 1;
             let from = range.start + buf.len() as u64;
             let before = buf.len();
+            let mut asked = Duration::ZERO;
             let cause = {
                 let _permit = self.storage.limit().acquire_owned().await;
                 self.counters.requests.fetch_add(1, Relaxed);
@@ -178,6 +184,10 @@ impl Inner {
                     Err(_) => format!("no response within {timeout:?}"),
                     Ok(Err(Failure::Permanent(e))) => return Err(e),
                     Ok(Err(Failure::Transient(cause))) => cause,
+                    Ok(Err(Failure::Throttled(cause, wait))) => {
+                        asked = wait;
+                        cause
+                    }
                     Ok(Ok(mut response)) => {
                         read_body(&mut *response.body, &mut buf, want, timeout).await
                     }
@@ -201,7 +211,7 @@ impl Inner {
                 ));
             }
             self.counters.retries.fetch_add(1, Relaxed);
-            tokio::time::sleep(policy.backoff(tries.max(1))).await;
+            tokio::time::sleep(policy.backoff(tries.max(1)).max(asked)).await;
         }
         buf.truncate(want);
         Ok(buf)

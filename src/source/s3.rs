@@ -215,7 +215,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
         let backend = S3Backend::new(url, storage)?;
         let info = rt.block_on(backend.head()).map_err(|f| match f {
             Failure::Permanent(e) => e,
-            Failure::Transient(cause) => Error::Io {
+            Failure::Transient(cause) | Failure::Throttled(cause, _) => Error::Io {
                 url: url.into(),
                 position: crate::error::Position::Unknown,
                 source: std::io::Error::other(cause),
@@ -255,7 +255,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
             )
             .map_err(|e| match failure(url, e) {
                 Failure::Permanent(e) => e,
-                Failure::Transient(cause) => Error::Io {
+                Failure::Transient(cause) | Failure::Throttled(cause, _) => Error::Io {
                     url: url.into(),
                     position: crate::error::Position::Unknown,
                     source: std::io::Error::other(format!("listing failed: {cause}")),

@@ -38,6 +38,10 @@ pub struct StorageOptions {
     pub chunk_size: u64,
     pub cache_dir: Option<PathBuf>,
     pub cache_size: u64,
+    /// The Hugging Face Hub's address; `HF_ENDPOINT` when not given.
+    pub hf_endpoint: Option<String>,
+    /// The Hub token; `HF_TOKEN`, or the token file, when not given.
+    pub hf_token: Option<String>,
 }
 
 impl std::fmt::Debug for StorageOptions {
@@ -53,6 +57,8 @@ impl std::fmt::Debug for StorageOptions {
                 "credentials",
                 &self.access_key_id.as_ref().map(|_| "<given>"),
             )
+            .field("hf_endpoint", &self.hf_endpoint)
+            .field("hf_token", &self.hf_token.as_ref().map(|_| "<given>"))
             .field("max_concurrency", &self.max_concurrency)
             .field("cache_dir", &self.cache_dir)
             .finish_non_exhaustive()
@@ -76,6 +82,8 @@ impl Default for StorageOptions {
             chunk_size: 8 * 1024 * 1024,
             cache_dir: None,
             cache_size: 10 << 30,
+            hf_endpoint: None,
+            hf_token: None,
         }
     }
 }
@@ -117,6 +125,8 @@ impl StorageOptions {
             chunk_size: r.u64("chunk_size", d.chunk_size)?.max(64 * 1024),
             cache_dir: owned(r.string("cache_dir")?).map(PathBuf::from),
             cache_size: r.u64("cache_size", d.cache_size)?,
+            hf_endpoint: owned(r.string("hf_endpoint")?),
+            hf_token: owned(r.string("hf_token")?),
         };
         r.finish()?;
         Ok(parsed)

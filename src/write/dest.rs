@@ -385,28 +385,18 @@ impl Destination {
 
 /// Tries `attempt` until it succeeds, fails for good, or runs out of the storage
 /// options' tries; each try is bounded by their timeout.
-async fn retry<T, F, Fut>(storage: &Storage, url: &str, what: &str, mut attempt: F) -> Result<T>
+async fn retry<T, F, Fut>(storage: &Storage, url: &str, what: &str, attempt: F) -> Result<T>
 where
     T: Send,
     F: FnMut() -> Fut + Send,
     Fut: std::future::Future<Output = std::result::Result<T, Failure>> + Send,
 {
     let options = &storage.options;
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let cause = match tokio::time::timeout(options.timeout, attempt()).await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(Failure::Permanent(e))) => return Err(e),
-            Ok(Err(Failure::Transient(cause))) => cause,
-            Err(_) => format!("no response within {:?}", options.timeout),
-        };
-        if tries >= options.retry.max_attempts {
-            return Err(Error::write(
-                url,
-                std::io::Error::other(format!("{what} failed after {tries} attempts: {cause}")),
-            ));
-        }
-        tokio::time::sleep(options.retry.backoff(tries)).await;
-    }
+    crate::source::retry::retrying(options.retry, options.timeout, attempt, |cause, tries| {
+        Error::write(
+            url,
+            std::io::Error::other(format!("{what} failed after {tries} attempts: {cause}")),
+        )
+    })
+    .await
 }
