@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import shardflow as sf
-from shardflow import _native
+from shardflow import _load, _native
 
 
 def _write_demo_data(directory: str, rows: int, shards: int) -> tuple[str, str]:
@@ -186,8 +186,21 @@ def _print_shard_table(shards: list[dict[str, Any]], limit: int = 20) -> None:
         print(f"  ... {len(shards) - limit:,} more (--json lists all)")
 
 
+def _open(args: argparse.Namespace, **kwargs: Any) -> sf.Dataset:
+    """`dataset(SOURCE)`; for a Hub repo (``org/name``, ``hf://datasets/org/name``), or
+    with --split or --name, the split ``load_dataset`` gives (without --split, the first)."""
+    first, *rest = args.source
+    repo_root = first.startswith("hf://") and first.rstrip("/").count("/") <= 4
+    if not rest and (repo_root or _load._is_repo_id(first) or args.split or args.name):
+        found = sf.load_dataset(first, args.name, split=args.split, **kwargs)
+        return found if args.split else next(iter(found.values()))
+    if args.split or args.name:
+        raise SystemExit("--split and --name take one repo, folder or prefix")
+    return sf.dataset(args.source, args.format, **kwargs)
+
+
 def inspect(args: argparse.Namespace) -> None:
-    ds = sf.dataset(args.source, args.format)
+    ds = _open(args)
     shards = ds._shard_table()  # URLs redacted; rows where known without reading
     total_bytes = _sum_if_known([s["bytes"] for s in shards])
     # per-shard counts spare len() a pass over stream formats
@@ -214,13 +227,13 @@ def inspect(args: argparse.Namespace) -> None:
 
 
 def head(args: argparse.Namespace) -> None:
-    ds = sf.dataset(args.source, args.format)
+    ds = _open(args)
     for sample in ds.take(args.n):
         _print_json(sample)
 
 
 def bench(args: argparse.Namespace) -> None:
-    ds = sf.dataset(args.source, args.format, columns=args.columns)
+    ds = _open(args, columns=args.columns)
     loader = sf.DataLoader(
         ds, batch_size=args.batch_size, shuffle=args.shuffle, num_threads=args.threads, output=args.output
     )
@@ -250,7 +263,7 @@ def bench(args: argparse.Namespace) -> None:
 
 
 def convert(args: argparse.Namespace) -> None:
-    ds = sf.dataset(args.source, args.format)
+    ds = _open(args)
     total = _rows_without_reading(ds)
     start = time.perf_counter()
     with _progress_bar(total, args.json, "convert") as bar:
@@ -279,8 +292,13 @@ def convert(args: argparse.Namespace) -> None:
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", nargs="+", metavar="SOURCE", help="paths, globs, brace ranges or URLs")
+    p.add_argument(
+        "source", nargs="+", metavar="SOURCE",
+        help="paths, globs, brace ranges or URLs; or a Hub repo (org/name, hf://datasets/org/name)",
+    )
     p.add_argument("--format", help="the source format (default: from the file extension)")
+    p.add_argument("--split", help="a split of the repo, folder or prefix, as load_dataset takes it (train[:10%%])")
+    p.add_argument("--name", help="a config of the repo's README (load_dataset's name=)")
 
 
 def _add_json(p: argparse.ArgumentParser) -> None:

@@ -311,7 +311,7 @@ def _split_datasets(
         if not kept:
             raise _not_found(f"{repo.root}: split {split!r} has no {builder} files")
         entries = [repo.files[f] for f in kept]
-        listing = [list(e) for e in entries] if repo.remote else None
+        listing = entries if repo.remote else None
         out[split] = shardflow.dataset(
             [e[0] for e in entries], format=fmt, storage_options=repo.storage_options,
             _listing=listing, **dataset_args,
