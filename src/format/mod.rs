@@ -583,16 +583,27 @@ mod tests {
         assert!(infer(&[shard("a.parquet"), shard("b.jsonl")]).is_err());
         assert!(infer(&[shard("a.bin")]).is_err());
         // A listing's README is left out; a named one is not.
-        let (name, kept) =
-            choose(vec![shard("d/README.md"), shard("d/a.parquet")], None, listed).unwrap();
+        let (name, kept) = choose(
+            vec![shard("d/README.md"), shard("d/a.parquet")],
+            None,
+            listed,
+        )
+        .unwrap();
         assert_eq!((name, kept), ("parquet", vec![shard("d/a.parquet")]));
         assert!(choose(vec![shard("README.md"), shard("a.parquet")], None, |_| true).is_err());
         // format= given: a listing's other files are left out, unless none has its extension.
-        let (_, kept) =
-            choose(vec![shard("d/README.md"), shard("d/b.csv")], Some("csv"), listed).unwrap();
+        let (_, kept) = choose(
+            vec![shard("d/README.md"), shard("d/b.csv")],
+            Some("csv"),
+            listed,
+        )
+        .unwrap();
         assert_eq!(kept, vec![shard("d/b.csv")]);
         let spark = vec![shard("d/part-00000"), shard("d/part-00001")];
-        assert_eq!(choose(spark.clone(), Some("parquet"), listed).unwrap().1, spark);
+        assert_eq!(
+            choose(spark.clone(), Some("parquet"), listed).unwrap().1,
+            spark
+        );
         assert!(by_name("nope").is_err());
         assert_eq!(by_name("jsonl").unwrap().name(), "jsonl");
     }

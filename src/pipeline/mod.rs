@@ -401,7 +401,11 @@ fn named_files(specs: &[String]) -> Result<std::collections::HashSet<String>> {
     let mut named = std::collections::HashSet::new();
     for spec in specs {
         for expanded in source::pattern::expand_braces(spec.trim())? {
-            named.insert(source::local_path(&expanded).unwrap_or(&expanded).to_string());
+            named.insert(
+                source::local_path(&expanded)
+                    .unwrap_or(&expanded)
+                    .to_string(),
+            );
         }
     }
     Ok(named)

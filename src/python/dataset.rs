@@ -119,9 +119,8 @@ pub fn dataset(
         images: None,
     };
     let storage = storage_from(storage_options)?;
-    let inner = py.detach(|| {
-        Dataset::open_listed(&specs, listing, format.as_deref(), options, storage)
-    })?;
+    let inner =
+        py.detach(|| Dataset::open_listed(&specs, listing, format.as_deref(), options, storage))?;
     // A remote listing travels with the pickled recipe, so that worker processes (and
     // every rank's spawned workers) list nothing: listings are what rate limits count.
     // Not a manifest's (its shards know their rows): the manifest is read again.
@@ -173,7 +172,10 @@ pub fn _list_files(
     let specs = source_list(source)?;
     let storage = storage_from(storage_options)?;
     let shards = py.detach(|| crate::source::resolve(&specs, &storage))?;
-    Ok(shards.into_iter().map(|s| (s.url, s.size, s.etag)).collect())
+    Ok(shards
+        .into_iter()
+        .map(|s| (s.url, s.size, s.etag))
+        .collect())
 }
 
 /// The bytes of one file or object (a repo's README.md); `size` as its listing said.

@@ -59,7 +59,7 @@ mod _native {
     use super::batch::PyRecordBatch;
     #[pymodule_export]
     use super::dataset::{
-        PyDataset, SampleIterator, _list_files, _read_file, concatenate, dataset, from_arrow,
+        _list_files, _read_file, PyDataset, SampleIterator, concatenate, dataset, from_arrow,
         from_dict, from_list, from_pandas, interleave,
     };
     #[pymodule_export]

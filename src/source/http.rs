@@ -53,7 +53,12 @@ impl HttpBackend {
     }
 
     /// A file of a Hub repo: `url` its `resolve` URL, `name` its `hf://` URL.
-    pub fn hub(url: String, name: String, token: Option<&str>, storage: &Arc<Storage>) -> Result<Self> {
+    pub fn hub(
+        url: String,
+        name: String,
+        token: Option<&str>,
+        storage: &Arc<Storage>,
+    ) -> Result<Self> {
         Ok(Self {
             url,
             name,

@@ -147,9 +147,15 @@ mod tests {
         let secs = Duration::from_secs;
         assert_eq!(asked_wait(Some("7"), None), Some(secs(7)));
         assert_eq!(asked_wait(None, Some(r#""api";r=0;t=55"#)), Some(secs(55)));
-        assert_eq!(asked_wait(Some("9"), Some(r#""api";r=0;t=55"#)), Some(secs(9)));
+        assert_eq!(
+            asked_wait(Some("9"), Some(r#""api";r=0;t=55"#)),
+            Some(secs(9))
+        );
         assert_eq!(asked_wait(Some("86400"), None), Some(MAX_ASKED_WAIT));
-        assert_eq!(asked_wait(Some("Wed, 21 Oct 2015 07:28:00 GMT"), None), None);
+        assert_eq!(
+            asked_wait(Some("Wed, 21 Oct 2015 07:28:00 GMT"), None),
+            None
+        );
         assert_eq!(asked_wait(None, None), None);
     }
 }
