@@ -470,17 +470,19 @@ static REGISTRY: &[Registration] = &[
 
 /// Looks a format up by the name users pass as `format=`.
 pub fn by_name(name: &str) -> Result<Arc<dyn Format>> {
-    REGISTRY
-        .iter()
-        .find(|r| r.name == name)
-        .map(|r| (r.make)())
-        .ok_or_else(|| {
-            let known: Vec<_> = REGISTRY.iter().map(|r| r.name).collect();
-            Error::invalid_argument(format!(
-                "unknown format {name:?}; known formats: {}",
-                known.join(", ")
-            ))
-        })
+    registered(name).map(|r| (r.make)())
+}
+
+/// The registration of the format `format=` names (a reader may serve several names:
+/// `json` reads with the JSON Lines reader, arrays aside).
+fn registered(name: &str) -> Result<&'static Registration> {
+    REGISTRY.iter().find(|r| r.name == name).ok_or_else(|| {
+        let known: Vec<_> = REGISTRY.iter().map(|r| r.name).collect();
+        Error::invalid_argument(format!(
+            "unknown format {name:?}; known formats: {}",
+            known.join(", ")
+        ))
+    })
 }
 
 /// The format name implied by a file name's extension.
@@ -531,7 +533,7 @@ pub fn choose(
         }
     }
     let name = match (format, found) {
-        (Some(given), _) => by_name(given)?.name(),
+        (Some(given), _) => registered(given)?.name,
         (None, Some((name, _))) => name,
         (None, None) => {
             return Err(match shards.first() {
