@@ -175,8 +175,9 @@ def test_parquet_image_column_batches_share_memory(tmp_path: Path, fashion: np.n
     assert first.base is not None and not first.flags.owndata  # a view of the decoded Arrow buffer
     with pytest.raises(sf.InvalidArgumentError, match="not a column"):
         sf.dataset(tmp_path / "images.parquet", format_options={"decode_images": {"img": "rgb8"}, "center_crop": 28}).schema
-    with pytest.raises(sf.InvalidArgumentError, match="one shape"):
-        sf.dataset(tmp_path / "images.parquet", format_options={"decode_images": {"image": "rgb8"}})
+    # Without a resize or crop, each image keeps its own size.
+    own = sf.dataset(tmp_path / "images.parquet", format_options={"decode_images": {"image": "rgb8"}})
+    assert own[0]["image"].shape == (28, 28, 3)
     with pytest.raises(sf.InvalidArgumentError, match="decode_images"):
         sf.dataset(tmp_path / "images.parquet", format_options={"decode": "rgb8", "center_crop": 28})
 
@@ -216,3 +217,87 @@ def test_corrupt_images_raise_or_are_skipped_and_counted(tmp_path: Path, fashion
     np.testing.assert_array_equal(
         np.concatenate([b["png"] for b in batches])[..., 0], np.delete(fashion[:20], [5, 11], axis=0)
     )
+
+
+def torchvision_center_crop(pixels: np.ndarray, crop_h: int, crop_w: int) -> np.ndarray:
+    """torchvision.transforms.functional.center_crop, line for line: pad a side smaller
+    than the crop with (crop - size) // 2 zeros before and the rest after, then crop at
+    round((size - crop) / 2)."""
+    h, w = pixels.shape[:2]
+    if crop_w > w or crop_h > h:
+        left = (crop_w - w) // 2 if crop_w > w else 0
+        top = (crop_h - h) // 2 if crop_h > h else 0
+        right = (crop_w - w + 1) // 2 if crop_w > w else 0
+        bottom = (crop_h - h + 1) // 2 if crop_h > h else 0
+        pixels = np.pad(pixels, ((top, bottom), (left, right), (0, 0)))
+        h, w = pixels.shape[:2]
+        if crop_w == w and crop_h == h:
+            return pixels
+    top, left = int(round((h - crop_h) / 2.0)), int(round((w - crop_w) / 2.0))
+    return pixels[top : top + crop_h, left : left + crop_w]
+
+
+def test_center_crop_larger_than_the_image_pads_as_torchvision(tmp_path: Path) -> None:
+    """A 5x5 image cropped to 8 sits at (1, 1), as torchvision puts it, not (2, 2):
+    crop - size = 3 (mod 4) was one pixel off."""
+    rng = np.random.default_rng(5)
+    shapes = [(5, 5), (5, 6), (7, 3), (4, 9), (2, 2)]
+    arrays = [rng.integers(1, 256, (h, w, 3), dtype=np.uint8) for h, w in shapes]
+    write_tar(tmp_path / "small.tar", [{"png": encode(Image.fromarray(a), "PNG")} for a in arrays])
+    for crop in ([8, 8], [6, 6], [9, 5]):
+        got = decoded(tmp_path / "small.tar", "png", decode="rgb8", center_crop=crop)
+        for a, image in zip(arrays, got):
+            np.testing.assert_array_equal(image, torchvision_center_crop(a, *crop), err_msg=f"{a.shape} -> {crop}")
+
+
+def test_sixteen_bit_pngs_scale_to_eight_bits_as_the_readme_says(tmp_path: Path) -> None:
+    """(v + 128) // 257 per value, where Pillow's convert("L") clips at 255."""
+    values = np.array([[0, 128, 129, 255, 256], [385, 32767, 65279, 65407, 65535]], dtype=np.uint16)
+    buffer = io.BytesIO()
+    Image.fromarray(values).save(buffer, format="PNG")  # a 16-bit grey PNG ("I;16")
+    assert Image.open(io.BytesIO(buffer.getvalue())).mode.startswith("I")
+    write_tar(tmp_path / "deep.tar", [{"png": buffer.getvalue()}])
+    got = decoded(tmp_path / "deep.tar", "png", decode="l8", center_crop=[2, 5])[0].reshape(2, 5)
+    np.testing.assert_array_equal(got, (values.astype(np.uint32) + 128) // 257)
+    clipped = np.minimum(values, 255)  # what Pillow gives
+    assert (got != clipped).any()
+
+
+def test_images_decode_at_their_own_size(tmp_path: Path) -> None:
+    """No resize or crop: each image its own (H, W, C) array — per sample, per index, in
+    numpy batches (an object array of them) and torch batches (a list of tensors) —
+    equal to Pillow's pixels."""
+    import torch
+
+    rng = np.random.default_rng(11)
+    shapes = [(5, 7), (12, 3), (5, 7), (30, 41), (1, 1)]
+    arrays = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in shapes]
+    write_tar(tmp_path / "sizes.tar", [{"png": encode(Image.fromarray(a), "PNG")} for a in arrays])
+    ds = sf.dataset(tmp_path / "sizes.tar", format_options={"decode": "rgb8"})
+    for a, sample in zip(arrays, ds):
+        assert sample["png"].dtype == np.uint8
+        np.testing.assert_array_equal(sample["png"], a)
+    np.testing.assert_array_equal(ds[3]["png"], arrays[3])
+    batch = next(iter(sf.DataLoader(ds, batch_size=5)))
+    assert [image.shape for image in batch["png"]] == [(h, w, 3) for h, w in shapes]
+    for a, image in zip(arrays, batch["png"]):
+        np.testing.assert_array_equal(image, a)
+    # Two images of one size in a torch batch are still a list, as every batch is.
+    for batch in sf.DataLoader(ds, batch_size=2, output="torch"):
+        assert isinstance(batch["png"], list) and all(isinstance(t, torch.Tensor) for t in batch["png"])
+    tensors = [t for b in sf.DataLoader(ds, batch_size=2, output="torch") for t in b["png"]]
+    assert [tuple(t.shape) for t in tensors] == [(h, w, 3) for h, w in shapes]
+    # Grey, and resized by the shorter side only: sizes vary, as torchvision's Resize(n) makes them.
+    grey = sf.dataset(tmp_path / "sizes.tar", format_options={"decode": "l8", "resize": 10})
+    expected = [(10, 14), (40, 10), (10, 14), (10, 13), (10, 10)]
+    assert [s["png"].shape for s in grey] == [(h, w, 1) for h, w in expected]
+
+
+def test_jpegs_at_their_own_size_match_pillow(tmp_path: Path, photos: list[Image.Image]) -> None:
+    jpegs = [encode(p, "JPEG", quality=90) for p in photos]
+    write_tar(tmp_path / "photos.tar", [{"jpg": j} for j in jpegs])
+    got = [s["jpg"] for s in sf.dataset(tmp_path / "photos.tar", format_options={"decode": {"jpg": "rgb8"}})]
+    for data, image in zip(jpegs, got):
+        expected = pil_pixels(data)
+        assert image.shape == expected.shape
+        assert np.abs(image.astype(int) - expected).max() <= 4

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import sys
 import tempfile
@@ -79,10 +80,13 @@ def _known_len(ds: sf.Dataset) -> int | None:
 
 
 def _json_safe(value: Any) -> Any:
-    """``value`` with numpy arrays as lists, numpy scalars as Python scalars and bytes
-    as base64 text, recursively, so that ``json.dumps`` takes it."""
+    """``value`` with numpy arrays as lists (a 0-d array as its value), numpy scalars as
+    Python scalars, bytes as base64 text and NaN and infinities as null, recursively, so
+    that ``json.dumps`` writes strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, np.ndarray):
-        return [_json_safe(v) for v in value.tolist()]
+        return _json_safe(value.tolist())
     if isinstance(value, np.generic):
         return _json_safe(value.item())
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -96,7 +100,7 @@ def _json_safe(value: Any) -> Any:
 
 def _print_json(value: Any) -> None:
     # default=str: dates, decimals and the like print as their text rather than fail
-    print(json.dumps(_json_safe(value), default=str))
+    print(json.dumps(_json_safe(value), default=str, allow_nan=False))
 
 
 def _run_epoch(loader: sf.DataLoader, bar: Any = None) -> tuple[int, float, dict[str, float]]:

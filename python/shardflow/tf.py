@@ -26,6 +26,11 @@ def _spec(column: dict[str, Any], batched: bool) -> Any:
     name, dtype, shape = column["name"], column["dtype"], tuple(column["shape"])
     if dtype == "struct":
         return {child["name"]: _spec(child, batched) for child in column["fields"]}
+    if column.get("variable_shape"):
+        raise TypeError(
+            f"column {name!r} holds images of their own sizes, which a tf.data signature cannot "
+            "type; decode them with resize=[H, W] or center_crop= for TensorFlow"
+        )
     if dtype == "object":
         raise TypeError(
             f"column {name!r} holds values TensorFlow has no tensor type for; "

@@ -1,7 +1,9 @@
 //! Image decoding on the decode threads: JPEG, PNG and WebP bytes in a binary column
-//! become `(H, W, C)` uint8 tensors (Arrow's fixed-shape tensor type, so a batch reaches
-//! numpy as one `(batch, H, W, C)` array without copying), optionally resized and
-//! center-cropped to a fixed shape, as torchvision's `Resize` / `CenterCrop` do.
+//! become `(H, W, C)` uint8 tensors. Resized to `[H, W]` or center-cropped, they have
+//! one shape (Arrow's fixed-shape tensor type, so a batch reaches numpy as one
+//! `(batch, H, W, C)` array without copying), as torchvision's `Resize` / `CenterCrop`
+//! make them; otherwise each keeps its own size (Arrow's variable-shape tensor type: a
+//! batch is a list of arrays, each a view of the decoded bytes).
 //!
 //! Options (`format_options`), taken out before the format reads its own:
 //! - `decode`: WebDataset and raw files, `{"jpg": "rgb8", "png": "rgb8"}` (fields by
@@ -10,8 +12,7 @@
 //! - `resize`: `[H, W]`, or `N` to scale the shorter side to N (bilinear, antialiased);
 //! - `center_crop`: `[H, W]` or `N` (padding with zeros where the image is smaller).
 //!
-//! Channels: `"rgb8"` (3), `"l8"` (grey, 1), `"rgba8"` (4). Decoded images have one
-//! shape, so `resize=[H, W]` or `center_crop` is required. No decoded image may take
+//! Channels: `"rgb8"` (3), `"l8"` (grey, 1), `"rgba8"` (4). No decoded image may take
 //! more than 512 MiB: the image crate's limits for PNG and WebP, and for JPEG (decoded by
 //! zune-jpeg directly, into a buffer each decode thread reuses) a check of its header.
 
@@ -27,7 +28,10 @@ use fast_image_resize::{FilterType as FirFilter, PixelType, ResizeAlg, ResizeOpt
 use image::{DynamicImage, ImageFormat};
 use rayon::prelude::*;
 
-use super::{BatchSink, DecodeTask, Decoded, OnError, UnitJob, UnitJobs, WorkUnit, tensor_field};
+use super::{
+    BatchSink, DecodeTask, Decoded, OnError, UnitJob, UnitJobs, WorkUnit, tensor_field,
+    variable_tensor_field,
+};
 use crate::error::{Error, Position, Result};
 use crate::options::{OptionValue, Options};
 use crate::source::ShardMeta;
@@ -207,32 +211,24 @@ impl ImageSpec {
             let (h, w, _) = size("center_crop", value)?;
             spec.crop = Some((h, w));
         }
-        let (h, w) = spec.shape();
-        if (h as u64) * (w as u64) * 4 > i32::MAX as u64 {
+        if let Some((h, w)) = spec.shape()
+            && (h as u64) * (w as u64) * 4 > i32::MAX as u64
+        {
             return Err(bad(
                 "center_crop",
                 "an image of more than 2^31 values per sample is more than one tensor holds",
             ));
         }
-        if spec.crop.is_none() && !matches!(spec.resize, Some(Resize::Exact(..))) {
-            return Err(bad(
-                if spec.by_column.is_empty() {
-                    "decode"
-                } else {
-                    "decode_images"
-                },
-                "decoded images need one shape: give resize=[H, W] or center_crop= (e.g. resize=256, center_crop=224)",
-            ));
-        }
         Ok(Some(spec))
     }
 
-    /// The output image's `(height, width)`.
-    fn shape(&self) -> (u32, u32) {
+    /// The output images' `(height, width)`, when they have one (a crop, or an exact
+    /// resize); `None`: each keeps its own (resized by its shorter side, if asked).
+    fn shape(&self) -> Option<(u32, u32)> {
         match (self.crop, self.resize) {
-            (Some(crop), _) => crop,
-            (None, Some(Resize::Exact(h, w))) => (h, w),
-            (None, _) => (0, 0),
+            (Some(crop), _) => Some(crop),
+            (None, Some(Resize::Exact(h, w))) => Some((h, w)),
+            (None, _) => None,
         }
     }
 
@@ -296,22 +292,27 @@ impl ImageSpec {
                 )));
             }
         }
-        let (height, width) = self.shape();
+        let fixed = self.shape();
         let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
         for column in &columns {
             let name = fields[column.index].name().clone();
-            fields[column.index] = tensor_field(
-                &name,
-                DataType::UInt8,
-                &[height as usize, width as usize, column.channels.count()],
-                true,
-            );
+            let channels = column.channels.count();
+            fields[column.index] = match fixed {
+                Some((height, width)) => tensor_field(
+                    &name,
+                    DataType::UInt8,
+                    &[height as usize, width as usize, channels],
+                    true,
+                ),
+                None => {
+                    variable_tensor_field(&name, DataType::UInt8, &[None, None, Some(channels)])
+                }
+            };
         }
         Ok(ImageDecode {
             columns,
             resize: self.resize,
-            height,
-            width,
+            fixed,
             on_error,
             schema: Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
         })
@@ -331,8 +332,8 @@ struct ImageColumn {
 pub struct ImageDecode {
     columns: Vec<ImageColumn>,
     resize: Option<Resize>,
-    height: u32,
-    width: u32,
+    /// `(height, width)` of every output image; `None`: each its own.
+    fixed: Option<(u32, u32)>,
     on_error: OnError,
     /// The schema with image columns as tensors.
     pub schema: SchemaRef,
@@ -414,32 +415,14 @@ fn decode_jpeg(
 }
 
 impl ImageDecode {
-    /// Decodes one image into `out` (`height * width * channels` bytes).
+    /// Decodes one image into `out` (`height * width * channels` bytes of the fixed shape).
     fn decode_one(
         &self,
         column: &ImageColumn,
         bytes: &[u8],
         out: &mut [u8],
     ) -> std::result::Result<(), String> {
-        let format =
-            image::guess_format(bytes).map_err(|_| "not a JPEG, PNG or WebP image".to_string())?;
-        if !matches!(
-            format,
-            ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::WebP
-        ) {
-            return Err(format!(
-                "a {format:?} image; shardflow decodes JPEG, PNG and WebP"
-            ));
-        }
-        if let Some(allowed) = &column.allowed {
-            let ext = extension_of(format);
-            let ok = allowed
-                .iter()
-                .any(|a| a == ext || (ext == "jpg" && a == "jpeg"));
-            if !ok {
-                return Err(format!("a {ext} image, and decode= names only {allowed:?}"));
-            }
-        }
+        let format = image_format(column, bytes)?;
         SCRATCH.with_borrow_mut(|scratch| {
             let outcome = self.decode_with(scratch, column, format, bytes, out);
             if scratch.pixels.capacity() > KEEP_SCRATCH_BYTES {
@@ -449,6 +432,102 @@ impl ImageDecode {
         })
     }
 
+    /// Decodes one image at its own size (or resized by its shorter side): its pixels,
+    /// height and width.
+    fn decode_own_size(
+        &self,
+        column: &ImageColumn,
+        bytes: &[u8],
+    ) -> std::result::Result<(Vec<u8>, u32, u32), String> {
+        let format = image_format(column, bytes)?;
+        SCRATCH.with_borrow_mut(|scratch| {
+            let (w, h, pixel_type) = decode_pixels(&mut scratch.pixels, column, format, bytes)?;
+            let len = w as usize * h as usize * column.channels.count();
+            let outcome = match self.resize {
+                Some(Resize::Shorter(n)) => {
+                    let (nw, nh) = shorter_side(w, h, n);
+                    let decoded = scratch.pixels.get_mut(..len).ok_or("short decode")?;
+                    let source = FirImage::from_slice_u8(w, h, decoded, pixel_type)
+                        .map_err(|e| e.to_string())?;
+                    let mut resized = FirImage::new(nw, nh, pixel_type);
+                    let options = ResizeOptions::new()
+                        .resize_alg(ResizeAlg::Convolution(FirFilter::Bilinear));
+                    scratch
+                        .resizer
+                        .resize(&source, &mut resized, &options)
+                        .map_err(|e| e.to_string())?;
+                    Ok((resized.into_vec(), nh, nw))
+                }
+                _ => Ok((scratch.pixels[..len].to_vec(), h, w)),
+            };
+            if scratch.pixels.capacity() > KEEP_SCRATCH_BYTES {
+                scratch.pixels = Vec::new();
+            }
+            outcome
+        })
+    }
+}
+
+/// The image type of `bytes`, checked against what `column` may hold.
+fn image_format(column: &ImageColumn, bytes: &[u8]) -> std::result::Result<ImageFormat, String> {
+    let format =
+        image::guess_format(bytes).map_err(|_| "not a JPEG, PNG or WebP image".to_string())?;
+    if !matches!(
+        format,
+        ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::WebP
+    ) {
+        return Err(format!(
+            "a {format:?} image; shardflow decodes JPEG, PNG and WebP"
+        ));
+    }
+    if let Some(allowed) = &column.allowed {
+        let ext = extension_of(format);
+        let ok = allowed
+            .iter()
+            .any(|a| a == ext || (ext == "jpg" && a == "jpeg"));
+        if !ok {
+            return Err(format!("a {ext} image, and decode= names only {allowed:?}"));
+        }
+    }
+    Ok(format)
+}
+
+/// torchvision's `Resize(n)`: the shorter side to `n`, the longer `int(n * long / short)`;
+/// `(width, height)`.
+fn shorter_side(w: u32, h: u32, n: u32) -> (u32, u32) {
+    if w <= h {
+        (n, (n as u64 * h as u64 / w.max(1) as u64).max(1) as u32)
+    } else {
+        ((n as u64 * w as u64 / h.max(1) as u64).max(1) as u32, n)
+    }
+}
+
+/// Decodes `bytes` (of type `format`) into `pixels` in `column`'s channels; returns
+/// `(width, height, layout)`.
+fn decode_pixels(
+    pixels: &mut Vec<u8>,
+    column: &ImageColumn,
+    format: ImageFormat,
+    bytes: &[u8],
+) -> std::result::Result<(u32, u32, PixelType), String> {
+    if format == ImageFormat::Jpeg && column.channels != Channels::Rgba {
+        return decode_jpeg(bytes, column.channels, pixels);
+    }
+    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
+    reader.limits(image::Limits::default());
+    let img = reader.decode().map_err(|e| e.to_string())?;
+    let (w, h) = (img.width(), img.height());
+    let (decoded, pixel_type) = match column.channels {
+        // No copy when the decoder made RGB8 already (most PNGs).
+        Channels::Rgb => (img.into_rgb8().into_raw(), PixelType::U8x3),
+        Channels::Grey => (grey(img), PixelType::U8),
+        Channels::Rgba => (img.into_rgba8().into_raw(), PixelType::U8x4),
+    };
+    *pixels = decoded;
+    Ok((w, h, pixel_type))
+}
+
+impl ImageDecode {
     /// `decode_one` with this thread's scratch: decodes `bytes` (of type `format`) into
     /// `scratch.pixels`, then resizes and crops them into `out`.
     fn decode_with(
@@ -460,23 +539,7 @@ impl ImageDecode {
         out: &mut [u8],
     ) -> std::result::Result<(), String> {
         let Scratch { pixels, resizer } = scratch;
-        let (w, h, pixel_type) = if format == ImageFormat::Jpeg && column.channels != Channels::Rgba
-        {
-            decode_jpeg(bytes, column.channels, pixels)?
-        } else {
-            let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
-            reader.limits(image::Limits::default());
-            let img = reader.decode().map_err(|e| e.to_string())?;
-            let (w, h) = (img.width(), img.height());
-            let (decoded, pixel_type) = match column.channels {
-                // No copy when the decoder made RGB8 already (most PNGs).
-                Channels::Rgb => (img.into_rgb8().into_raw(), PixelType::U8x3),
-                Channels::Grey => (grey(img), PixelType::U8),
-                Channels::Rgba => (img.into_rgba8().into_raw(), PixelType::U8x4),
-            };
-            *pixels = decoded;
-            (w, h, pixel_type)
-        };
+        let (w, h, pixel_type) = decode_pixels(pixels, column, format, bytes)?;
         let channels = column.channels.count();
         let len = w as usize * h as usize * channels;
         let have = pixels.len();
@@ -488,17 +551,10 @@ impl ImageDecode {
         let (nw, nh) = match self.resize {
             None => (w, h),
             Some(Resize::Exact(rh, rw)) => (rw, rh),
-            // torchvision's rounding: the longer side is int(n * long / short).
-            Some(Resize::Shorter(n)) if w <= h => {
-                (n, (n as u64 * h as u64 / w.max(1) as u64).max(1) as u32)
-            }
-            Some(Resize::Shorter(n)) => ((n as u64 * w as u64 / h.max(1) as u64).max(1) as u32, n),
+            Some(Resize::Shorter(n)) => shorter_side(w, h, n),
         };
-        // The center crop's corner in the resized image, as torchvision computes it:
-        // Python's round((size - crop) / 2), halves to even. Negative: zero padding.
-        let (ow, oh) = (self.width, self.height);
-        let left = ((nw as f64 - ow as f64) / 2.0).round_ties_even() as i64;
-        let top = ((nh as f64 - oh as f64) / 2.0).round_ties_even() as i64;
+        let (oh, ow) = self.fixed.ok_or("no fixed shape to decode into")?;
+        let (left, top) = (crop_start(nw, ow), crop_start(nh, oh));
         if (nw, nh) == (w, h) {
             place(&source, left, top, (ow, oh), channels, out);
             return Ok(());
@@ -545,22 +601,11 @@ impl ImageDecode {
             let input = arrow_cast::cast(batch.column(column.index), &DataType::LargeBinary)
                 .map_err(|e| Error::Internal(format!("image column: {e}")))?;
             let input = input.as_binary::<i64>();
-            let size = self.height as usize * self.width as usize * column.channels.count();
-            let mut pixels = vec![0u8; rows * size];
-            let outcomes: Vec<std::result::Result<(), String>> = pixels
-                .par_chunks_mut(size.max(1))
-                .enumerate()
-                .map(|(row, out)| {
-                    if input.is_null(row) {
-                        return Ok(());
-                    }
-                    // A panic in a decoder is a bug there, reported as this row's error.
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        self.decode_one(column, input.value(row), out)
-                    }))
-                    .unwrap_or_else(|panic| Err(crate::error::panic_message(&*panic)))
-                })
-                .collect();
+            let (decoded, outcomes) = match self.fixed {
+                Some(shape) => self.decode_fixed(column, input, shape)?,
+                None => self.decode_own_sizes(column, input)?,
+            };
+            columns[column.index] = decoded;
             for (row, outcome) in outcomes.into_iter().enumerate() {
                 if let Err(e) = outcome {
                     bad_rows[row] = true;
@@ -572,16 +617,6 @@ impl ImageDecode {
                     });
                 }
             }
-            let nulls = input
-                .nulls()
-                .cloned()
-                .map(|n| NullBuffer::new(n.inner().clone()));
-            let field = Arc::new(Field::new_list_field(DataType::UInt8, false));
-            let values = Arc::new(UInt8Array::from(pixels));
-            columns[column.index] = Arc::new(
-                FixedSizeListArray::try_new(field, size as i32, values, nulls)
-                    .map_err(|e| Error::Internal(format!("image column: {e}")))?,
-            );
         }
         let out = RecordBatch::try_new(self.schema.clone(), columns)
             .map_err(|e| Error::Internal(format!("decoded images: {e}")))?;
@@ -596,6 +631,110 @@ impl ImageDecode {
         let kept = arrow_select::filter::filter_record_batch(&out, &keep)
             .map_err(|e| Error::Internal(format!("dropping undecodable images: {e}")))?;
         Ok((kept, skipped))
+    }
+
+    /// A column's images decoded into the fixed shape (one tensor per row, zeros for a
+    /// null or undecodable one), and each row's outcome.
+    fn decode_fixed(
+        &self,
+        column: &ImageColumn,
+        input: &arrow_array::LargeBinaryArray,
+        (height, width): (u32, u32),
+    ) -> Result<(ArrayRef, Vec<std::result::Result<(), String>>)> {
+        let size = height as usize * width as usize * column.channels.count();
+        let mut pixels = vec![0u8; input.len() * size];
+        let outcomes = pixels
+            .par_chunks_mut(size.max(1))
+            .enumerate()
+            .map(|(row, out)| match input.is_null(row) {
+                true => Ok(()),
+                false => guarded(|| self.decode_one(column, input.value(row), out)),
+            })
+            .collect();
+        let field = Arc::new(Field::new_list_field(DataType::UInt8, false));
+        let values = Arc::new(UInt8Array::from(pixels));
+        let array = FixedSizeListArray::try_new(field, size as i32, values, nulls_of(input))
+            .map_err(|e| Error::Internal(format!("image column: {e}")))?;
+        Ok((Arc::new(array), outcomes))
+    }
+
+    /// A column's images each at its own size: a variable-shape tensor column (a null
+    /// or undecodable row holds no pixels and shape `[0, 0, C]`), and each row's outcome.
+    fn decode_own_sizes(
+        &self,
+        column: &ImageColumn,
+        input: &arrow_array::LargeBinaryArray,
+    ) -> Result<(ArrayRef, Vec<std::result::Result<(), String>>)> {
+        let channels = column.channels.count();
+        let images: Vec<std::result::Result<Option<(Vec<u8>, u32, u32)>, String>> = (0..input
+            .len())
+            .into_par_iter()
+            .map(|row| match input.is_null(row) {
+                true => Ok(None),
+                false => guarded(|| self.decode_own_size(column, input.value(row))).map(Some),
+            })
+            .collect();
+        let total: usize = images
+            .iter()
+            .map(|i| {
+                i.as_ref()
+                    .map_or(0, |i| i.as_ref().map_or(0, |(p, _, _)| p.len()))
+            })
+            .sum();
+        let mut values = Vec::with_capacity(total);
+        let mut offsets = Vec::with_capacity(input.len() + 1);
+        let mut shapes = Vec::with_capacity(input.len() * 3);
+        offsets.push(0i64);
+        let mut outcomes = Vec::with_capacity(input.len());
+        for image in images {
+            let (h, w) = match image {
+                Ok(Some((pixels, h, w))) => {
+                    values.extend_from_slice(&pixels);
+                    outcomes.push(Ok(()));
+                    (h as i32, w as i32)
+                }
+                Ok(None) => {
+                    outcomes.push(Ok(()));
+                    (0, 0)
+                }
+                Err(e) => {
+                    outcomes.push(Err(e));
+                    (0, 0)
+                }
+            };
+            shapes.extend([h, w, channels as i32]);
+            offsets.push(values.len() as i64);
+        }
+        let DataType::Struct(fields) =
+            variable_tensor_field("", DataType::UInt8, &[None, None, Some(channels)])
+                .data_type()
+                .clone()
+        else {
+            return Err(Error::Internal(
+                "a variable-shape tensor is a struct".into(),
+            ));
+        };
+        let data = arrow_array::LargeListArray::try_new(
+            Arc::new(Field::new_list_field(DataType::UInt8, false)),
+            arrow_buffer::OffsetBuffer::new(offsets.into()),
+            Arc::new(UInt8Array::from(values)),
+            None,
+        )
+        .map_err(|e| Error::Internal(format!("image column: {e}")))?;
+        let shape = FixedSizeListArray::try_new(
+            Arc::new(Field::new_list_field(DataType::Int32, false)),
+            3,
+            Arc::new(arrow_array::Int32Array::from(shapes)),
+            None,
+        )
+        .map_err(|e| Error::Internal(format!("image column: {e}")))?;
+        let array = arrow_array::StructArray::try_new(
+            fields,
+            vec![Arc::new(data), Arc::new(shape)],
+            nulls_of(input),
+        )
+        .map_err(|e| Error::Internal(format!("image column: {e}")))?;
+        Ok((Arc::new(array), outcomes))
     }
 
     /// `task` with its batches' images decoded.
@@ -629,6 +768,22 @@ impl ImageDecode {
             })
         })
     }
+}
+
+/// `decode`, with a panic in a decoder (a bug there) reported as this image's error.
+fn guarded<T>(
+    decode: impl FnOnce() -> std::result::Result<T, String>,
+) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode))
+        .unwrap_or_else(|panic| Err(crate::error::panic_message(&*panic)))
+}
+
+/// The nulls of an image column's input: a missing image is a missing tensor.
+fn nulls_of(input: &arrow_array::LargeBinaryArray) -> Option<NullBuffer> {
+    input
+        .nulls()
+        .cloned()
+        .map(|n| NullBuffer::new(n.inner().clone()))
 }
 
 /// Copies the `(width, height)` window at `(left, top)` of `image` into `out`, with
@@ -766,5 +921,18 @@ impl super::index::RecordCodec for ImageCodec {
             batches,
             skipped: decoded.skipped,
         })
+    }
+}
+
+/// Where a center crop of `crop` pixels starts along an axis of `size` pixels, as
+/// torchvision's `center_crop` places it: `round((size - crop) / 2)` (halves to even)
+/// where the image is large enough; where it is smaller, torchvision first pads it with
+/// `(crop - size) // 2` zeros before (the odd one after), so the image starts that far
+/// inside the crop (a negative start: zero padding).
+fn crop_start(size: u32, crop: u32) -> i64 {
+    if size >= crop {
+        ((size as f64 - crop as f64) / 2.0).round_ties_even() as i64
+    } else {
+        -(((crop - size) / 2) as i64)
     }
 }

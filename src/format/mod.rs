@@ -209,6 +209,8 @@ pub fn shape_product(start: usize, dims: &[usize]) -> Option<usize> {
 pub const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
 pub const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
 pub const TENSOR_EXTENSION: &str = "arrow.fixed_shape_tensor";
+/// Arrow's canonical extension for tensors of one dtype and rank but their own shapes.
+pub const VARIABLE_TENSOR_EXTENSION: &str = "arrow.variable_shape_tensor";
 
 /// A fixed-shape tensor column: `FixedSizeList<leaf>(prod(shape))` tagged with its shape,
 /// so consumers (our numpy conversion, pyarrow) see `(rows, *shape)`.
@@ -228,6 +230,47 @@ pub fn tensor_field(name: &str, leaf: DataType, shape: &[usize], nullable: bool)
         (EXTENSION_NAME_KEY.to_string(), TENSOR_EXTENSION.to_string()),
         (EXTENSION_METADATA_KEY.to_string(), shape_json),
     ])
+}
+
+/// A column of `ndim`-dimensional tensors of `leaf`, each of its own shape: Arrow's
+/// canonical variable-shape tensor, a struct of `data` (each tensor's values, row-major)
+/// and `shape`. `uniform` gives the dimensions every tensor shares (`None`: varies).
+pub fn variable_tensor_field(name: &str, leaf: DataType, uniform: &[Option<usize>]) -> Field {
+    let ndim = uniform.len() as i32;
+    let storage = DataType::Struct(
+        vec![
+            Field::new(
+                "data",
+                DataType::LargeList(Arc::new(Field::new_list_field(leaf, false))),
+                false,
+            ),
+            Field::new(
+                "shape",
+                DataType::FixedSizeList(
+                    Arc::new(Field::new_list_field(DataType::Int32, false)),
+                    ndim,
+                ),
+                false,
+            ),
+        ]
+        .into(),
+    );
+    let uniform = serde_json::to_string(uniform).unwrap_or_else(|_| "null".into());
+    Field::new(name, storage, true).with_metadata([
+        (
+            EXTENSION_NAME_KEY.to_string(),
+            VARIABLE_TENSOR_EXTENSION.to_string(),
+        ),
+        (
+            EXTENSION_METADATA_KEY.to_string(),
+            format!("{{\"uniform_shape\":{uniform}}}"),
+        ),
+    ])
+}
+
+/// Whether `field` holds variable-shape tensors (see [`variable_tensor_field`]).
+pub fn is_variable_tensor(field: &Field) -> bool {
+    field.metadata().get(EXTENSION_NAME_KEY).map(String::as_str) == Some(VARIABLE_TENSOR_EXTENSION)
 }
 
 /// The shape a field declares through the tensor extension type.

@@ -395,6 +395,70 @@ impl Combined {
 
 /// `share` of each of the parts of a combination holding `counts` rows: each part's
 /// left-over rows go to the ranks (and workers) after the previous part's.
+/// Reads shards as `write` made them: with the manifest's format options, which say what
+/// the data means (NPZ's `mode`), beside the user's (a user value that contradicts one
+/// is an error, not a different dataset); and for JSON Lines with the written columns as
+/// the schema, so a column null in the first lines (inference sees no type there) or an
+/// order of fields comes back as written.
+fn read_as_written(manifest: &source::manifest::Manifest, options: &mut ReadOptions) -> Result<()> {
+    let written = crate::options::Options::from_json(&manifest.format_options)?;
+    for (key, value) in written.0 {
+        match options.format_options.0.get(&key) {
+            Some(given) if *given != value => {
+                return Err(Error::invalid_argument(format!(
+                    "format_options[{key:?}] is {}, but these shards were written to be read with \
+                     {key} = {} (see their {})",
+                    shown(given),
+                    shown(&value),
+                    source::manifest::MANIFEST_NAME
+                )));
+            }
+            _ => {
+                options.format_options.0.insert(key, value);
+            }
+        }
+    }
+    if manifest.format == "jsonl" && options.schema.is_none() && !manifest.columns.is_empty() {
+        let fields = manifest
+            .columns
+            .iter()
+            .map(|(name, type_name)| {
+                let data_type = type_name.parse::<arrow_schema::DataType>().map_err(|e| {
+                    Error::invalid_argument(format!(
+                        "{}: column {name:?} has type {type_name:?}, which this build cannot parse: {e}",
+                        source::manifest::MANIFEST_NAME
+                    ))
+                })?;
+                Ok(arrow_schema::Field::new(name, data_type, true))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        options.schema = Some(Arc::new(arrow_schema::Schema::new(fields)));
+    }
+    Ok(())
+}
+
+/// An option's value as the user wrote it (`"rows"`, `3`, `[224, 224]`).
+fn shown(value: &crate::options::OptionValue) -> String {
+    use crate::options::OptionValue as V;
+    match value {
+        V::Bool(b) => if *b { "True" } else { "False" }.to_string(),
+        V::Int(n) => n.to_string(),
+        V::Float(x) => x.to_string(),
+        V::Str(s) => format!("{s:?}"),
+        V::List(items) => format!(
+            "[{}]",
+            items.iter().map(shown).collect::<Vec<_>>().join(", ")
+        ),
+        V::Map(map) => format!(
+            "{{{}}}",
+            map.iter()
+                .map(|(k, v)| format!("{k:?}: {}", shown(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// The files the user named (brace ranges expanded), as a listing reports them: a shard
 /// whose URL is not among them was found by listing a directory, a prefix or a glob.
 fn named_files(specs: &[String]) -> Result<std::collections::HashSet<String>> {
@@ -482,14 +546,10 @@ impl Dataset {
         options.images =
             format::image::ImageSpec::take(format.name(), &mut options.format_options)?;
         if let Some(m) = &manifest {
-            // The manifest's row counts hold for the shards read as written: in its
-            // format, with its format options.
-            let as_written = format.name() == m.format
-                && (options.format_options.0.is_empty() || m.format_options.is_empty());
-            if as_written && options.format_options.0.is_empty() {
-                options.format_options = crate::options::Options::from_json(&m.format_options)?;
-            }
-            if !as_written {
+            if format.name() == m.format {
+                read_as_written(m, &mut options)?;
+            } else {
+                // Read as another format: the manifest's row counts do not hold.
                 shards.iter_mut().for_each(|s| s.rows = None);
             }
         }

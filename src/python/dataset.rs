@@ -1735,6 +1735,11 @@ fn describe_type(
     if marked {
         return Ok(("object".into(), vec![]));
     }
+    if crate::format::is_variable_tensor(field) {
+        // Images of their own sizes: an array per sample, of no one shape.
+        d.set_item("variable_shape", true)?;
+        return Ok(("object".into(), vec![]));
+    }
     let scalar = |dt: &T| -> Option<&'static str> {
         Some(match dt {
             T::Boolean => "bool",

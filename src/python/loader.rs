@@ -835,7 +835,25 @@ fn lists_to_torch<'py>(
 fn to_output(py: Python<'_>, batch: RecordBatch, output: Output) -> PyResult<Py<PyAny>> {
     match output {
         Output::Torch { pin } => {
-            Ok(to_torch(py, batch_to_numpy(py, &batch)?.as_any(), pin)?.unbind())
+            let columns = batch_to_numpy(py, &batch)?;
+            let out = to_torch(py, columns.as_any(), pin)?;
+            // Images of their own sizes are a list of tensors in every batch, even one
+            // whose images happen to share a size.
+            for field in batch.schema().fields() {
+                if crate::format::is_variable_tensor(field)
+                    && let Some(images) = columns.get_item(field.name())?
+                {
+                    let tensors = images
+                        .try_iter()?
+                        .map(|image| match image? {
+                            image if image.is_none() => Ok(image),
+                            image => to_torch(py, &image, pin),
+                        })
+                        .collect::<PyResult<Vec<_>>>()?;
+                    out.set_item(field.name(), PyList::new(py, tensors)?)?;
+                }
+            }
+            Ok(out.unbind())
         }
         Output::Arrow => Ok(Py::new(py, PyRecordBatch { batch })?.into_any()),
         Output::Numpy => {

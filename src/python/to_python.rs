@@ -143,6 +143,10 @@ pub fn column_to_numpy<'py>(
     field: &Field,
 ) -> PyResult<Bound<'py, PyAny>> {
     let n = array.len();
+    if crate::format::is_variable_tensor(field) {
+        // Images of their own sizes: an object array of (H, W, C) arrays.
+        return object_array(py, variable_tensors(py, array.as_ref())?);
+    }
     match array.data_type() {
         DataType::Dictionary(_, value_type) => {
             let decoded = arrow_cast::cast(array, value_type).map_err(to_type_error)?;
@@ -293,6 +297,34 @@ fn null_mask<'py>(py: Python<'py>, array: &dyn Array) -> Bound<'py, PyArray1<boo
     PyArray1::from_vec(py, (0..array.len()).map(|i| array.is_null(i)).collect())
 }
 
+/// Arrow's variable-shape tensors (decoded images at their own size): each row's tensor
+/// as a numpy array of its shape, a view of the column's values (None for a null row).
+fn variable_tensors(py: Python<'_>, array: &dyn Array) -> PyResult<Vec<Py<PyAny>>> {
+    let parts = array.as_struct();
+    let (Some(data), Some(shape)) = (parts.column_by_name("data"), parts.column_by_name("shape"))
+    else {
+        return Err(PyTypeError::new_err(
+            "a variable-shape tensor needs data and shape",
+        ));
+    };
+    let views = ragged_views(py, data.as_ref())?
+        .ok_or_else(|| PyTypeError::new_err("variable-shape tensor data of no numpy type"))?;
+    let shape = shape.as_fixed_size_list();
+    views
+        .into_iter()
+        .enumerate()
+        .map(|(i, view)| {
+            if array.is_null(i) {
+                return Ok(py.None());
+            }
+            let dims = shape.value(i);
+            let dims = dims.as_primitive::<arrow_array::types::Int32Type>();
+            let dims: Vec<usize> = dims.values().iter().map(|&d| d.max(0) as usize).collect();
+            Ok(view.bind(py).call_method1("reshape", (dims,))?.unbind())
+        })
+        .collect()
+}
+
 /// Lists of numbers as 1-D numpy views into one shared values buffer (None for null lists).
 fn ragged_views(py: Python<'_>, array: &dyn Array) -> PyResult<Option<Vec<Py<PyAny>>>> {
     // Fixed-size lists are tensors and maps are pairs: only variable-length lists.
@@ -421,6 +453,9 @@ fn fixed_width<'py>(
 /// (as `pyarrow`'s `to_pylist()` gives them) otherwise.
 pub fn field_values(py: Python<'_>, column: &ArrayRef, field: &Field) -> PyResult<Vec<Py<PyAny>>> {
     let n = column.len();
+    if crate::format::is_variable_tensor(field) {
+        return variable_tensors(py, column.as_ref());
+    }
     // Fixed-size lists of numbers are tensors: one array per sample (a view of the
     // batch's), as in the batch output, rather than a list of Python numbers.
     let tensor = declared_tensor_shape(field).is_some() || tensor_parts(column.as_ref()).is_some();

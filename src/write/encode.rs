@@ -298,7 +298,12 @@ fn non_finite(array: &dyn Array) -> bool {
 }
 
 fn jsonl_bytes(batches: &[RecordBatch]) -> Result<Vec<u8>> {
-    let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
+    // Every field on every line, nulls included (arrow-json leaves null fields out by
+    // default): a column null in the first lines then set is still a column of every
+    // line, in the schema's order, for our reader and for pyarrow's alike.
+    let mut writer = arrow_json::WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, arrow_json::writer::LineDelimited>(Vec::new());
     for batch in batches {
         // arrow-json would write them as null: refused rather than changed.
         for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
@@ -372,6 +377,9 @@ fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Res
     let key_column = schema.index_of(KEY_COLUMN).ok();
     let mut builder = tar::Builder::new(Vec::new());
     let mut row = first_row;
+    // Readers group a tar's consecutive files by key: a key repeated on the next row
+    // would merge two samples into one (or fail), so it is refused.
+    let mut previous_key: Option<String> = None;
     for batch in batches {
         let keys = key_column
             .map(|i| arrow_cast::cast(batch.column(i), &DataType::LargeUtf8))
@@ -403,6 +411,13 @@ fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Res
                 }
                 _ => format!("{row:09}"),
             };
+            if previous_key.as_deref() == Some(key.as_str()) {
+                return Err(Error::invalid_argument(format!(
+                    "__key__ {key:?} is on two consecutive rows (rows {} and {row}): WebDataset \
+                     readers would take them for one sample; give every row its own key",
+                    row - 1
+                )));
+            }
             for (c, field) in schema.fields().iter().enumerate() {
                 let column = batch.column(c);
                 if kinds[c] == Member::Skip || column.is_null(i) {
@@ -431,6 +446,7 @@ fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Res
                     )
                     .map_err(|e| failed("tar", e))?;
             }
+            previous_key = Some(key);
             row += 1;
         }
     }

@@ -113,3 +113,23 @@ def test_each_pass_over_a_dataset_is_its_next_epoch(tmp_path: Path) -> None:
         assert sorted(order) == list(range(100))
     # Keras iterates the dataset once per epoch: each epoch is shuffled anew.
     assert len({tuple(order) for order in passes}) == 3
+
+
+def test_images_of_their_own_sizes_are_a_clear_error(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    with tarfile.open(tmp_path / "sizes.tar", "w") as tar:
+        for i, (h, w) in enumerate([(4, 5), (6, 2)]):
+            buffer = io.BytesIO()
+            Image.fromarray(np.zeros((h, w, 3), np.uint8)).save(buffer, format="PNG")
+            info = tarfile.TarInfo(f"s{i}.png")
+            info.size = len(buffer.getvalue())
+            tar.addfile(info, io.BytesIO(buffer.getvalue()))
+    ds = sf.dataset(tmp_path / "sizes.tar", format_options={"decode": "rgb8"})
+    with pytest.raises(TypeError, match="images of their own sizes.*resize=\\[H, W\\] or center_crop="):
+        to_tf_dataset(sf.DataLoader(ds, batch_size=2))
+    fixed = sf.dataset(tmp_path / "sizes.tar", format_options={"decode": "rgb8", "resize": [3, 3]})
+    assert next(iter(to_tf_dataset(sf.DataLoader(fixed, batch_size=2))))["png"].shape == (2, 3, 3, 3)
