@@ -588,7 +588,13 @@ pub fn choose(
             });
         }
     };
-    let of_format = |url: &str| name_for_path(url) == Some(name);
+    // A file is of the format when its extension names it, or names another format of
+    // the same reader (`.jsonl` files are read by format="json" too).
+    let reader = by_name(name)?.name();
+    let of_format = |url: &str| {
+        name_for_path(url)
+            .is_some_and(|n| n == name || by_name(n).is_ok_and(|f| f.name() == reader))
+    };
     let any_of_format = shards.iter().any(|s| of_format(&s.url));
     let kept: Vec<ShardMeta> = shards
         .into_iter()
@@ -644,6 +650,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(kept, vec![shard("d/b.csv")]);
+        // The name given is kept, not its reader's (json reads with the JSON Lines one),
+        // and a listing's files of that reader are its files.
+        assert_eq!(
+            choose(vec![shard("a.json")], Some("json"), listed)
+                .unwrap()
+                .0,
+            "json"
+        );
+        let listing = vec![shard("d/LICENSE"), shard("d/c.jsonl")];
+        let (_, kept) = choose(listing, Some("json"), listed).unwrap();
+        assert_eq!(kept, vec![shard("d/c.jsonl")]);
         let spark = vec![shard("d/part-00000"), shard("d/part-00001")];
         assert_eq!(
             choose(spark.clone(), Some("parquet"), listed).unwrap().1,

@@ -397,9 +397,10 @@ impl Combined {
 /// left-over rows go to the ranks (and workers) after the previous part's.
 /// Reads shards as `write` made them: with the manifest's format options, which say what
 /// the data means (NPZ's `mode`), beside the user's (a user value that contradicts one
-/// is an error, not a different dataset); and for JSON Lines with the written columns as
-/// the schema, so a column null in the first lines (inference sees no type there) or an
-/// order of fields comes back as written.
+/// is an error, not a different dataset); and, where the format infers its columns (JSON
+/// Lines, TFRecord, WebDataset), with the written columns, so a column null in the first
+/// lines (or in every sample), a one-value list or the order of the columns comes back
+/// as written.
 fn read_as_written(manifest: &source::manifest::Manifest, options: &mut ReadOptions) -> Result<()> {
     let written = crate::options::Options::from_json(&manifest.format_options)?;
     for (key, value) in written.0 {
@@ -418,23 +419,81 @@ fn read_as_written(manifest: &source::manifest::Manifest, options: &mut ReadOpti
             }
         }
     }
-    if manifest.format == "jsonl" && options.schema.is_none() && !manifest.columns.is_empty() {
-        let fields = manifest
-            .columns
-            .iter()
-            .map(|(name, type_name)| {
-                let data_type = type_name.parse::<arrow_schema::DataType>().map_err(|e| {
-                    Error::invalid_argument(format!(
-                        "{}: column {name:?} has type {type_name:?}, which this build cannot parse: {e}",
-                        source::manifest::MANIFEST_NAME
-                    ))
-                })?;
-                Ok(arrow_schema::Field::new(name, data_type, true))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        options.schema = Some(Arc::new(arrow_schema::Schema::new(fields)));
+    if manifest.columns.is_empty() || options.schema.is_some() || options.features.is_some() {
+        return Ok(());
+    }
+    let columns = manifest
+        .columns
+        .iter()
+        .map(|(name, type_name)| {
+            let data_type = type_name.parse::<arrow_schema::DataType>().map_err(|e| {
+                Error::invalid_argument(format!(
+                    "{}: column {name:?} has type {type_name:?}, which this build cannot parse: {e}",
+                    source::manifest::MANIFEST_NAME
+                ))
+            })?;
+            Ok((name.as_str(), data_type))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    match manifest.format.as_str() {
+        "jsonl" => {
+            let fields: Vec<_> = columns
+                .into_iter()
+                .map(|(name, data_type)| arrow_schema::Field::new(name, data_type, true))
+                .collect();
+            options.schema = Some(Arc::new(arrow_schema::Schema::new(fields)));
+        }
+        // A field null in every sample of the shards read has no member to find it by.
+        "webdataset" if options.columns.is_none() => {
+            let mut names = vec!["__key__".to_string(), "__url__".to_string()];
+            for (name, _) in columns {
+                if !names.iter().any(|n| n == name) {
+                    names.push(name.to_string());
+                }
+            }
+            options.columns = Some(names);
+        }
+        // An Example keeps no column order and cannot tell a one-value list from a
+        // scalar: the written types say both.
+        "tfrecord" => {
+            options.features = columns
+                .into_iter()
+                .map(|(name, data_type)| written_feature(name, &data_type))
+                .collect();
+        }
+        _ => {}
     }
     Ok(())
+}
+
+/// How a column written to TFRecord as `data_type` reads back (`None`: a type the writer
+/// would not have taken).
+fn written_feature(
+    name: &str,
+    data_type: &arrow_schema::DataType,
+) -> Option<format::example::FeatureSpec> {
+    use arrow_schema::DataType as T;
+    use format::example::{FeatureSpec, Kind, Missing, Shape};
+    let kind = |t: &T| match t {
+        T::Boolean | T::Int8 | T::Int16 | T::Int32 | T::Int64 => Some(Kind::Int64),
+        T::UInt8 | T::UInt16 | T::UInt32 | T::UInt64 => Some(Kind::Int64),
+        T::Float16 | T::Float32 | T::Float64 => Some(Kind::Float),
+        T::Binary | T::LargeBinary | T::BinaryView | T::FixedSizeBinary(_) => Some(Kind::Bytes),
+        T::Utf8 | T::LargeUtf8 | T::Utf8View => Some(Kind::Bytes),
+        _ => None,
+    };
+    let (kind, shape) = match data_type {
+        T::List(item) | T::LargeList(item) => (kind(item.data_type())?, Shape::Var),
+        T::FixedSizeList(item, n) => (kind(item.data_type())?, Shape::Fixed(vec![*n as usize])),
+        scalar => (kind(scalar)?, Shape::Fixed(vec![])),
+    };
+    Some(FeatureSpec {
+        name: name.to_string(),
+        kind,
+        shape,
+        // The writer leaves a null out of its Example.
+        missing: Missing::Null,
+    })
 }
 
 /// An option's value as the user wrote it (`"rows"`, `3`, `[224, 224]`).

@@ -418,6 +418,15 @@ fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Res
                     row - 1
                 )));
             }
+            let members = (0..batch.num_columns())
+                .filter(|&c| kinds[c] != Member::Skip && !batch.column(c).is_null(i))
+                .count();
+            if members == 0 {
+                return Err(Error::invalid_argument(format!(
+                    "row {row} (key {key:?}) has no value to write: a WebDataset sample is its \
+                     files, and one with none would vanish from the shard"
+                )));
+            }
             for (c, field) in schema.fields().iter().enumerate() {
                 let column = batch.column(c);
                 if kinds[c] == Member::Skip || column.is_null(i) {
