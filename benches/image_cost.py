@@ -1,7 +1,9 @@
 """What one photo costs: CPU milliseconds per photo for the harness's JPEG workload
 (decode, resize the shorter side to 256, center-crop to 224x224), by shardflow on one
 decode thread and by Pillow in a loop over the same bytes, and shardflow's samples/s on
-all cores in a warm process (several epochs of one loader).
+all cores in a warm process (several epochs of one loader). Then decoding at each
+photo's own size (no resize or crop): shardflow's samples/s against webdataset's
+``.decode("rgb8")`` (Pillow), each over the same tars in batches of 256.
 
     python benches/image_cost.py [--repeats 3] [--data DIR]
 
@@ -26,6 +28,21 @@ import shardflow as sf
 from harness import resize_crop_224
 
 OPTIONS = {"decode": {"jpg": "rgb8"}, "resize": 256, "center_crop": 224}
+OWN_SIZE = {"decode": {"jpg": "rgb8"}}
+
+
+def webdataset_own_size(data: Path) -> tuple[float, int]:
+    """webdataset + Pillow at each photo's own size: (wall seconds, samples)."""
+    import webdataset as wds
+
+    urls = sorted(glob.glob(str(data / "part-*.tar")))
+    pipeline = wds.WebDataset(urls, shardshuffle=False).decode("rgb8").to_tuple("jpg", "cls")
+    # Images of their own sizes do not stack: batches are lists of samples.
+    pipeline = pipeline.batched(256, collation_fn=None, partial=True)
+    wall, samples = time.perf_counter(), 0
+    for batch in pipeline:
+        samples += len(batch)
+    return time.perf_counter() - wall, samples
 
 
 def photos(data: Path) -> list[bytes]:
@@ -62,8 +79,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--data", type=Path, default=Path.home() / ".cache/shardflow/bench-data/images-1")
     args = parser.parse_args()
+    if not list(args.data.glob("part-*.tar")):
+        from harness import make_images
+
+        args.data.mkdir(parents=True, exist_ok=True)
+        make_images(args.data, 0.5)
     jpegs = photos(args.data)
-    rows: dict[str, list[float]] = {"Pillow decode": [], "Pillow decode+resize+crop": [], "shardflow, 1 thread": [], "shardflow warm samples/s": []}
+    rows: dict[str, list[float]] = {
+        "Pillow decode": [], "Pillow decode+resize+crop": [], "shardflow, 1 thread": [], "shardflow warm samples/s": [],
+        "own size: webdataset samples/s": [], "own size: shardflow samples/s": [],
+    }
     for _ in range(args.repeats):
         rows["Pillow decode"].append(pillow_ms(jpegs, transform=False))
         rows["Pillow decode+resize+crop"].append(pillow_ms(jpegs, transform=True))
@@ -73,6 +98,12 @@ def main() -> None:
         shardflow_epoch(args.data, loader)  # the first epoch faults its memory in
         _, wall, samples = shardflow_epoch(args.data, loader)
         rows["shardflow warm samples/s"].append(samples / wall)
+        wall, samples = webdataset_own_size(args.data)
+        rows["own size: webdataset samples/s"].append(samples / wall)
+        own = sf.DataLoader(sf.dataset(str(args.data / "part-*.tar"), columns=["jpg", "cls"], format_options=OWN_SIZE), batch_size=256)
+        shardflow_epoch(args.data, own)
+        _, wall, samples = shardflow_epoch(args.data, own)
+        rows["own size: shardflow samples/s"].append(samples / wall)
     print(f"{len(jpegs)} photos, median of {args.repeats}")
     for name, values in rows.items():
         unit = "" if "samples/s" in name else " CPU ms a photo"
