@@ -15,6 +15,8 @@ __all__ = [
     "Schema",
     "_ArrowBuffer",
     "__version__",
+    "_list_files",
+    "_read_file",
     "_redact",
     "concatenate",
     "dataset",
