@@ -237,6 +237,10 @@ class IterableDataset(_TorchIterableDataset):
         self._main_passes = 0
         # The framework that divides the dataset between its processes, when one does.
         self._divided_by: str | None = None
+        # Read the shards' metadata (Parquet footers, a JSON sample) here, once: forked
+        # workers inherit it instead of each reading every shard's again (on the Hub,
+        # files x workers requests against its rate limit).
+        dataset._shard_table()
 
     def set_epoch(self, epoch: int) -> None:
         self._note_framework()
