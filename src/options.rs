@@ -207,6 +207,31 @@ impl<'a> OptionReader<'a> {
     }
 }
 
+/// As the user wrote it in Python: `"rows"`, `3`, `True`, `[224, 224]`, `{"jpg": "rgb8"}`.
+impl std::fmt::Display for OptionValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let joined = |items: Vec<String>| items.join(", ");
+        match self {
+            OptionValue::Bool(b) => f.write_str(if *b { "True" } else { "False" }),
+            OptionValue::Int(n) => write!(f, "{n}"),
+            OptionValue::Float(x) => write!(f, "{x}"),
+            OptionValue::Str(s) => write!(f, "{s:?}"),
+            OptionValue::List(items) => {
+                write!(
+                    f,
+                    "[{}]",
+                    joined(items.iter().map(|v| v.to_string()).collect())
+                )
+            }
+            OptionValue::Map(map) => write!(
+                f,
+                "{{{}}}",
+                joined(map.iter().map(|(k, v)| format!("{k:?}: {v}")).collect())
+            ),
+        }
+    }
+}
+
 impl From<bool> for OptionValue {
     fn from(value: bool) -> Self {
         OptionValue::Bool(value)

@@ -274,9 +274,14 @@ def _join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
+def _below(repo: _Repo, base: str) -> dict[str, str]:
+    """The repo's files in the folder `base` (all of them for ""): path there -> path in the repo."""
+    return {f[len(base) + 1:] if base else f: f for f in repo.files if not base or f.startswith(base + "/")}
+
+
 def _split_files(repo: _Repo, base: str, patterns: dict[str, list[str]]) -> dict[str, list[str]]:
     """Each split's files (relative paths), pattern by pattern in the order given."""
-    below = {f[len(base) + 1:] if base else f: f for f in repo.files if not base or f.startswith(base + "/")}
+    below = _below(repo, base)
     relative = sorted(below)
     splits: dict[str, list[str]] = {}
     for split, split_patterns in patterns.items():
@@ -411,13 +416,12 @@ def load_dataset(
         elif name not in (None, "default"):
             raise ValueError(f"BuilderConfig '{name}' not found. Available: ['default']")
         base = _join(sub, data_dir or config.get("data_dir") or "")
-        below = [f[len(base) + 1:] if base else f for f in repo.files if not base or f.startswith(base + "/")]
         if data_files is not None:
             patterns = _sanitize(data_files)
         elif config.get("data_files") is not None:
             patterns = _sanitize(config["data_files"])
         else:
-            patterns = _default_patterns(sorted(below))
+            patterns = _default_patterns(sorted(_below(repo, base)))
         splits = _split_datasets(repo, _split_files(repo, base, patterns), dataset_args)
     if split is not None:
         return _select_split(splits, split)

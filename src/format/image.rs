@@ -458,7 +458,11 @@ impl ImageDecode {
                         .map_err(|e| e.to_string())?;
                     Ok((resized.into_vec(), nh, nw))
                 }
-                _ => Ok((scratch.pixels[..len].to_vec(), h, w)),
+                _ => scratch
+                    .pixels
+                    .get(..len)
+                    .map(|pixels| (pixels.to_vec(), h, w))
+                    .ok_or_else(|| format!("{w}x{h} pixels decoded into fewer bytes")),
             };
             if scratch.pixels.capacity() > KEEP_SCRATCH_BYTES {
                 scratch.pixels = Vec::new();

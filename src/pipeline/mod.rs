@@ -409,8 +409,8 @@ fn read_as_written(manifest: &source::manifest::Manifest, options: &mut ReadOpti
                 return Err(Error::invalid_argument(format!(
                     "format_options[{key:?}] is {}, but these shards were written to be read with \
                      {key} = {} (see their {})",
-                    shown(given),
-                    shown(&value),
+                    given,
+                    value,
                     source::manifest::MANIFEST_NAME
                 )));
             }
@@ -494,28 +494,6 @@ fn written_feature(
         // The writer leaves a null out of its Example.
         missing: Missing::Null,
     })
-}
-
-/// An option's value as the user wrote it (`"rows"`, `3`, `[224, 224]`).
-fn shown(value: &crate::options::OptionValue) -> String {
-    use crate::options::OptionValue as V;
-    match value {
-        V::Bool(b) => if *b { "True" } else { "False" }.to_string(),
-        V::Int(n) => n.to_string(),
-        V::Float(x) => x.to_string(),
-        V::Str(s) => format!("{s:?}"),
-        V::List(items) => format!(
-            "[{}]",
-            items.iter().map(shown).collect::<Vec<_>>().join(", ")
-        ),
-        V::Map(map) => format!(
-            "{{{}}}",
-            map.iter()
-                .map(|(k, v)| format!("{k:?}: {}", shown(v)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
 }
 
 /// The files the user named (brace ranges expanded), as a listing reports them: a shard

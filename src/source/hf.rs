@@ -151,20 +151,7 @@ impl Hub {
             .clone()
             .or_else(|| env("HF_TOKEN"))
             .or_else(|| {
-                let file = env("HF_TOKEN_PATH")
-                    .map(std::path::PathBuf::from)
-                    .or_else(|| {
-                        let home = env("HF_HOME").map(std::path::PathBuf::from).or_else(|| {
-                            let cache = env("XDG_CACHE_HOME")
-                                .map(std::path::PathBuf::from)
-                                .or_else(|| {
-                                    env("HOME").map(|h| std::path::Path::new(&h).join(".cache"))
-                                })?;
-                            Some(cache.join("huggingface"))
-                        })?;
-                        Some(home.join("token"))
-                    })?;
-                let text = std::fs::read_to_string(file).ok()?;
+                let text = std::fs::read_to_string(token_file(env)?).ok()?;
                 Some(text.trim().to_string()).filter(|t| !t.is_empty())
             });
         Self {
@@ -219,6 +206,25 @@ impl Hub {
         })
         .await
     }
+}
+
+/// Where `hf auth login` keeps the token: `HF_TOKEN_PATH`, else `$HF_HOME/token`, where
+/// `HF_HOME` defaults to `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`.
+fn token_file(env: impl Fn(&str) -> Option<String>) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    if let Some(path) = env("HF_TOKEN_PATH") {
+        return Some(PathBuf::from(path));
+    }
+    let home = match env("HF_HOME") {
+        Some(home) => PathBuf::from(home),
+        None => {
+            let cache = env("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            cache.join("huggingface")
+        }
+    };
+    Some(home.join("token"))
 }
 
 /// A commit id (40 hex digits) names itself; a branch or tag must be asked for.
