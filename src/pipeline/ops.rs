@@ -872,7 +872,9 @@ impl BatchTransform for Batches {
         if batch.num_rows() == 0 || (self.drop_last && batch.num_rows() < self.rows) {
             return Ok(Vec::new());
         }
-        let schema = self.output_schema(&batch.schema()).expect("always known");
+        let schema = self
+            .output_schema(&batch.schema())
+            .ok_or_else(|| Error::Internal("batch(): no output schema for its input".into()))?;
         let offsets = arrow_buffer::OffsetBuffer::new(vec![0, batch.num_rows() as i32].into());
         let columns = batch
             .columns()

@@ -1282,14 +1282,19 @@ impl PyDataset {
         let columns: Vec<arrow_ord::sort::SortColumn> = names
             .iter()
             .zip(&descending)
-            .map(|(name, &descending)| arrow_ord::sort::SortColumn {
-                values: keys.column_by_name(name).expect("selected").clone(),
-                options: Some(arrow_ord::sort::SortOptions {
-                    descending,
-                    nulls_first,
-                }),
+            .map(|(name, &descending)| {
+                let values = keys.column_by_name(name).ok_or_else(|| {
+                    PyValueError::new_err(format!("sort: no column {name:?} was read"))
+                })?;
+                Ok(arrow_ord::sort::SortColumn {
+                    values: values.clone(),
+                    options: Some(arrow_ord::sort::SortOptions {
+                        descending,
+                        nulls_first,
+                    }),
+                })
             })
-            .collect();
+            .collect::<PyResult<_>>()?;
         let order = arrow_ord::sort::lexsort_to_indices(&columns, None)
             .map_err(|e| crate::error::Error::Internal(format!("sorting: {e}")))?;
         let rows: Vec<u64> = order.values().iter().map(|&i| u64::from(i)).collect();
