@@ -24,6 +24,7 @@ SIZES = [1, 97, 40, 253, 31, 7]  # 429 rows
 TOTAL = sum(SIZES)
 WORKERS = 2
 BATCH = 16
+DDP_WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
 def free_port() -> int:
@@ -32,22 +33,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(world: int, spec: dict) -> list[subprocess.Popen]:
-    """`world` ranks, each a process of its own; their output goes to OUT/rank-N.log."""
+def launch(world: int, spec: dict, worker: Path = DDP_WORKER, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """`world` ranks of `worker`, each a process of its own, joined as torchrun joins them
+    (one process: no distributed run); their output goes to OUT/rank-N.log."""
     port = free_port()
-    worker = Path(__file__).with_name("ddp_worker.py")
     procs = []
     for rank in range(world):
-        env = dict(
-            os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
-        )
-        with open(Path(spec["out"]) / f"rank-{rank}.log", "wb") as log:
-            procs.append(subprocess.Popen([sys.executable, str(worker), json.dumps(spec)], env=env, stdout=log, stderr=subprocess.STDOUT))
+        rank_env = dict(os.environ, **(env or {}))
+        if world > 1:
+            rank_env.update(
+                RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
+            )
+        with open(Path(spec["out"]) / f"rank-{rank}.log", "ab") as log:
+            procs.append(subprocess.Popen([sys.executable, str(worker), json.dumps(spec)], env=rank_env, stdout=log, stderr=subprocess.STDOUT))
     return procs
 
 
 def finish(procs: list[subprocess.Popen], out: Path, timeout: float = 240) -> None:
+    """Waits for every rank (killing all at the deadline) before judging any, so a failing
+    rank never leaves its peer running past the test."""
     deadline = time.monotonic() + timeout
     for p in procs:
         try:
@@ -56,9 +61,9 @@ def finish(procs: list[subprocess.Popen], out: Path, timeout: float = 240) -> No
             for q in procs:
                 q.kill()
                 q.wait()
-            pytest.fail("a rank did not finish its epoch (waiting on another in all_reduce?)")
+            pytest.fail("a rank did not finish (waiting on another in a collective?)")
     for rank, p in enumerate(procs):
-        assert p.returncode == 0, (out / f"rank-{rank}.log").read_text()
+        assert p.returncode == 0, (out / f"rank-{rank}.log").read_text()[-5000:]
 
 
 def keys(out: Path, world: int) -> list[list[int]]:

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from test_ddp import free_port
+from test_ddp import finish, launch
 from torch.utils.data import DataLoader as TorchLoader
 
 import shardflow as sf
@@ -48,27 +45,10 @@ def run(world: int, out: Path, **spec: Any) -> None:
     """One run of `world` processes (or a single process, without a distributed run)."""
     out.mkdir(parents=True, exist_ok=True)
     spec = {"epochs": EPOCHS, "batch_size": BATCH, "workers": 0, "mode": "samples", "out": str(out), **spec}
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-        if world > 1:
-            env.update(
-                RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", TORCHELASTIC_RUN_ID="shardflow-test",
-            )
-        log = open(out / f"out-{rank}.txt", "ab")
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(spec)], env=env, stdout=log, stderr=subprocess.STDOUT))
-        log.close()
-    for rank, p in enumerate(procs):
-        try:
-            p.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-                q.wait()
-            pytest.fail(f"rank {rank} did not finish: {(out / f'out-{rank}.txt').read_text()[-3000:]}")
-        assert p.returncode == 0, (out / f"out-{rank}.txt").read_text()[-5000:]
+    env = dict(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    if world > 1:
+        env["TORCHELASTIC_RUN_ID"] = "shardflow-test"
+    finish(launch(world, spec, worker=WORKER, env=env), out)
 
 
 def steps(out: Path, rank: int) -> list[dict]:

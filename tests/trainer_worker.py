@@ -192,3 +192,7 @@ def run_lightning() -> None:
 
 if __name__ == "__main__":
     {"trainer": run_trainer, "accelerate": run_accelerate, "lightning": run_lightning}[SPEC["framework"]]()
+    # A gloo group left to the interpreter's exit can abort it ("terminate called without
+    # an active exception": its threads are still joinable when C++ statics are destroyed).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
