@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 CHILD = """
-import resource, sys
+import sys
 import shardflow as sf
 source, lifted = sys.argv[1], sys.argv[2] == "1"
 ds = sf.dataset(source)
@@ -30,7 +30,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     for batch in loader:
         rows += len(batch["id"])
-print(rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, loader.stats()["shuffle_buffer_rows"])
+# VmHWM, not ru_maxrss: the latter starts from the parent's RSS, which fork passes on.
+peak_kb = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(rows, peak_kb * 1024, loader.stats()["shuffle_buffer_rows"])
 """
 
 

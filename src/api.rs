@@ -145,6 +145,7 @@ impl Dataset {
             max_bytes_per_shard: None,
             overwrite: false,
             threads: pipeline::default_num_threads(),
+            memory_limit: pipeline::DEFAULT_MEMORY_LIMIT,
             storage: Options::default(),
         }
     }
@@ -319,6 +320,7 @@ pub struct Writer {
     max_bytes_per_shard: Option<u64>,
     overwrite: bool,
     threads: usize,
+    memory_limit: u64,
     storage: Options,
 }
 
@@ -361,6 +363,13 @@ impl Writer {
         self
     }
 
+    /// Bytes of rows the write holds at most, however large its shards (by default the
+    /// loader's, 512 MiB); see [`crate::write::write`] for what encoders add to it.
+    pub fn memory_limit(mut self, bytes: u64) -> Self {
+        self.memory_limit = bytes.max(1);
+        self
+    }
+
     /// Writes every shard, then the manifest, which it returns. The rows come in the
     /// dataset's order for epoch 0 (a shuffled dataset writes its first epoch's order).
     pub fn run(self) -> Result<Manifest> {
@@ -370,6 +379,7 @@ impl Writer {
             max_bytes_per_shard: self.max_bytes_per_shard,
             overwrite: self.overwrite,
             threads: self.threads,
+            memory_limit: self.memory_limit,
         };
         let storage = match self.dataset.inner.storage() {
             Some(storage) if self.storage.0.is_empty() => storage,

@@ -399,6 +399,94 @@ def test_a_killed_writer_leaves_no_shard_that_looks_complete(tmp_path: Path) -> 
     assert sorted(p.name for p in dest.iterdir()) == ["_shardflow.json", "part-00000.parquet"]
 
 
+# ---- bounded memory ------------------------------------------------------------------------
+
+SHARD_WRITER = textwrap.dedent(
+    """
+    import json, shutil, sys
+    import shardflow as sf
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+
+    source, dest, fmt, shard_bytes = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    ds = sf.dataset(source)
+    # A first small write loads what any write needs (modules, code, threads).
+    ds.select(range(4)).write(dest, fmt)
+    shutil.rmtree(dest)
+    # The peak from here on (ru_maxrss would start from the parent's, which fork passes on).
+    open("/proc/self/clear_refs", "w").write("5")
+    before = status("VmRSS")
+    manifest = ds.write(dest, fmt, max_bytes_per_shard=shard_bytes, memory_limit=32 << 20, num_threads=2)
+    peak = status("VmHWM")
+    print(json.dumps({"shards": len(manifest["shards"]), "growth": peak - before}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def big_rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes]]:
+    """300 MiB of incompressible rows (256 KiB each) in one Parquet file."""
+    rng = np.random.default_rng(7)
+    blobs = [rng.bytes(256 << 10) for _ in range(1200)]
+    path = tmp_path_factory.mktemp("big") / "rows.parquet"
+    pq.write_table(pa.table({"id": np.arange(1200), "blob": blobs}), path, row_group_size=4, compression="none")
+    return path, blobs
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_a_shard_larger_than_memory_limit_is_written_in_bounded_memory(big_rows: tuple[Path, list[bytes]], fmt: str, tmp_path: Path) -> None:
+    # The writer held a shard's batches and then the whole encoded shard: one 300 MiB
+    # shard took 600 MiB more than 8 MiB shards did. Encoded as a stream, one shard costs
+    # what small ones cost, give or take a Parquet row group (32 MiB) per writer thread.
+    source, blobs = big_rows
+
+    def growth(shard_bytes: int) -> tuple[int, int]:
+        dest = tmp_path / f"out-{shard_bytes}"
+        out = subprocess.run([sys.executable, "-c", SHARD_WRITER, str(source), str(dest), fmt, str(shard_bytes)],
+                             check=True, capture_output=True, text=True).stdout
+        result = json.loads(out.splitlines()[-1])
+        return result["shards"], result["growth"]
+
+    small_shards, small = growth(8 << 20)
+    one_shard, one = growth(1 << 40)
+    assert small_shards > 30 and one_shard == 1
+    assert one - small < 100 << 20, f"peak RSS grew {one >> 20} MiB for one 300 MiB shard, {small >> 20} MiB for 8 MiB shards"
+    dest = tmp_path / f"out-{1 << 40}"
+    if fmt == "parquet":
+        written = pq.read_table(dest / "part-00000.parquet")
+        assert written["id"].to_pylist() == list(range(1200)) and written["blob"].to_pylist() == blobs
+    else:
+        import webdataset as wds
+
+        with warnings.catch_warnings():
+            # webdataset leaves its last shard's file to the garbage collector.
+            warnings.simplefilter("ignore", ResourceWarning)
+            samples = list(wds.WebDataset(str(dest / "part-00000.tar"), shardshuffle=False))
+            gc.collect()
+        assert [int(s["id"]) for s in samples] == list(range(1200)) and [s["blob"] for s in samples] == blobs
+
+
+def test_a_write_that_fails_inside_a_streamed_shard_leaves_nothing_under_its_name(tmp_path: Path) -> None:
+    # Row 3,000's key repeats row 2,999's: the shard's first rows are already in its
+    # temporary file (streamed) when the error comes; the temporary goes, no part file
+    # appears, and the directory the write made goes too.
+    keys = [f"k{i}" for i in range(5000)]
+    keys[3000] = keys[2999]
+    ds = sf.from_dict({"__key__": keys, "txt": [f"row {i}" for i in range(5000)]})
+    with pytest.raises(sf.ShardflowError, match="k2999"):
+        ds.write(tmp_path / "out", "webdataset", max_rows_per_shard=10_000, num_threads=1)
+    assert not (tmp_path / "out").exists()
+    # Into a directory that was there, the same: nothing of the write is left.
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    with pytest.raises(sf.ShardflowError, match="k2999"):
+        ds.write(tmp_path / "kept", "webdataset", max_rows_per_shard=10_000, overwrite=True)
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["notes.txt"]
+
+
 # ---- S3 ------------------------------------------------------------------------------------
 
 def test_write_to_s3_small_and_multipart(seaweed) -> None:  # noqa: ANN001
@@ -425,6 +513,15 @@ def test_write_to_s3_small_and_multipart(seaweed) -> None:  # noqa: ANN001
     assert head["ContentLength"] == manifest["shards"][0]["bytes"]
     assert head["ETag"].strip('"').endswith("-3")  # a multipart object of 3 parts
     assert [r["bin"] for r in sf.dataset("s3://written/big/", storage_options=options)] == blobs
+    assert not client.list_multipart_uploads(Bucket="written").get("Uploads")
+
+    # Refused 36 MB into a streamed shard (two parts sent): the upload is aborted, and
+    # no object is left.
+    keys = [f"k{i}" for i in range(100)]
+    keys[90] = keys[89]
+    with pytest.raises(sf.ShardflowError, match="k89"):
+        sf.from_dict({"__key__": keys, "bin": blobs}).write("s3://written/failed", "webdataset", max_bytes_per_shard=1 << 30, storage_options=options)
+    assert not client.list_objects_v2(Bucket="written", Prefix="failed/").get("Contents")
     assert not client.list_multipart_uploads(Bucket="written").get("Uploads")
 
     with pytest.raises(sf.AlreadyExistsError, match="s3://written/small"):

@@ -170,6 +170,7 @@ class Dataset:
         overwrite: bool = False,
         storage_options: dict[str, Any] | None = None,
         num_threads: int | None = None,
+        memory_limit: int | None = None,
         progress: Callable[[int, int], object] | None = None,
     ) -> dict[str, Any]: ...
     def _shard_table(self) -> list[dict[str, Any]]: ...

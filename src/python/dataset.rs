@@ -1385,8 +1385,12 @@ impl PyDataset {
 
     /// Writes the rows, in this dataset's order, as shards of `format` under `dest` (a
     /// directory or an `s3://` prefix), with a manifest that `shardflow.dataset(dest)`
-    /// reads; returns the manifest as a dict.
-    #[pyo3(signature = (dest, format="parquet", *, max_rows_per_shard=None, max_bytes_per_shard=None, compression=None, overwrite=false, storage_options=None, num_threads=None, progress=None))]
+    /// reads; returns the manifest as a dict. Shards are encoded as streams, so memory
+    /// does not grow with their size: `memory_limit` (default 512 MiB) bounds the rows
+    /// held, and each of the `num_threads` writers adds at most a Parquet row group
+    /// (32 MiB) or, on S3, five 16 MiB upload parts. NPZ keeps a shard's rows until it
+    /// ends, so its shards are cut to fit the writers' half of `memory_limit`.
+    #[pyo3(signature = (dest, format="parquet", *, max_rows_per_shard=None, max_bytes_per_shard=None, compression=None, overwrite=false, storage_options=None, num_threads=None, memory_limit=None, progress=None))]
     #[allow(clippy::too_many_arguments)]
     fn write<'py>(
         &self,
@@ -1399,6 +1403,7 @@ impl PyDataset {
         overwrite: bool,
         storage_options: Option<&Bound<'py, PyDict>>,
         num_threads: Option<usize>,
+        memory_limit: Option<i64>,
         progress: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let dest = source_list(dest)?;
@@ -1427,6 +1432,8 @@ impl PyDataset {
                 Some(n) => n,
                 None => pipeline::default_num_threads(),
             },
+            memory_limit: positive("memory_limit", memory_limit)?
+                .unwrap_or(pipeline::DEFAULT_MEMORY_LIMIT),
         };
         let storage = match (storage_options, self.inner.storage()) {
             (Some(given), _) => Storage::new(StorageOptions::parse(&parse_options(given)?)?)?,

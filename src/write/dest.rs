@@ -4,9 +4,10 @@
 //! multipart upload completes. So a writer killed half-way leaves complete shards and
 //! hidden temporaries, never a truncated shard under a shard's name.
 
+use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
@@ -107,6 +108,22 @@ impl Destination {
 
     fn url_of(&self, name: &str) -> String {
         manifest::join(&self.url(), name)
+    }
+
+    /// Whether the destination is there already (a local directory; an S3 prefix always
+    /// is).
+    pub fn exists(&self) -> bool {
+        match self {
+            Destination::Local { dir } => dir.exists(),
+            Destination::S3 { .. } => true,
+        }
+    }
+
+    /// Removes the local directory if it holds nothing.
+    pub fn remove_if_empty(&self) {
+        if let Destination::Local { dir } = self {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 
     /// Makes the destination ready: refuses one that holds anything unless `overwrite`,
@@ -210,34 +227,45 @@ impl Destination {
     }
 
     /// Writes `bytes` as `name`, whole or not at all.
-    pub fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
-        match self {
+    pub fn put(&self, name: &str, bytes: &[u8]) -> Result<u64> {
+        let mut sink = self.create(name)?;
+        let failure = sink.failure();
+        sink.write_all(bytes)
+            .map_err(|e| failure.or(Error::write(self.url_of(name), e)))?;
+        sink.commit()
+    }
+
+    /// A file `name` to write as a stream: it appears under its name, whole, only at
+    /// [`Sink::commit`].
+    pub fn create(&self, name: &str) -> Result<Sink<'_>> {
+        let target = match self {
             Destination::Local { dir } => {
-                let url = self.url_of(name);
                 std::fs::create_dir_all(dir).map_err(|e| Error::write(self.url(), e))?;
                 let temp = dir.join(format!(
                     ".{name}.tmp-{}-{}",
                     std::process::id(),
                     TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
                 ));
-                // On disk before it is renamed: after a crash, a name is whole or absent.
-                let written = std::fs::File::create(&temp)
-                    .and_then(|mut file| {
-                        std::io::Write::write_all(&mut file, &bytes)?;
-                        file.sync_all()
-                    })
-                    .and_then(|()| std::fs::rename(&temp, dir.join(name)));
-                if let Err(e) = written {
-                    let _ = std::fs::remove_file(&temp);
-                    return Err(Error::write(url, e));
+                let file =
+                    std::fs::File::create(&temp).map_err(|e| Error::write(self.url_of(name), e))?;
+                Target::Local {
+                    file: std::io::BufWriter::with_capacity(1 << 20, file),
+                    temp,
                 }
-                Ok(())
             }
-            Destination::S3 { .. } if bytes.len() <= PART_BYTES => {
-                self.put_object(name, bytes.into())
-            }
-            Destination::S3 { .. } => self.put_multipart(name, bytes.into()),
-        }
+            Destination::S3 { .. } => Target::S3 {
+                buffer: Vec::new(),
+                upload: None,
+            },
+        };
+        Ok(Sink {
+            destination: self,
+            name: name.to_string(),
+            written: 0,
+            target,
+            failure: SinkFailure::default(),
+            committed: false,
+        })
     }
 
     fn s3_parts(&self) -> Result<(aws_sdk_s3::Client, &str, &str)> {
@@ -248,6 +276,13 @@ impl Destination {
                 storage,
                 ..
             } => Ok((s3::client(storage)?, bucket, prefix)),
+            Destination::Local { .. } => Err(Error::Internal("not an S3 destination".into())),
+        }
+    }
+
+    fn bucket(&self) -> Result<&str> {
+        match self {
+            Destination::S3 { bucket, .. } => Ok(bucket),
             Destination::Local { .. } => Err(Error::Internal("not an S3 destination".into())),
         }
     }
@@ -267,9 +302,7 @@ impl Destination {
         Ok(())
     }
 
-    /// A large object in parts, several in flight; aborted on failure, so no partial
-    /// object and no stored parts are left behind.
-    fn put_multipart(&self, name: &str, bytes: Bytes) -> Result<()> {
+    fn start_upload(&self, name: &str) -> Result<Multipart> {
         let (client, bucket, prefix) = self.s3_parts()?;
         let key = format!("{prefix}{name}");
         let url = self.url_of(name);
@@ -282,90 +315,14 @@ impl Destination {
             .upload_id()
             .ok_or_else(|| Error::write(&url, std::io::Error::other("no upload id in the reply")))?
             .to_string();
-        let uploaded = self.upload_parts(&client, bucket, &key, &upload_id, &url, &bytes);
-        let completed = uploaded.and_then(|parts| {
-            self.retrying("CompleteMultipartUpload", || {
-                let request = client
-                    .complete_multipart_upload()
-                    .bucket(bucket)
-                    .key(&key)
-                    .upload_id(&upload_id)
-                    .multipart_upload(
-                        CompletedMultipartUpload::builder()
-                            .set_parts(Some(parts.clone()))
-                            .build(),
-                    );
-                let url = url.clone();
-                async move { request.send().await.map_err(|e| s3::failure(&url, e)) }
-            })
-        });
-        if let Err(error) = completed {
-            // Best effort: the store also expires abandoned uploads by its own rules.
-            let abort = client
-                .abort_multipart_upload()
-                .bucket(bucket)
-                .key(&key)
-                .upload_id(&upload_id);
-            let _ = runtime::block_on_outside(runtime()?, abort.send());
-            return Err(error);
-        }
-        Ok(())
-    }
-
-    fn upload_parts(
-        &self,
-        client: &aws_sdk_s3::Client,
-        bucket: &str,
-        key: &str,
-        upload_id: &str,
-        url: &str,
-        bytes: &Bytes,
-    ) -> Result<Vec<CompletedPart>> {
-        let Destination::S3 { storage, .. } = self else {
-            return Err(Error::Internal("not an S3 destination".into()));
-        };
-        let rt = runtime()?;
-        let starts: Vec<usize> = (0..bytes.len()).step_by(PART_BYTES).collect();
-        let mut parts = Vec::with_capacity(starts.len());
-        for group in starts.chunks(PARTS_IN_FLIGHT) {
-            let mut uploads = tokio::task::JoinSet::new();
-            for &start in group {
-                let number = (start / PART_BYTES) as i32 + 1;
-                let chunk = bytes.slice(start..(start + PART_BYTES).min(bytes.len()));
-                let (client, storage, url) = (client.clone(), storage.clone(), url.to_string());
-                let (bucket, key, upload_id) =
-                    (bucket.to_string(), key.to_string(), upload_id.to_string());
-                uploads.spawn_on(
-                    async move {
-                        let uploaded = retry(&storage, &url, "UploadPart", || {
-                            let request = client
-                                .upload_part()
-                                .bucket(&bucket)
-                                .key(&key)
-                                .upload_id(&upload_id)
-                                .part_number(number)
-                                .body(ByteStream::from(chunk.clone()));
-                            let url = url.clone();
-                            async move { request.send().await.map_err(|e| s3::failure(&url, e)) }
-                        })
-                        .await?;
-                        Ok::<_, Error>(
-                            CompletedPart::builder()
-                                .part_number(number)
-                                .set_e_tag(uploaded.e_tag().map(str::to_string))
-                                .build(),
-                        )
-                    },
-                    rt.handle(),
-                );
-            }
-            let done = runtime::block_on_outside(rt, uploads.join_all())?;
-            for part in done {
-                parts.push(part?);
-            }
-        }
-        parts.sort_by_key(|p| p.part_number());
-        Ok(parts)
+        Ok(Multipart {
+            client,
+            key,
+            upload_id,
+            next_part: 1,
+            uploading: tokio::task::JoinSet::new(),
+            parts: Vec::new(),
+        })
     }
 
     /// Runs one S3 request to completion on the I/O runtime, with the storage options'
@@ -399,4 +356,281 @@ where
         )
     })
     .await
+}
+
+/// Where a [`Sink`]'s bytes go until it is committed.
+enum Target {
+    /// A hidden temporary, renamed to the file's name at commit.
+    Local {
+        file: std::io::BufWriter<std::fs::File>,
+        temp: PathBuf,
+    },
+    /// Bytes not yet sent; once they pass a part's size, a multipart upload.
+    S3 {
+        buffer: Vec<u8>,
+        upload: Option<Multipart>,
+    },
+}
+
+/// A multipart upload under way: parts are sent as they fill, at most
+/// `PARTS_IN_FLIGHT` at once.
+struct Multipart {
+    client: aws_sdk_s3::Client,
+    key: String,
+    upload_id: String,
+    next_part: i32,
+    uploading: tokio::task::JoinSet<Result<CompletedPart>>,
+    parts: Vec<CompletedPart>,
+}
+
+/// One file being written as a stream (see [`Destination::create`]). It holds at most a
+/// 1 MiB write buffer locally, and on S3 one part being filled plus `PARTS_IN_FLIGHT`
+/// being sent. Dropped without [`Sink::commit`], it leaves nothing: the temporary is
+/// removed, the multipart upload aborted.
+pub struct Sink<'a> {
+    destination: &'a Destination,
+    name: String,
+    written: u64,
+    target: Target,
+    failure: SinkFailure,
+    committed: bool,
+}
+
+impl Sink<'_> {
+    fn url(&self) -> String {
+        self.destination.url_of(&self.name)
+    }
+
+    /// A handle on the sink's first failure, for whoever holds the sink inside an encoder.
+    pub fn failure(&self) -> SinkFailure {
+        self.failure.clone()
+    }
+
+    /// Makes the file whole under its name; returns its size.
+    pub fn commit(mut self) -> Result<u64> {
+        let url = self.url();
+        let final_path = match self.destination {
+            Destination::Local { dir } => Some(dir.join(&self.name)),
+            Destination::S3 { .. } => None,
+        };
+        match &mut self.target {
+            Target::Local { file, temp } => {
+                // On disk before it is renamed: after a crash, a name is whole or absent.
+                std::io::Write::flush(file)
+                    .and_then(|()| file.get_ref().sync_all())
+                    .and_then(|()| std::fs::rename(&*temp, final_path.unwrap_or_default()))
+                    .map_err(|e| Error::write(&url, e))?;
+            }
+            Target::S3 { buffer, upload } => match upload {
+                None => {
+                    let bytes = Bytes::from(std::mem::take(buffer));
+                    self.destination.put_object(&self.name, bytes)?;
+                }
+                Some(_) => {
+                    self.send_part()?;
+                    self.complete()?;
+                }
+            },
+        }
+        self.committed = true;
+        Ok(self.written)
+    }
+
+    /// Sends the buffer as the next part (starting the upload if needed), waiting for
+    /// an earlier part first when `PARTS_IN_FLIGHT` are on their way.
+    fn send_part(&mut self) -> Result<()> {
+        let url = self.url();
+        let Target::S3 { buffer, upload } = &mut self.target else {
+            return Ok(());
+        };
+        let Destination::S3 { storage, .. } = self.destination else {
+            return Err(Error::Internal("not an S3 destination".into()));
+        };
+        if upload.is_none() {
+            *upload = Some(self.destination.start_upload(&self.name)?);
+        }
+        let Some(upload) = upload else {
+            return Ok(());
+        };
+        let rt = runtime()?;
+        while upload.uploading.len() >= PARTS_IN_FLIGHT {
+            if let Some(sent) = runtime::block_on_outside(rt, upload.uploading.join_next())? {
+                upload.parts.push(joined(sent, &url)??);
+            }
+        }
+        // S3 takes a last part of any size, but none of zero bytes after the first.
+        if buffer.is_empty() && upload.next_part > 1 {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::take(buffer));
+        let number = upload.next_part;
+        upload.next_part += 1;
+        let (client, storage) = (upload.client.clone(), storage.clone());
+        let (bucket, key, upload_id) = (
+            self.destination.bucket()?.to_string(),
+            upload.key.clone(),
+            upload.upload_id.clone(),
+        );
+        upload.uploading.spawn_on(
+            async move {
+                let sent = retry(&storage, &url, "UploadPart", || {
+                    let request = client
+                        .upload_part()
+                        .bucket(&bucket)
+                        .key(&key)
+                        .upload_id(&upload_id)
+                        .part_number(number)
+                        .body(ByteStream::from(chunk.clone()));
+                    let url = url.clone();
+                    async move { request.send().await.map_err(|e| s3::failure(&url, e)) }
+                })
+                .await?;
+                Ok(CompletedPart::builder()
+                    .part_number(number)
+                    .set_e_tag(sent.e_tag().map(str::to_string))
+                    .build())
+            },
+            rt.handle(),
+        );
+        Ok(())
+    }
+
+    /// Waits for the parts on their way and completes the upload.
+    fn complete(&mut self) -> Result<()> {
+        let url = self.url();
+        let Target::S3 {
+            upload: Some(upload),
+            ..
+        } = &mut self.target
+        else {
+            return Ok(());
+        };
+        let rt = runtime()?;
+        while let Some(sent) = runtime::block_on_outside(rt, upload.uploading.join_next())? {
+            upload.parts.push(joined(sent, &url)??);
+        }
+        upload.parts.sort_by_key(|p| p.part_number());
+        let (client, key, upload_id) = (&upload.client, &upload.key, &upload.upload_id);
+        let parts = upload.parts.clone();
+        let bucket = self.destination.bucket()?;
+        self.destination
+            .retrying("CompleteMultipartUpload", || {
+                let request = client
+                    .complete_multipart_upload()
+                    .bucket(bucket)
+                    .key(key)
+                    .upload_id(upload_id)
+                    .multipart_upload(
+                        CompletedMultipartUpload::builder()
+                            .set_parts(Some(parts.clone()))
+                            .build(),
+                    );
+                let url = url.clone();
+                async move { request.send().await.map_err(|e| s3::failure(&url, e)) }
+            })
+            .map(drop)
+    }
+
+    fn write_bytes(&mut self, data: &[u8]) -> Result<()> {
+        match &mut self.target {
+            Target::Local { file, .. } => {
+                std::io::Write::write_all(file, data).map_err(|e| Error::write(self.url(), e))
+            }
+            Target::S3 { buffer, .. } => {
+                buffer.extend_from_slice(data);
+                if buffer.len() >= PART_BYTES {
+                    self.send_part()?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The first failure of a [`Sink`], kept whole: an encoder writing to it sees only the
+/// message an `io::Error` carries.
+#[derive(Clone, Default)]
+pub struct SinkFailure(Arc<Mutex<Option<Error>>>);
+
+impl SinkFailure {
+    /// The sink's failure if it had one (the cause of `error`), else `error`.
+    pub fn or(&self, error: Error) -> Error {
+        self.slot().take().unwrap_or(error)
+    }
+
+    fn set(&self, error: Error) {
+        self.slot().get_or_insert(error);
+    }
+
+    fn is_set(&self) -> bool {
+        self.slot().is_some()
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Error>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A part upload's outcome, or why its task ended without one.
+fn joined(
+    sent: std::result::Result<Result<CompletedPart>, tokio::task::JoinError>,
+    url: &str,
+) -> Result<Result<CompletedPart>> {
+    sent.map_err(|e| Error::write(url, std::io::Error::other(format!("UploadPart: {e}"))))
+}
+
+impl std::io::Write for Sink<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.failure.is_set() {
+            return Err(std::io::Error::other("an earlier write failed"));
+        }
+        match self.write_bytes(data) {
+            Ok(()) => {
+                self.written += data.len() as u64;
+                Ok(data.len())
+            }
+            Err(e) => {
+                let message = e.to_string();
+                self.failure.set(e);
+                Err(std::io::Error::other(message))
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        // Bytes go out as parts fill and at commit; a flush promises nothing sooner.
+        Ok(())
+    }
+}
+
+impl Drop for Sink<'_> {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        match &mut self.target {
+            Target::Local { temp, .. } => {
+                let _ = std::fs::remove_file(&*temp);
+            }
+            Target::S3 {
+                upload: Some(upload),
+                ..
+            } => {
+                // Best effort: the store also expires abandoned uploads by its own rules.
+                upload.uploading.abort_all();
+                if let (Ok(bucket), Ok(rt)) = (self.destination.bucket(), runtime()) {
+                    let abort = upload
+                        .client
+                        .abort_multipart_upload()
+                        .bucket(bucket)
+                        .key(&upload.key)
+                        .upload_id(&upload.upload_id);
+                    let _ = runtime::block_on_outside(rt, abort.send());
+                }
+            }
+            Target::S3 { upload: None, .. } => {}
+        }
+    }
 }

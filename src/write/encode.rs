@@ -1,7 +1,9 @@
-//! Record batches to the bytes of one shard file, per output format. Each encoder takes
-//! a shard's batches whole (a shard is encoded on one writer thread, shards in
-//! parallel) and refuses, naming the column, a type its format cannot hold rather than
-//! writing something that would read back different.
+//! Record batches to the bytes of one shard file, per output format, as a stream: a
+//! shard's encoder takes its batches as they come and writes their bytes on (Parquet
+//! row groups, JSON lines, tar members and TFRecords), so it holds a bounded part of the
+//! shard, never all of it; only NPZ, whose members are whole columns, keeps the shard's
+//! rows until it ends. Encoders refuse, naming the column, a type their format cannot
+//! hold rather than writing something that would read back different.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -194,20 +196,114 @@ impl ShardFormat {
         }
     }
 
-    /// The bytes of one shard holding `batches`; `first_row` numbers the rows (the
-    /// WebDataset keys of a dataset without `__key__`).
-    pub fn encode(
+    /// An encoder of one shard into `sink`; `first_row` numbers the rows (the WebDataset
+    /// keys of a dataset without `__key__`).
+    pub fn start<W: Write + Send>(
         self,
         schema: &SchemaRef,
-        batches: &[RecordBatch],
         first_row: u64,
-    ) -> Result<Vec<u8>> {
+        sink: W,
+    ) -> Result<ShardEncoder<W>> {
+        Ok(match self {
+            ShardFormat::Parquet(compression) => {
+                let properties = parquet::file::properties::WriterProperties::builder()
+                    .set_compression(compression)
+                    .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+                    .build();
+                ShardEncoder::Parquet(
+                    parquet::arrow::ArrowWriter::try_new(sink, schema.clone(), Some(properties))
+                        .map_err(|e| failed("Parquet", e))?,
+                )
+            }
+            // Every field on every line, nulls included (arrow-json leaves null fields out
+            // by default): a column null in the first lines then set is still a column of
+            // every line, in the schema's order, for our reader and for pyarrow's alike.
+            ShardFormat::Jsonl(gz) => ShardEncoder::Jsonl(
+                arrow_json::WriterBuilder::new()
+                    .with_explicit_nulls(true)
+                    .build::<_, arrow_json::writer::LineDelimited>(Out::new(sink, gz)),
+            ),
+            ShardFormat::WebDataset(gz) => {
+                ShardEncoder::WebDataset(TarEncoder::new(schema, first_row, Out::new(sink, gz)))
+            }
+            ShardFormat::TfRecord(gz) => ShardEncoder::TfRecord(Out::new(sink, gz)),
+            ShardFormat::Npz(deflate) => ShardEncoder::Npz {
+                schema: schema.clone(),
+                batches: Vec::new(),
+                deflate,
+                sink,
+            },
+        })
+    }
+
+    /// Whether a shard's rows are kept until it ends (so its size is its writer's memory).
+    pub fn holds_whole_shards(self) -> bool {
+        matches!(self, ShardFormat::Npz(_))
+    }
+}
+
+/// One shard being encoded (see [`ShardFormat::start`]).
+pub enum ShardEncoder<W: Write + Send> {
+    /// Holds the open row group's encoded pages (at most `ROW_GROUP_BYTES`).
+    Parquet(parquet::arrow::ArrowWriter<W>),
+    Jsonl(arrow_json::Writer<Out<W>, arrow_json::writer::LineDelimited>),
+    WebDataset(TarEncoder<W>),
+    TfRecord(Out<W>),
+    Npz {
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+        deflate: bool,
+        sink: W,
+    },
+}
+
+impl<W: Write + Send> ShardEncoder<W> {
+    /// Encodes the next rows of the shard.
+    pub fn append(&mut self, batch: &RecordBatch) -> Result<()> {
         match self {
-            ShardFormat::Parquet(compression) => parquet_bytes(schema, batches, compression),
-            ShardFormat::Jsonl(gz) => gzip_if(gz, jsonl_bytes(batches)?),
-            ShardFormat::WebDataset(gz) => gzip_if(gz, tar_bytes(schema, batches, first_row)?),
-            ShardFormat::TfRecord(gz) => gzip_if(gz, tfrecord_bytes(batches)?),
-            ShardFormat::Npz(deflate) => npz_bytes(schema, batches, deflate),
+            ShardEncoder::Parquet(writer) => writer.write(batch).map_err(|e| failed("Parquet", e)),
+            ShardEncoder::Jsonl(writer) => {
+                // arrow-json would write them as null: refused rather than changed.
+                for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+                    if non_finite(column.as_ref()) {
+                        return Err(Error::invalid_argument(format!(
+                            "column {:?} holds inf or NaN, which JSON cannot represent",
+                            field.name()
+                        )));
+                    }
+                }
+                writer.write(batch).map_err(|e| failed("JSON", e))
+            }
+            ShardEncoder::WebDataset(tar) => tar.append(batch),
+            ShardEncoder::TfRecord(out) => append_tfrecords(batch, out),
+            ShardEncoder::Npz { batches, .. } => {
+                batches.push(batch.clone());
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes the rest of the file (Parquet's last row group and footer, the tar's end,
+    /// the gzip trailer, the whole NPZ) and gives the sink back.
+    pub fn finish(self) -> Result<W> {
+        match self {
+            ShardEncoder::Parquet(writer) => writer.into_inner().map_err(|e| failed("Parquet", e)),
+            ShardEncoder::Jsonl(mut writer) => {
+                writer.finish().map_err(|e| failed("JSON", e))?;
+                writer.into_inner().finish()
+            }
+            ShardEncoder::WebDataset(tar) => tar.finish(),
+            ShardEncoder::TfRecord(out) => out.finish(),
+            ShardEncoder::Npz {
+                schema,
+                batches,
+                deflate,
+                mut sink,
+            } => {
+                sink.write_all(&npz_bytes(&schema, &batches, deflate)?)
+                    .map_err(|e| failed("npz", e))?;
+                Ok(sink)
+            }
         }
     }
 }
@@ -216,37 +312,50 @@ fn failed(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Internal(format!("encoding {what}: {e}"))
 }
 
-fn gzip_if(gz: bool, bytes: Vec<u8>) -> Result<Vec<u8>> {
-    if !gz {
-        return Ok(bytes);
+/// An encoder's output: the sink itself, or gzip into it.
+pub enum Out<W: Write> {
+    Plain(W),
+    Gzip(GzEncoder<W>),
+}
+
+impl<W: Write> Out<W> {
+    fn new(sink: W, gz: bool) -> Self {
+        if gz {
+            Out::Gzip(GzEncoder::new(sink, GzLevel::default()))
+        } else {
+            Out::Plain(sink)
+        }
     }
-    let mut encoder = GzEncoder::new(Vec::with_capacity(bytes.len() / 3), GzLevel::default());
-    encoder.write_all(&bytes).map_err(|e| failed("gzip", e))?;
-    encoder.finish().map_err(|e| failed("gzip", e))
+
+    /// The gzip trailer written, the sink.
+    fn finish(self) -> Result<W> {
+        match self {
+            Out::Plain(sink) => Ok(sink),
+            Out::Gzip(encoder) => encoder.finish().map_err(|e| failed("gzip", e)),
+        }
+    }
+}
+
+impl<W: Write> Write for Out<W> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Out::Plain(sink) => sink.write(data),
+            Out::Gzip(encoder) => encoder.write(data),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Out::Plain(sink) => sink.flush(),
+            Out::Gzip(encoder) => encoder.flush(),
+        }
+    }
 }
 
 // ---- Parquet --------------------------------------------------------------------------
 
 /// Row groups of about this many encoded bytes: units of parallel reading.
 const ROW_GROUP_BYTES: usize = 32 << 20;
-
-fn parquet_bytes(
-    schema: &SchemaRef,
-    batches: &[RecordBatch],
-    compression: parquet::basic::Compression,
-) -> Result<Vec<u8>> {
-    let properties = parquet::file::properties::WriterProperties::builder()
-        .set_compression(compression)
-        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
-        .build();
-    let mut writer =
-        parquet::arrow::ArrowWriter::try_new(Vec::new(), schema.clone(), Some(properties))
-            .map_err(|e| failed("Parquet", e))?;
-    for batch in batches {
-        writer.write(batch).map_err(|e| failed("Parquet", e))?;
-    }
-    writer.into_inner().map_err(|e| failed("Parquet", e))
-}
 
 // ---- JSON Lines -----------------------------------------------------------------------
 
@@ -297,29 +406,6 @@ fn non_finite(array: &dyn Array) -> bool {
     }
 }
 
-fn jsonl_bytes(batches: &[RecordBatch]) -> Result<Vec<u8>> {
-    // Every field on every line, nulls included (arrow-json leaves null fields out by
-    // default): a column null in the first lines then set is still a column of every
-    // line, in the schema's order, for our reader and for pyarrow's alike.
-    let mut writer = arrow_json::WriterBuilder::new()
-        .with_explicit_nulls(true)
-        .build::<_, arrow_json::writer::LineDelimited>(Vec::new());
-    for batch in batches {
-        // arrow-json would write them as null: refused rather than changed.
-        for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
-            if non_finite(column.as_ref()) {
-                return Err(Error::invalid_argument(format!(
-                    "column {:?} holds inf or NaN, which JSON cannot represent",
-                    field.name()
-                )));
-            }
-        }
-        writer.write(batch).map_err(|e| failed("JSON", e))?;
-    }
-    writer.finish().map_err(|e| failed("JSON", e))?;
-    Ok(writer.into_inner())
-}
-
 // ---- WebDataset -----------------------------------------------------------------------
 
 const KEY_COLUMN: &str = "__key__";
@@ -368,27 +454,55 @@ fn webdataset_kind(field: &Field) -> Option<Member> {
     }
 }
 
-fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Result<Vec<u8>> {
-    let kinds: Vec<Member> = schema
-        .fields()
-        .iter()
-        .map(|f| webdataset_kind(f).unwrap_or(Member::Skip))
-        .collect();
-    let key_column = schema.index_of(KEY_COLUMN).ok();
-    let mut builder = tar::Builder::new(Vec::new());
-    let mut row = first_row;
-    // Readers group a tar's consecutive files by key: a key repeated on the next row
-    // would merge two samples into one (or fail), so it is refused.
-    let mut previous_key: Option<String> = None;
-    for batch in batches {
-        let keys = key_column
+/// A WebDataset shard being written: each row's columns become `<key>.<column>` members
+/// of the tar, appended as the rows come.
+pub struct TarEncoder<W: Write> {
+    builder: tar::Builder<Out<W>>,
+    schema: SchemaRef,
+    kinds: Vec<Member>,
+    key_column: Option<usize>,
+    /// The next row's number in the dataset (its key without `__key__`).
+    row: u64,
+    /// Readers group a tar's consecutive files by key: a key repeated on the next row
+    /// would merge two samples into one (or fail), so it is refused.
+    previous_key: Option<String>,
+}
+
+impl<W: Write> TarEncoder<W> {
+    fn new(schema: &SchemaRef, first_row: u64, out: Out<W>) -> Self {
+        Self {
+            builder: tar::Builder::new(out),
+            schema: schema.clone(),
+            kinds: schema
+                .fields()
+                .iter()
+                .map(|f| webdataset_kind(f).unwrap_or(Member::Skip))
+                .collect(),
+            key_column: schema.index_of(KEY_COLUMN).ok(),
+            row: first_row,
+            previous_key: None,
+        }
+    }
+
+    /// The tar's end written, the sink.
+    fn finish(self) -> Result<W> {
+        self.builder
+            .into_inner()
+            .map_err(|e| failed("tar", e))?
+            .finish()
+    }
+
+    fn append(&mut self, batch: &RecordBatch) -> Result<()> {
+        let (schema, kinds) = (&self.schema, &self.kinds);
+        let keys = self
+            .key_column
             .map(|i| arrow_cast::cast(batch.column(i), &DataType::LargeUtf8))
             .transpose()
             .map_err(|e| failed("keys", e))?;
         let texts: Vec<Option<ArrayFormatter>> = batch
             .columns()
             .iter()
-            .zip(&kinds)
+            .zip(kinds)
             .map(|(column, kind)| {
                 (*kind == Member::Number)
                     .then(|| ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default()))
@@ -409,13 +523,14 @@ fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Res
                     }
                     key.to_string()
                 }
-                _ => format!("{row:09}"),
+                _ => format!("{:09}", self.row),
             };
-            if previous_key.as_deref() == Some(key.as_str()) {
+            if self.previous_key.as_deref() == Some(key.as_str()) {
                 return Err(Error::invalid_argument(format!(
-                    "__key__ {key:?} is on two consecutive rows (rows {} and {row}): WebDataset \
+                    "__key__ {key:?} is on two consecutive rows (rows {} and {}): WebDataset \
                      readers would take them for one sample; give every row its own key",
-                    row - 1
+                    self.row - 1,
+                    self.row
                 )));
             }
             let members = (0..batch.num_columns())
@@ -423,8 +538,9 @@ fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Res
                 .count();
             if members == 0 {
                 return Err(Error::invalid_argument(format!(
-                    "row {row} (key {key:?}) has no value to write: a WebDataset sample is its \
-                     files, and one with none would vanish from the shard"
+                    "row {} (key {key:?}) has no value to write: a WebDataset sample is its \
+                     files, and one with none would vanish from the shard",
+                    self.row
                 )));
             }
             for (c, field) in schema.fields().iter().enumerate() {
@@ -447,7 +563,7 @@ fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Res
                 header.set_mode(0o644);
                 header.set_mtime(0);
                 header.set_entry_type(tar::EntryType::Regular);
-                builder
+                self.builder
                     .append_data(
                         &mut header,
                         format!("{key}.{}", field.name()),
@@ -455,11 +571,11 @@ fn tar_bytes(schema: &SchemaRef, batches: &[RecordBatch], first_row: u64) -> Res
                     )
                     .map_err(|e| failed("tar", e))?;
             }
-            previous_key = Some(key);
-            row += 1;
+            self.previous_key = Some(key);
+            self.row += 1;
         }
+        Ok(())
     }
-    builder.into_inner().map_err(|e| failed("tar", e))
 }
 
 fn binary_value(column: &ArrayRef, i: usize) -> Vec<u8> {
@@ -608,44 +724,43 @@ impl ExampleColumn {
     }
 }
 
-fn tfrecord_bytes(batches: &[RecordBatch]) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    for batch in batches {
-        let columns: Vec<ExampleColumn> = batch
-            .schema()
-            .fields()
-            .iter()
-            .zip(batch.columns())
-            .map(|(field, column)| example_column(field, column))
-            .collect::<Result<_>>()?;
-        let mut features = Vec::new();
-        let mut entry = Vec::new();
-        let mut feature = Vec::new();
-        let mut example = Vec::new();
-        for i in 0..batch.num_rows() {
-            features.clear();
-            for column in &columns {
-                // A null is a feature the Example lacks (as tf.io.parse_example sees it).
-                if column.column.is_null(i) {
-                    continue;
-                }
-                feature.clear();
-                column.feature(i, &mut feature);
-                entry.clear();
-                encode_len_field(1, column.key.as_bytes(), &mut entry);
-                encode_len_field(2, &feature, &mut entry);
-                encode_len_field(1, &entry, &mut features);
+/// Appends a TFRecord of a `tf.train.Example` per row of `batch` to `out`.
+fn append_tfrecords(batch: &RecordBatch, out: &mut impl Write) -> Result<()> {
+    let columns: Vec<ExampleColumn> = batch
+        .schema()
+        .fields()
+        .iter()
+        .zip(batch.columns())
+        .map(|(field, column)| example_column(field, column))
+        .collect::<Result<_>>()?;
+    let mut features = Vec::new();
+    let mut entry = Vec::new();
+    let mut feature = Vec::new();
+    let mut example = Vec::new();
+    for i in 0..batch.num_rows() {
+        features.clear();
+        for column in &columns {
+            // A null is a feature the Example lacks (as tf.io.parse_example sees it).
+            if column.column.is_null(i) {
+                continue;
             }
-            example.clear();
-            encode_len_field(1, &features, &mut example);
-            let len = (example.len() as u64).to_le_bytes();
-            out.extend_from_slice(&len);
-            out.extend_from_slice(&masked_crc(&len).to_le_bytes());
-            out.extend_from_slice(&example);
-            out.extend_from_slice(&masked_crc(&example).to_le_bytes());
+            feature.clear();
+            column.feature(i, &mut feature);
+            entry.clear();
+            encode_len_field(1, column.key.as_bytes(), &mut entry);
+            encode_len_field(2, &feature, &mut entry);
+            encode_len_field(1, &entry, &mut features);
         }
+        example.clear();
+        encode_len_field(1, &features, &mut example);
+        let len = (example.len() as u64).to_le_bytes();
+        out.write_all(&len)
+            .and_then(|()| out.write_all(&masked_crc(&len).to_le_bytes()))
+            .and_then(|()| out.write_all(&example))
+            .and_then(|()| out.write_all(&masked_crc(&example).to_le_bytes()))
+            .map_err(|e| failed("TFRecord", e))?;
     }
-    Ok(out)
+    Ok(())
 }
 
 // ---- NPZ ------------------------------------------------------------------------------
