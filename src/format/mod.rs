@@ -348,6 +348,13 @@ pub enum UnitJob {
 /// Makes each work unit's job for one prepared dataset: the format-specific part.
 pub trait UnitJobs: Send + Sync {
     fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob;
+    /// A job that decodes only the unit's rows at `rows` (ascending, distinct offsets in
+    /// the unit), in that order, where the format can pass over the rest without
+    /// decoding it (Parquet skips the pages that hold none of them); `None` where it
+    /// cannot, and the whole unit is decoded.
+    fn rows_job(&self, _unit: &WorkUnit, _shard: &ShardMeta, _rows: &[u64]) -> Option<UnitJob> {
+        None
+    }
     /// How a stream format finds and decodes single records, for its record index.
     fn record_codec(&self) -> Option<Arc<dyn index::RecordCodec>> {
         None
@@ -399,6 +406,11 @@ impl PreparedShards {
 
     pub fn job(&self, unit: &WorkUnit) -> UnitJob {
         self.jobs.job(unit, &self.shards[unit.shard])
+    }
+
+    /// See [`UnitJobs::rows_job`].
+    pub fn rows_job(&self, unit: &WorkUnit, rows: &[u64]) -> Option<UnitJob> {
+        self.jobs.rows_job(unit, &self.shards[unit.shard], rows)
     }
 
     /// `plain` (format `format`) with the image columns `spec` names decoded (see

@@ -10,7 +10,8 @@ use arrow_schema::{Schema, SchemaRef};
 use bytes::{Buf, Bytes};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
 };
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaDataReader};
@@ -295,8 +296,10 @@ fn check_chunk_bounds(file: &ParquetFile) -> Result<()> {
     Ok(())
 }
 
-impl UnitJobs for PreparedParquet {
-    fn job(&self, unit: &WorkUnit, _shard: &ShardMeta) -> UnitJob {
+impl PreparedParquet {
+    /// Fetches the row group's projected column chunks and decodes them, all its rows or
+    /// only `selection`'s (the decoder then passes over pages that hold none of them).
+    fn row_group_job(&self, unit: &WorkUnit, selection: Option<RowSelection>) -> UnitJob {
         let file = self.files[unit.shard].clone();
         let row_group = unit.part;
         let rg = file.metadata.metadata().row_group(row_group);
@@ -306,41 +309,92 @@ impl UnitJobs for PreparedParquet {
             .iter()
             .filter_map(|&leaf| chunk_range(file.size, rg.column(leaf)).ok())
             .collect();
-        let projected_bytes: i64 = file
-            .leaves
-            .iter()
-            .map(|&l| rg.column(l).uncompressed_size())
-            .fold(0, i64::saturating_add);
-        let row_bytes = (projected_bytes.max(1) as u64 / (rg.num_rows().max(1) as u64)).max(1);
-        let batch_rows = (TARGET_BATCH_BYTES / row_bytes).clamp(1, MAX_BATCH_ROWS) as usize;
+        let batch_rows = batch_rows(&file, row_group);
         UnitJob::Ranges {
             ranges: coalesce(ranges, COALESCE_GAP),
             decode: Box::new(move |fetched, sink: &mut BatchSink| {
-                decode_row_group(&file, row_group, batch_rows, fetched, sink)
+                let fetched = FetchedChunks(fetched);
+                decode_row_group(&file, row_group, batch_rows, selection, fetched, sink)
             }),
         }
     }
 }
 
+/// Rows per decoded batch of a row group, so that batches hold about
+/// `TARGET_BATCH_BYTES`.
+fn batch_rows(file: &ParquetFile, row_group: usize) -> usize {
+    let rg = file.metadata.metadata().row_group(row_group);
+    let projected_bytes: i64 = file
+        .leaves
+        .iter()
+        .map(|&l| rg.column(l).uncompressed_size())
+        .fold(0, i64::saturating_add);
+    let row_bytes = (projected_bytes.max(1) as u64 / (rg.num_rows().max(1) as u64)).max(1);
+    (TARGET_BATCH_BYTES / row_bytes).clamp(1, MAX_BATCH_ROWS) as usize
+}
+
+impl UnitJobs for PreparedParquet {
+    fn job(&self, unit: &WorkUnit, _shard: &ShardMeta) -> UnitJob {
+        self.row_group_job(unit, None)
+    }
+
+    fn rows_job(&self, unit: &WorkUnit, shard: &ShardMeta, rows: &[u64]) -> Option<UnitJob> {
+        let mut selectors = Vec::new();
+        let mut next = 0u64;
+        for &row in rows {
+            if row < next {
+                return None; // not ascending and distinct
+            }
+            if row > next {
+                selectors.push(RowSelector::skip((row - next) as usize));
+            }
+            selectors.push(RowSelector::select(1));
+            next = row + 1;
+        }
+        let selection = RowSelection::from(selectors);
+        // A local file is read where the decoder asks: each page's header, and the body
+        // only of pages that hold wanted rows (fetching the column chunks first would read
+        // every page, however few rows are wanted).
+        if let Some(path) = crate::source::local_path(&shard.url) {
+            let (file, path, row_group) =
+                (self.files[unit.shard].clone(), path.to_string(), unit.part);
+            let batch_rows = batch_rows(&file, row_group);
+            return Some(UnitJob::Ready(Box::new(move |sink: &mut BatchSink| {
+                let reader = std::fs::File::open(&path)
+                    .map_err(|e| Error::io(&file.url, Position::RowGroup(row_group), e))?;
+                decode_row_group(&file, row_group, batch_rows, Some(selection), reader, sink)
+            })));
+        }
+        Some(self.row_group_job(unit, Some(selection)))
+    }
+}
+
+/// Decodes a row group (its `selection`'s rows, or all) from `bytes`: the fetched column
+/// chunks, or the file itself.
 fn decode_row_group(
     file: &ParquetFile,
     row_group: usize,
     batch_rows: usize,
-    fetched: RangeSet,
+    selection: Option<RowSelection>,
+    bytes: impl ChunkReader + 'static,
     sink: &mut BatchSink,
 ) -> Result<Decoded> {
     let corrupt = |e: &dyn std::fmt::Display| {
         Error::decode(&file.url, FORMAT, Position::RowGroup(row_group), e)
     };
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
-        FetchedChunks(fetched),
-        file.metadata.clone(),
-    )
-    .with_row_groups(vec![row_group])
-    .with_projection(file.mask.clone())
-    .with_batch_size(batch_rows)
-    .build()
-    .map_err(|e| corrupt(&e))?;
+    let expected = match &selection {
+        Some(selection) => selection.row_count() as i64,
+        None => file.metadata.metadata().row_group(row_group).num_rows(),
+    };
+    let mut builder =
+        ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, file.metadata.clone())
+            .with_row_groups(vec![row_group])
+            .with_projection(file.mask.clone())
+            .with_batch_size(batch_rows);
+    if let Some(selection) = selection {
+        builder = builder.with_row_selection(selection);
+    }
+    let reader = builder.build().map_err(|e| corrupt(&e))?;
     let mut rows = 0;
     for batch in reader {
         let batch = batch.map_err(|e| corrupt(&e))?;
@@ -353,7 +407,6 @@ fn decode_row_group(
         rows += batch.num_rows();
         sink(batch);
     }
-    let expected = file.metadata.metadata().row_group(row_group).num_rows();
     if rows as i64 != expected {
         return Err(corrupt(&format!(
             "decoded {rows} rows, the footer says {expected}"
