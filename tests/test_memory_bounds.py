@@ -89,9 +89,15 @@ FULL_SHUFFLE = """
 import sys
 import shardflow as sf
 loader = sf.DataLoader(sf.dataset(sys.argv[1]).shuffle(seed=0), batch_size=32, memory_limit=128 << 20)
-ids = [i for batch in loader for i in batch["id"].tolist()]
+ids = []
+for batch in loader:
+    for i, blob in zip(batch["id"].tolist(), batch["blob"]):
+        assert int.from_bytes(blob[:8], "little") == i, (i, blob[:8])  # each row's own value
+        ids.append(i)
 peak_kb = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(len(ids), len(set(ids)), peak_kb << 10)
+# The same permutation as read through the ids alone (small rows: units decoded whole).
+expected = [r["id"] for r in sf.dataset(sys.argv[1], columns=["id"]).shuffle(seed=0)]
+print(len(ids), len(set(ids)), int(ids == expected), peak_kb << 10)
 """
 
 
@@ -107,12 +113,13 @@ def test_a_full_shuffle_holds_what_its_gathers_need_not_the_dataset(tmp_path: Pa
 
     def peak(rows: int) -> int:
         path = tmp_path / f"rows-{rows}.parquet"
-        blobs = [rng.bytes(256 << 10) for _ in range(rows)]
+        blobs = [i.to_bytes(8, "little") + rng.bytes((256 << 10) - 8) for i in range(rows)]
         pq.write_table(pa.table({"id": np.arange(rows), "blob": blobs}), path, row_group_size=100, compression="none")
         del blobs
         out = subprocess.run([sys.executable, "-c", FULL_SHUFFLE, str(path)], check=True, capture_output=True, text=True).stdout.split()
         assert int(out[0]) == int(out[1]) == rows  # every row once
-        return int(out[2])
+        assert out[2] == "1"  # in the permutation's order
+        return int(out[3])
 
     # 300 MiB and 600 MiB of rows: both more than the unit cache holds (256 MiB), which
     # keeps a smaller dataset's units whole for the gathers that come back to them.
