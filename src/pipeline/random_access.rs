@@ -5,8 +5,12 @@
 //!
 //! A batch of indices is served with one read per run of neighbouring records (stream
 //! formats read by range) or one decode per work unit (Parquet row groups, compressed
-//! files), all of them at once; decoded units are kept in a small LRU so samplers that
-//! revisit units, or walk them in order, decode each unit once.
+//! files), one unit after another, each unit's rows taken and the unit let go. Decoded
+//! units are kept in a small LRU so samplers that revisit units, or walk them in order,
+//! decode each unit once; when the rows outgrow it, a unit barely touched is decoded only
+//! where its wanted rows are (Parquet pages). Streams of indices (a full shuffle,
+//! `select`) ask for them in gathers sized by bytes, so memory follows the gather, not
+//! the data.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

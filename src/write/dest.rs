@@ -1,7 +1,8 @@
-//! Where `write` puts shards: a local directory or an `s3://` prefix. A file appears
-//! under its final name only when it is whole: locally it is written under a hidden
-//! temporary name and renamed; on S3 an object exists only once its single PUT or its
-//! multipart upload completes. So a writer killed half-way leaves complete shards and
+//! Where `write` puts shards: a local directory or an `s3://` prefix, each file written
+//! as a stream through a [`Sink`]. A file appears under its final name only when it is
+//! whole: locally it is written under a hidden temporary name and renamed; on S3 an
+//! object exists only once its single PUT or its multipart upload (parts sent as they
+//! fill) completes. So a writer killed half-way leaves complete shards and
 //! hidden temporaries, never a truncated shard under a shard's name.
 
 use std::io::Write;
@@ -251,6 +252,7 @@ impl Destination {
                 Target::Local {
                     file: std::io::BufWriter::with_capacity(1 << 20, file),
                     temp,
+                    path: dir.join(name),
                 }
             }
             Destination::S3 { .. } => Target::S3 {
@@ -360,10 +362,11 @@ where
 
 /// Where a [`Sink`]'s bytes go until it is committed.
 enum Target {
-    /// A hidden temporary, renamed to the file's name at commit.
+    /// A hidden temporary, renamed to the file's name (`path`) at commit.
     Local {
         file: std::io::BufWriter<std::fs::File>,
         temp: PathBuf,
+        path: PathBuf,
     },
     /// Bytes not yet sent; once they pass a part's size, a multipart upload.
     S3 {
@@ -409,16 +412,12 @@ impl Sink<'_> {
     /// Makes the file whole under its name; returns its size.
     pub fn commit(mut self) -> Result<u64> {
         let url = self.url();
-        let final_path = match self.destination {
-            Destination::Local { dir } => Some(dir.join(&self.name)),
-            Destination::S3 { .. } => None,
-        };
         match &mut self.target {
-            Target::Local { file, temp } => {
+            Target::Local { file, temp, path } => {
                 // On disk before it is renamed: after a crash, a name is whole or absent.
                 std::io::Write::flush(file)
                     .and_then(|()| file.get_ref().sync_all())
-                    .and_then(|()| std::fs::rename(&*temp, final_path.unwrap_or_default()))
+                    .and_then(|()| std::fs::rename(&*temp, &*path))
                     .map_err(|e| Error::write(&url, e))?;
             }
             Target::S3 { buffer, upload } => match upload {

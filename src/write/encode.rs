@@ -315,13 +315,14 @@ fn failed(what: &str, e: impl std::fmt::Display) -> Error {
 /// An encoder's output: the sink itself, or gzip into it.
 pub enum Out<W: Write> {
     Plain(W),
-    Gzip(GzEncoder<W>),
+    /// Boxed: the deflate state is large, and the sink alone small.
+    Gzip(Box<GzEncoder<W>>),
 }
 
 impl<W: Write> Out<W> {
     fn new(sink: W, gz: bool) -> Self {
         if gz {
-            Out::Gzip(GzEncoder::new(sink, GzLevel::default()))
+            Out::Gzip(Box::new(GzEncoder::new(sink, GzLevel::default())))
         } else {
             Out::Plain(sink)
         }
