@@ -1,10 +1,11 @@
 """A full-permutation shuffle (``ds.shuffle(seed)``, HF's ``Dataset.shuffle``) over large
 rows: peak RSS and epoch time, against the same data unshuffled and buffer-shuffled.
 
-    python benches/full_shuffle.py [--rows 3000 6000 12000] [--row-kb 256] [--repeats 1]
+    python benches/full_shuffle.py [--rows 3000 6000 12000] [--row-kb 256] [--repeats 1] [--layout pyarrow|hf]
 
 The setup of issue 30: ROWS rows of ROW_KB random bytes as 10 Parquet files with
-100-row row groups (``benches/memory_rss.py``'s writer), one epoch of
+100-row row groups (``benches/memory_rss.py``'s writer, pyarrow's defaults; or, with
+``--layout hf``, as HF ``datasets`` writes Parquet), one epoch of
 ``DataLoader(ds, batch_size=32)`` per fresh process. Peak RSS is the process's VmHWM.
 """
 
@@ -18,6 +19,26 @@ import tempfile
 from pathlib import Path
 
 from memory_rss import write
+
+# How HF `datasets` writes Parquet (`Dataset.to_parquet`, Hub conversions): an offset index,
+# and pages cut by content (about 1 MiB) rather than one page per column chunk.
+HF_LAYOUT = {"use_dictionary": False, "write_page_index": True, "use_content_defined_chunking": True}
+
+
+def write_hf_layout(directory: Path, rows: int, row_kb: int) -> str:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    files = 10
+    per_file = rows // files
+    for f in range(files):
+        ids = np.arange(f * per_file, (f + 1) * per_file)
+        blobs = [rng.bytes(row_kb * 1024) for _ in ids]
+        pq.write_table(pa.table({"id": ids, "image": blobs}), directory / f"part-{f:02d}.parquet",
+                       row_group_size=100, compression="none", **HF_LAYOUT)
+    return str(directory / "part-*.parquet")
 
 CHILD = """
 import sys, time
@@ -46,12 +67,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[3000, 6000, 12000])
     parser.add_argument("--row-kb", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--layout", choices=["pyarrow", "hf"], default="pyarrow",
+                        help="pyarrow's defaults (a dictionary page per column chunk, no page index) "
+                        "or HF datasets' (an offset index, pages of about 1 MiB)")
     args = parser.parse_args()
     print("| data | full shuffle: peak RSS | time | unshuffled: peak RSS | time | buffer shuffle: peak RSS | time |")
     print("|---|---|---|---|---|---|---|")
     for rows in args.rows:
         with tempfile.TemporaryDirectory() as tmp:
-            source = write(Path(tmp), rows, args.row_kb)
+            source = (write_hf_layout if args.layout == "hf" else write)(Path(tmp), rows, args.row_kb)
             cells = []
             for how in ("full", "none", "buffer"):
                 runs = [epoch(source, how) for _ in range(args.repeats)]

@@ -14,7 +14,10 @@ chart beside it when matplotlib is installed).
 Workloads: Parquet, chat JSONL, TFRecord, WebDataset tar (raw bytes, and JPEG photos
 decoded, resized and cropped to 224x224) and NPZ on local disk, and small objects on S3:
 a SeaweedFS started on this machine, read directly (with wrk's ceiling beside it) and
-through a proxy that adds 25 ms to every request.
+through a proxy that adds 25 ms to every request. Random access: one epoch of a
+full-permutation shuffle (HF's ``Dataset.shuffle(seed)``) over small rows (784 bytes) and
+large ones (256 KB), against HF ``datasets``' map-style shuffle, Lance's ``take`` and
+pyarrow's ``Table.take``.
 
 LitData and MosaicML Streaming read formats of their own: each workload they take is
 converted once (``python benches/harness.py --convert WORKLOAD LOADER DATA``, untimed) into
@@ -126,6 +129,14 @@ def make_npz(directory: Path, scale: float) -> None:
         np.savez(directory / f"sample-{i:06d}.npz", image=rng.integers(0, 255, (28, 28), np.uint8), label=np.int64(i % 10))
 
 
+def make_large_rows(directory: Path, scale: float) -> None:
+    """Issue 30's setup: 256 KB rows of random bytes, 10 files, row groups of 100 rows
+    (pyarrow's defaults otherwise)."""
+    from memory_rss import write
+
+    write(directory, int(2_000 * scale), 256)
+
+
 # -- loaders: one epoch each, in batches (dicts of columns, or tuples) ---------------
 
 
@@ -216,6 +227,68 @@ def hf_map_style(data: Path) -> Iterable:
     # The Arrow cache is built on the first run and reused (as users do).
     ds = load_dataset("json", data_files=files, split="train", cache_dir=str(data / ".hf-cache"))
     return ds.shuffle(seed=7).iter(batch_size=BATCH)
+
+
+# Random access: one epoch in the order of a uniform permutation of every row (HF's
+# `Dataset.shuffle(seed)`), in batches of BATCH rows; the columns of RANDOM_COLUMNS.
+RANDOM_COLUMNS = {"shuffle-small": ["image", "label"], "shuffle-large": ["id", "image"]}
+
+
+def random_columns(data: Path) -> list[str]:
+    return RANDOM_COLUMNS[data.name.rsplit("-", 1)[0]]
+
+
+def sf_full_shuffle(data: Path) -> Iterable:
+    import shardflow as sf
+
+    ds = sf.dataset(str(data / "part-*.parquet"), columns=random_columns(data)).shuffle(seed=0)
+    return sf.DataLoader(ds, batch_size=BATCH)
+
+
+def write_hf_arrow(spec: dict, data: Path, out: Path) -> None:
+    from datasets import Dataset
+
+    files = sorted(str(p) for p in data.glob("part-*.parquet"))
+    Dataset.from_parquet(files, columns=random_columns(data), cache_dir=str(out / "cache")).save_to_disk(str(out / "dataset"))
+
+
+def hf_shuffled(source: str) -> Iterable:
+    """HF's map-style Dataset (memory-mapped Arrow, as `save_to_disk` wrote it) shuffled:
+    an indices mapping read through in order."""
+    from datasets import load_from_disk
+
+    return load_from_disk(f"{source}/dataset").shuffle(seed=0, keep_in_memory=True).iter(batch_size=BATCH)
+
+
+def write_lance(spec: dict, data: Path, out: Path) -> None:
+    import lance
+    import pyarrow.dataset as pds
+
+    table = pds.dataset(sorted(data.glob("part-*.parquet"))).to_table(columns=random_columns(Path(data)))
+    lance.write_dataset(table, str(out / "data.lance"))
+
+
+def lance_take(source: str) -> Iterable:
+    """Lance's `take` of each batch of a uniform permutation of the rows."""
+    import lance
+    import numpy as np
+
+    ds = lance.dataset(f"{source}/data.lance")
+    order = np.random.default_rng(0).permutation(ds.count_rows())
+    for start in range(0, len(order), BATCH):
+        yield ds.take(order[start:start + BATCH])
+
+
+def pyarrow_take(data: Path) -> Iterable:
+    """The whole table read into memory (`read_table`), then `Table.take` of each batch of a
+    uniform permutation: fast, at the cost of memory as large as the data."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(sorted(data.glob("part-*.parquet")), columns=random_columns(data))
+    order = np.random.default_rng(0).permutation(table.num_rows)
+    for start in range(0, len(order), BATCH):
+        yield table.take(order[start:start + BATCH])
 
 
 def tf_data(data: Path) -> Iterable:
@@ -517,6 +590,7 @@ IMPORTS = {
     "polars": ["polars"],
     "torch": ["torch.utils.data", "pyarrow.parquet"],
     "datasets": ["datasets"],
+    "lance": ["lance", "pyarrow"],
     "tf.data": ["tensorflow"],
     "webdataset": ["webdataset", "torch.utils.data", "PIL.Image"],
     "np.load": ["torch.utils.data"],
@@ -601,6 +675,22 @@ WORKLOADS: dict[str, dict] = {
         },
     },
 }
+RANDOM_LOADERS = {
+    "shardflow": sf_full_shuffle,
+    "datasets map-style shuffle(seed).iter": Converted("hf-arrow", write_hf_arrow, hf_shuffled, False),
+    "lance take of shuffled batches": Converted("lance", write_lance, lance_take, False),
+    "pyarrow read_table + Table.take (all in memory)": pyarrow_take,
+}
+for name, title, make in (
+    ("shuffle-small", "784-byte image + label, the parquet workload's files", make_parquet),
+    ("shuffle-large", "256 KB rows, 10 Parquet files, row groups of 100", make_large_rows),
+):
+    WORKLOADS[name] = {
+        "title": f"Full-permutation shuffle (random access), {title}",
+        "make": make,
+        "files": "part-*.parquet",
+        "loaders": RANDOM_LOADERS,
+    }
 S3_LOADERS = {
     "shardflow": sf_s3,
     "s3torchconnector in torch DataLoader(0)": s3torchconnector_loader(0),

@@ -1,7 +1,8 @@
 """Random access figures: `ds[i]` latency (p50/p99), batched random access (rows/s, 256
 random indices per call, as a torch sampler sends them) and the time to build the record
 index per GB, for Parquet, JSONL and TFRecord, on local disk and over S3 (a local
-SeaweedFS that the bench starts and stops itself).
+SeaweedFS that the bench starts and stops itself); HF `datasets`' map-style Dataset (its
+memory-mapped Arrow cache) beside them for Parquet and JSONL, locally.
 
     python benches/random_access.py [--rows 400000] [--shards 8] [--where local,s3]
 """
@@ -81,6 +82,34 @@ def measure(where: str, fmt: str, paths: list[str], size: int, storage_options: 
     )
 
 
+def measure_hf(fmt: str, paths: list[str], cache: Path, rng: np.random.Generator) -> None:
+    """HF `datasets`' map-style Dataset (its Arrow cache, memory-mapped) on the same files."""
+    from datasets import disable_progress_bars, load_dataset
+
+    disable_progress_bars()
+    builder = "json" if fmt == "jsonl" else fmt
+    t0 = time.perf_counter()
+    ds = load_dataset(builder, data_files=paths, split="train", cache_dir=str(cache))
+    build = time.perf_counter() - t0
+    n = len(ds)
+    lat = []
+    for i in rng.integers(0, n, 500):
+        t0 = time.perf_counter()
+        ds[int(i)]
+        lat.append(time.perf_counter() - t0)
+    lat_ms = np.array(lat) * 1e3
+    batches = [rng.integers(0, n, 256).tolist() for _ in range(40)]
+    t0 = time.perf_counter()
+    for b in batches:
+        ds[b]
+    rate = 256 * len(batches) / (time.perf_counter() - t0)
+    print(
+        f"| local, HF datasets | {fmt} | {build:.3f} s (to its Arrow cache) | | "
+        f"{np.median(lat_ms):.2f} ms | {np.percentile(lat_ms, 99):.2f} ms | {rate:,.0f} |",
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=400_000)
@@ -102,6 +131,8 @@ def main() -> None:
                     p.unlink()
                 size = sum(Path(p).stat().st_size for p in paths)
                 measure("local", fmt, paths, size, None, rng)
+                if fmt in ("parquet", "jsonl"):
+                    measure_hf(fmt, paths, root / "hf-cache", rng)
         if "s3" in where:
             import sys
 

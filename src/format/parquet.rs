@@ -11,10 +11,10 @@ use bytes::{Buf, Bytes};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
-    RowSelector,
+    RowSelectionPolicy, RowSelector,
 };
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::{ColumnChunkMetaData, PageIndexPolicy, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
 use super::{
@@ -180,9 +180,13 @@ async fn read_metadata(source: &dyn Source, size: u64) -> Result<ArrowReaderMeta
         ));
     }
     let mut want = size.min(FOOTER_GUESS);
+    // The offset index (where each page starts, and its first row) lets a read of a few
+    // rows fetch and decode only their pages. Files that have none, or a broken one, are
+    // read without it: a row group's column chunks whole, as before.
+    let mut offset_index = PageIndexPolicy::Optional;
     loop {
         let tail = source.read_range(size - want..size).await?;
-        let mut reader = ParquetMetaDataReader::new();
+        let mut reader = ParquetMetaDataReader::new().with_offset_index_policy(offset_index);
         match reader.try_parse_sized(&tail, size) {
             Ok(()) => {
                 let metadata = reader.finish().map_err(corrupt)?;
@@ -193,6 +197,9 @@ async fn read_metadata(source: &dyn Source, size: u64) -> Result<ArrowReaderMeta
                 if (needed as u64) > want && (needed as u64) <= size =>
             {
                 want = needed as u64;
+            }
+            Err(_) if offset_index != PageIndexPolicy::Skip => {
+                offset_index = PageIndexPolicy::Skip;
             }
             Err(e) => return Err(corrupt(e)),
         }
@@ -309,6 +316,10 @@ impl PreparedParquet {
             .iter()
             .filter_map(|&leaf| chunk_range(file.size, rg.column(leaf)).ok())
             .collect();
+        let ranges = match &selection {
+            Some(selection) => selected_pages(&file, row_group, selection).unwrap_or(ranges),
+            None => ranges,
+        };
         let batch_rows = batch_rows(&file, row_group);
         UnitJob::Ranges {
             ranges: coalesce(ranges, COALESCE_GAP),
@@ -318,6 +329,36 @@ impl PreparedParquet {
             }),
         }
     }
+}
+
+/// The byte ranges of the pages holding `selection`'s rows (and of each column's
+/// dictionary page) of a row group, from the file's offset index; `None` without one.
+fn selected_pages(
+    file: &ParquetFile,
+    row_group: usize,
+    selection: &RowSelection,
+) -> Option<Vec<Range<u64>>> {
+    let metadata = file.metadata.metadata();
+    let index = metadata.page_index_for_row_group(row_group);
+    let rg = metadata.row_group(row_group);
+    let mut ranges = Vec::new();
+    for &leaf in &file.leaves {
+        let pages = index.offset_index(leaf)?.page_locations();
+        let chunk = chunk_range(file.size, rg.column(leaf)).ok()?;
+        let first = u64::try_from(pages.first()?.offset).ok()?;
+        if chunk.start < first {
+            ranges.push(chunk.start..first);
+        }
+        for page in selection.scan_ranges(pages) {
+            // The footer's offsets are checked against the column chunk: a page outside
+            // it would have the decoder read bytes never fetched.
+            if page.start < chunk.start || page.end > chunk.end {
+                return None;
+            }
+            ranges.push(page);
+        }
+    }
+    Some(ranges)
 }
 
 /// Rows per decoded batch of a row group, so that batches hold about
@@ -352,9 +393,15 @@ impl UnitJobs for PreparedParquet {
             next = row + 1;
         }
         let selection = RowSelection::from(selectors);
-        // A local file is read where the decoder asks: each page's header, and the body
-        // only of pages that hold wanted rows (fetching the column chunks first would read
-        // every page, however few rows are wanted).
+        let file = &self.files[unit.shard];
+        // With an offset index, only the pages holding wanted rows are fetched.
+        if selected_pages(file, unit.part, &selection).is_some() {
+            return Some(self.row_group_job(unit, Some(selection)));
+        }
+        // Without one, a local file is read where the decoder asks: each page's header,
+        // and the body only of pages that hold wanted rows (fetching the column chunks
+        // first would read every page, however few rows are wanted). These reads are not
+        // counted in `bytes_read`.
         if let Some(path) = crate::source::local_path(&shard.url) {
             let (file, path, row_group) =
                 (self.files[unit.shard].clone(), path.to_string(), unit.part);
@@ -392,7 +439,12 @@ fn decode_row_group(
             .with_projection(file.mask.clone())
             .with_batch_size(batch_rows);
     if let Some(selection) = selection {
-        builder = builder.with_row_selection(selection);
+        // Selectors, not a mask: with a mask the decoder reads every page and filters;
+        // selectors let it pass over pages that hold no wanted row (and, with the
+        // offset index, never read them).
+        builder = builder
+            .with_row_selection(selection)
+            .with_row_selection_policy(RowSelectionPolicy::Selectors);
     }
     let reader = builder.build().map_err(|e| corrupt(&e))?;
     let mut rows = 0;

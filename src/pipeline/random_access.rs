@@ -23,10 +23,11 @@ use super::rng::Rng;
 use crate::error::{Error, Position, Result};
 use crate::format::index::RecordAccess;
 use crate::format::{PreparedShards, UnitJob};
-use crate::source::{self, Io};
+use crate::source::{self, Io, IoCounters};
 
-/// Decoded units kept, by their size in memory.
-const CACHE_BYTES: usize = 256 * 1024 * 1024;
+/// Decoded units kept, as a share of the memory limit (the loader's, or the default for
+/// `ds[i]`): half, beside the quarter a gather holds.
+const CACHE_SHARE: u64 = 2;
 /// A unit is decoded only where wanted rows are (where its format can) when they are at
 /// most one in this many of its rows.
 const PARTIAL_DECODE_SHARE: u64 = 4;
@@ -82,10 +83,21 @@ struct Files {
     starts: Vec<u64>,
     records: Option<RecordAccess>,
     cache: Mutex<VecDeque<CachedUnit>>,
-    /// Bytes a row takes decoded, from the last unit decoded whole (0: none yet).
+    /// Bytes a row takes decoded, from the last rows decoded (0: none yet).
     decoded_row_bytes: std::sync::atomic::AtomicU64,
     io: Io,
+    /// Local shards read lately, kept open (a few: a dataset can have more files than a
+    /// process may open), so that `ds[i]` costs no `open` of its file.
+    open_files: Mutex<VecDeque<OpenFile>>,
+    /// Bytes of decoded units the cache keeps (see [`RandomAccess::bound_memory`]).
+    cache_bytes: std::sync::atomic::AtomicU64,
 }
+
+/// A local shard kept open: its index, the counters its reads charge, its source.
+type OpenFile = (usize, Arc<IoCounters>, Arc<dyn source::Source>);
+
+/// Local shards kept open by a random-access reader.
+const OPEN_FILES: usize = 32;
 
 enum Rows {
     Files(Files),
@@ -203,6 +215,21 @@ pub struct RandomAccess {
 }
 
 impl RandomAccess {
+    /// Keeps the decoded units cached within half of `memory_limit` (a loader's, reading
+    /// through this dataset), letting the least recently used go now if they pass it.
+    pub fn bound_memory(&self, memory_limit: u64) {
+        match &self.rows {
+            Rows::Files(files) => {
+                files.cache_bytes.store(
+                    (memory_limit / CACHE_SHARE).max(1),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                files.evict();
+            }
+            Rows::Concat { parts, .. } => parts.iter().for_each(|p| p.bound_memory(memory_limit)),
+        }
+    }
+
     /// Random access to an (indexed) prepared source.
     pub(super) fn files(prepared: Arc<PreparedShards>, io: Io) -> Result<Self> {
         let mut starts = Vec::with_capacity(prepared.units.len() + 1);
@@ -226,6 +253,8 @@ impl RandomAccess {
                 cache: Mutex::new(VecDeque::new()),
                 decoded_row_bytes: Default::default(),
                 io,
+                open_files: Mutex::new(VecDeque::new()),
+                cache_bytes: (super::DEFAULT_MEMORY_LIMIT / CACHE_SHARE).into(),
             }),
             maps: Vec::new(),
             len: total,
@@ -451,6 +480,16 @@ impl RandomAccess {
 
     /// The rows at `indices`, in that order, as one batch.
     pub fn rows(&self, indices: &[u64]) -> Result<RecordBatch> {
+        self.rows_charged(indices, None)
+    }
+
+    /// [`Self::rows`], their reads counted in `counters` (a loader's) where given, else
+    /// in the dataset's.
+    pub fn rows_charged(
+        &self,
+        indices: &[u64],
+        counters: Option<&Arc<IoCounters>>,
+    ) -> Result<RecordBatch> {
         let mut source = Vec::with_capacity(indices.len());
         for &index in indices {
             if index >= self.len {
@@ -462,12 +501,21 @@ impl RandomAccess {
             source.push(self.maps.iter().rev().fold(index, |i, map| map.apply(i)));
         }
         let mut out = match &self.rows {
-            Rows::Files(files) => files.rows(&source)?,
+            Rows::Files(files) => {
+                let io = match counters {
+                    Some(counters) => &Io {
+                        storage: files.io.storage.clone(),
+                        counters: counters.clone(),
+                    },
+                    None => &files.io,
+                };
+                files.rows(&source, io)?
+            }
             Rows::Concat {
                 parts,
                 starts,
                 schema,
-            } => concat_rows(parts, starts, schema, &source)?,
+            } => concat_rows(parts, starts, schema, &source, counters)?,
         };
         for (transform, level) in &self.transforms {
             if transform.wants_indices() {
@@ -502,6 +550,7 @@ fn concat_rows(
     starts: &[u64],
     schema: &SchemaRef,
     indices: &[u64],
+    counters: Option<&Arc<IoCounters>>,
 ) -> Result<RecordBatch> {
     let mut wanted: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
     let mut picks = Vec::with_capacity(indices.len());
@@ -513,7 +562,7 @@ fn concat_rows(
     }
     let wanted: Vec<(usize, Vec<u64>)> = wanted.into_iter().collect();
     let fetched: Vec<(usize, RecordBatch)> = in_parallel(&wanted, |(part, rows)| {
-        let batch = parts[*part].rows(rows)?;
+        let batch = parts[*part].rows_charged(rows, counters)?;
         Ok((*part, super::conform(batch, schema)?))
     })?;
     let slot: HashMap<usize, usize> = fetched
@@ -611,7 +660,7 @@ struct Run {
 }
 
 impl Files {
-    fn rows(&self, indices: &[u64]) -> Result<RecordBatch> {
+    fn rows(&self, indices: &[u64], io: &Io) -> Result<RecordBatch> {
         // Where each row comes from: a record of a shard read by range, or the k-th row
         // taken from a decoded unit (by its slot in `units`).
         enum From {
@@ -644,7 +693,7 @@ impl Files {
             }
         }
         let runs = self.runs(records);
-        let run_batches = self.read_runs(&runs)?;
+        let run_batches = self.read_runs(&runs, io)?;
         // A unit's wanted rows are taken as soon as it is decoded, and the unit let go
         // (unless the cache keeps it): a request holds the rows it returns and a unit per
         // thread, not every unit it touches.
@@ -657,7 +706,7 @@ impl Files {
         let partial = indices.len() > 1;
         let taken: Vec<RecordBatch> = units
             .iter()
-            .map(|(unit, offsets)| self.unit_rows(*unit, offsets, partial))
+            .map(|(unit, offsets)| self.unit_rows(*unit, offsets, partial, io))
             .collect::<Result<_>>()?;
         let sources: Vec<&RecordBatch> = run_batches.iter().chain(&taken).collect();
         let flat: Vec<(usize, usize)> = from
@@ -677,9 +726,15 @@ impl Files {
     /// unit not in the cache whose rows are mostly not wanted is decoded only where they
     /// are, where the format can (see [`crate::format::UnitJobs::rows_job`]); else the
     /// whole unit is decoded and cached, for the neighbours of the rows asked for now.
-    fn unit_rows(&self, unit: usize, offsets: &[u64], partial: bool) -> Result<RecordBatch> {
+    fn unit_rows(
+        &self,
+        unit: usize,
+        offsets: &[u64],
+        partial: bool,
+        io: &Io,
+    ) -> Result<RecordBatch> {
         let work = &self.prepared.units[unit];
-        if partial && self.outgrows_cache() && !self.is_cached(unit) {
+        if partial && self.may_outgrow_cache() && !self.is_cached(unit) {
             let mut wanted = offsets.to_vec();
             wanted.sort_unstable();
             wanted.dedup();
@@ -689,7 +744,8 @@ impl Files {
                 .then(|| self.prepared.rows_job(work, &wanted))
                 .flatten()
             {
-                let batches = self.decoded(unit, job, wanted.len() as u64)?;
+                let batches = self.decoded(unit, job, wanted.len() as u64, io)?;
+                self.saw_rows(&batches, wanted.len() as u64);
                 let flat: Vec<u64> = offsets
                     .iter()
                     .map(|o| wanted.binary_search(o).unwrap_or(0) as u64)
@@ -697,18 +753,32 @@ impl Files {
                 return take_rows(&self.prepared.schema, &batches, &flat, unit);
             }
         }
-        let batches = self.unit_batches(unit)?;
+        let batches = self.unit_batches(unit, io)?;
         take_rows(&self.prepared.schema, &batches, offsets, unit)
     }
 
-    /// Whether the rows, decoded, would not fit the cache (as far as the units decoded so
-    /// far tell): cached units would then be let go before they are asked for again.
-    fn outgrows_cache(&self) -> bool {
+    /// Whether the rows, decoded, may not fit the cache (as far as the rows decoded so far
+    /// tell; before any, they may): cached units would then be let go before they are
+    /// asked for again.
+    fn may_outgrow_cache(&self) -> bool {
         let per_row = self
             .decoded_row_bytes
             .load(std::sync::atomic::Ordering::Relaxed);
         let rows = self.starts.last().copied().unwrap_or(0);
-        per_row > 0 && per_row.saturating_mul(rows) > CACHE_BYTES as u64
+        per_row == 0 || per_row.saturating_mul(rows) > self.cache_limit()
+    }
+
+    /// Learns the bytes a row takes decoded from `rows` rows just decoded.
+    fn saw_rows(&self, batches: &[RecordBatch], rows: u64) {
+        let size: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
+        if let Some(per_row) = (size as u64).checked_div(rows) {
+            self.decoded_row_bytes
+                .store(per_row.max(1), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn cache_limit(&self) -> u64 {
+        self.cache_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn is_cached(&self, unit: usize) -> bool {
@@ -748,34 +818,46 @@ impl Files {
     }
 
     /// Fetches every run at once, then decodes them in parallel: one batch per run.
-    fn read_runs(&self, runs: &[Run]) -> Result<Vec<RecordBatch>> {
+    fn read_runs(&self, runs: &[Run], io: &Io) -> Result<Vec<RecordBatch>> {
         let Some(access) = &self.records else {
             return Ok(Vec::new());
         };
         if runs.is_empty() {
             return Ok(Vec::new());
         }
-        let rt = source::runtime()?;
-        let tasks: Vec<_> = runs
+        let reads: Vec<(Arc<dyn source::Source>, std::ops::Range<u64>)> = runs
             .iter()
             .map(|run| {
-                let shard = self.prepared.shards[run.shard].clone();
                 let offsets = &access.indexes[run.shard].offsets;
                 let range = offsets[run.first as usize]..offsets[run.end as usize];
-                let io = self.io.clone();
-                rt.spawn(async move { io.open(&shard)?.read_range(range).await })
+                Ok((self.source(run.shard, io)?, range))
             })
-            .collect();
-        let fetched: Vec<bytes::Bytes> = rt.block_on(async {
-            let mut out = Vec::with_capacity(tasks.len());
-            for task in tasks {
-                out.push(
-                    task.await
-                        .map_err(|e| Error::Internal(format!("read task failed: {e}")))??,
-                );
-            }
-            Ok::<_, Error>(out)
-        })?;
+            .collect::<Result<_>>()?;
+        let fetched: Vec<bytes::Bytes> = if reads.iter().any(|(source, _)| source.is_remote()) {
+            // Every request in flight at once on the I/O runtime.
+            let rt = source::runtime()?;
+            let tasks: Vec<_> = reads
+                .into_iter()
+                .map(|(source, range)| rt.spawn(async move { source.read_range(range).await }))
+                .collect();
+            rt.block_on(async {
+                let mut out = Vec::with_capacity(tasks.len());
+                for task in tasks {
+                    out.push(
+                        task.await
+                            .map_err(|e| Error::Internal(format!("read task failed: {e}")))??,
+                    );
+                }
+                Ok::<_, Error>(out)
+            })?
+        } else {
+            // Local reads on this thread: a hand-off to the runtime's threads and back
+            // cost more than the read of a record (about 60 of a `ds[i]`'s 100 µs).
+            reads
+                .into_iter()
+                .map(|(source, range)| source.read_range_blocking(range))
+                .collect::<Result<_>>()?
+        };
         let runs: Vec<(&Run, bytes::Bytes)> = runs.iter().zip(fetched).collect();
         in_parallel(&runs, |(run, data)| {
             let data = data.clone();
@@ -816,7 +898,29 @@ impl Files {
         })
     }
 
-    fn unit_batches(&self, unit: usize) -> Result<Arc<Vec<RecordBatch>>> {
+    /// Shard `shard`'s source, charging `io`'s counters: kept open if local.
+    fn source(&self, shard: usize, io: &Io) -> Result<Arc<dyn source::Source>> {
+        let meta = &self.prepared.shards[shard];
+        if source::local_path(&meta.url).is_none() {
+            return io.open(meta);
+        }
+        let mut open = self.open_files.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = open
+            .iter()
+            .position(|(s, counters, _)| *s == shard && Arc::ptr_eq(counters, &io.counters))
+            .and_then(|pos| open.remove(pos))
+        {
+            let source = entry.2.clone();
+            open.push_front(entry);
+            return Ok(source);
+        }
+        let source = io.open(meta)?;
+        open.push_front((shard, io.counters.clone(), source.clone()));
+        open.truncate(OPEN_FILES);
+        Ok(source)
+    }
+
+    fn unit_batches(&self, unit: usize, io: &Io) -> Result<Arc<Vec<RecordBatch>>> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(entry) = cache
             .iter()
@@ -830,29 +934,36 @@ impl Files {
         drop(cache);
         let work = &self.prepared.units[unit];
         let job = self.prepared.job(work);
-        let batches = Arc::new(self.decoded(unit, job, work.rows.unwrap_or(0))?);
+        let batches = Arc::new(self.decoded(unit, job, work.rows.unwrap_or(0), io)?);
         let size: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
-        if let Some(per_row) = (size as u64).checked_div(work.rows.unwrap_or(0)) {
-            self.decoded_row_bytes
-                .store(per_row.max(1), std::sync::atomic::Ordering::Relaxed);
-        }
+        self.saw_rows(&batches, work.rows.unwrap_or(0));
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_front((unit, batches.clone(), size));
+        self.evict();
+        Ok(batches)
+    }
+
+    /// Lets the least recently used units go until the cache is within its limit (the
+    /// latest one is kept whatever its size).
+    fn evict(&self) {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        cache.push_front((unit, batches.clone(), size));
         let mut total: usize = cache.iter().map(|(_, _, s)| s).sum();
-        while total > CACHE_BYTES && cache.len() > 1 {
+        let limit = usize::try_from(self.cache_limit()).unwrap_or(usize::MAX);
+        while total > limit && cache.len() > 1 {
             total -= cache.pop_back().map_or(0, |(_, _, s)| s);
         }
-        Ok(batches)
     }
 
     /// Runs `job` (unit `unit`'s, decoding `rows` rows) on this thread. As on the
     /// pipeline's threads, a decoder tripping on corrupt bytes is that unit's data
     /// error, not a crash.
-    fn decoded(&self, unit: usize, job: UnitJob, rows: u64) -> Result<Vec<RecordBatch>> {
+    fn decoded(&self, unit: usize, job: UnitJob, rows: u64, io: &Io) -> Result<Vec<RecordBatch>> {
         let work = &self.prepared.units[unit];
         let url = &self.prepared.shards[work.shard].url;
         let batches =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(unit, job)))
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(unit, job, io)))
                 .unwrap_or_else(|panic| {
                     Err(Error::decode(
                         url.as_str(),
@@ -881,7 +992,7 @@ impl Files {
     }
 
     /// Fetches what `job` needs and decodes it on this thread.
-    fn run_job(&self, unit: usize, job: UnitJob) -> Result<Vec<RecordBatch>> {
+    fn run_job(&self, unit: usize, job: UnitJob, io: &Io) -> Result<Vec<RecordBatch>> {
         let shard = &self.prepared.shards[self.prepared.units[unit].shard];
         let mut batches = Vec::new();
         let mut sink = |batch| batches.push(batch);
@@ -889,14 +1000,14 @@ impl Files {
         match job {
             UnitJob::Ready(task) => tasks.push(task),
             UnitJob::Ranges { ranges, decode } => {
-                let source = self.io.open(shard)?;
+                let source = self.source(self.prepared.units[unit].shard, io)?;
                 let fetched = source::read_ranges_blocking(&*source, shard.size, ranges)?;
                 let rest = decode(fetched, &mut sink)?.batches;
                 rest.into_iter().for_each(&mut sink);
                 return Ok(batches);
             }
             UnitJob::Stream(job) => {
-                let source = self.io.open(shard)?;
+                let source = self.source(self.prepared.units[unit].shard, io)?;
                 job(source.open_stream()?, &mut |task| {
                     tasks.push(task);
                     true
@@ -952,6 +1063,8 @@ impl GatherSize {
 /// its position (its index, tagged with the leaf).
 pub struct IndexStream {
     access: Arc<RandomAccess>,
+    /// The loader's I/O counters, which the reads are charged to.
+    counters: Arc<IoCounters>,
     rows: std::collections::VecDeque<std::ops::Range<u64>>,
     leaf: Option<u64>,
     size: GatherSize,
@@ -969,9 +1082,11 @@ impl IndexStream {
         rows: super::rows::RowList,
         leaf: Option<u64>,
         gather_bytes: u64,
+        counters: Arc<IoCounters>,
     ) -> Self {
         Self {
             access,
+            counters,
             rows: rows.into_iter().filter(|r| r.start < r.end).collect(),
             leaf,
             size: GatherSize::new(STREAM_CHUNK_ROWS, gather_bytes),
@@ -990,13 +1105,18 @@ impl Iterator for IndexStream {
         if range.start >= range.end {
             self.rows.pop_front();
         }
-        let out = self.access.rows(&indices).and_then(|batch| {
-            self.size.saw(&batch);
-            match self.leaf {
-                Some(leaf) => super::rows::attach_run(batch, super::rows::tag(leaf, indices[0])),
-                None => Ok(batch),
-            }
-        });
+        let out = self
+            .access
+            .rows_charged(&indices, Some(&self.counters))
+            .and_then(|batch| {
+                self.size.saw(&batch);
+                match self.leaf {
+                    Some(leaf) => {
+                        super::rows::attach_run(batch, super::rows::tag(leaf, indices[0]))
+                    }
+                    None => Ok(batch),
+                }
+            });
         if out.is_err() {
             self.rows.clear();
         }
