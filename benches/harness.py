@@ -235,13 +235,22 @@ RANDOM_COLUMNS = {"shuffle-small": ["image", "label"], "shuffle-large": ["id", "
 
 
 def random_columns(data: Path) -> list[str]:
-    return RANDOM_COLUMNS[data.name.rsplit("-", 1)[0]]
+    """By the data's folder (`shuffle-small[-s3]-<scale>`)."""
+    return RANDOM_COLUMNS[data.name.rsplit("-", 1)[0].removesuffix("-s3")]
 
 
 def sf_full_shuffle(data: Path) -> Iterable:
     import shardflow as sf
 
     ds = sf.dataset(str(data / "part-*.parquet"), columns=random_columns(data)).shuffle(seed=0)
+    return sf.DataLoader(ds, batch_size=BATCH)
+
+
+def sf_full_shuffle_s3(data: Path) -> Iterable:
+    import shardflow as sf
+
+    ds = sf.dataset(f"s3://bench/{s3_prefix()}/part-*.parquet", columns=random_columns(data),
+                    storage_options=sf_s3_options()).shuffle(seed=0)
     return sf.DataLoader(ds, batch_size=BATCH)
 
 
@@ -273,19 +282,31 @@ def lance_take(source: str) -> Iterable:
     import lance
     import numpy as np
 
-    ds = lance.dataset(f"{source}/data.lance")
+    options = None
+    if source.startswith("s3://"):
+        options = {"endpoint": s3_endpoint(), "aws_access_key_id": S3_KEY, "aws_secret_access_key": S3_SECRET,
+                   "region": "us-east-1", "allow_http": "true"}
+    ds = lance.dataset(f"{source}/data.lance", storage_options=options)
     order = np.random.default_rng(0).permutation(ds.count_rows())
     for start in range(0, len(order), BATCH):
         yield ds.take(order[start:start + BATCH])
 
 
-def pyarrow_take(data: Path) -> Iterable:
+def pyarrow_take(data: Path, remote: bool = False) -> Iterable:
     """The whole table read into memory (`read_table`), then `Table.take` of each batch of a
     uniform permutation: fast, at the cost of memory as large as the data."""
     import numpy as np
     import pyarrow.parquet as pq
 
-    table = pq.read_table(sorted(data.glob("part-*.parquet")), columns=random_columns(data))
+    files, filesystem = sorted(str(p) for p in data.glob("part-*.parquet")), None
+    if remote:
+        from pyarrow.fs import S3FileSystem
+
+        host = s3_endpoint().split("://", 1)[1]
+        filesystem = S3FileSystem(endpoint_override=host, scheme="http", access_key=S3_KEY, secret_key=S3_SECRET,
+                                  region="us-east-1")
+        files = [f"bench/{s3_prefix()}/{Path(f).name}" for f in files]
+    table = pq.read_table(files, columns=random_columns(data), filesystem=filesystem)
     order = np.random.default_rng(0).permutation(table.num_rows)
     for start in range(0, len(order), BATCH):
         yield table.take(order[start:start + BATCH])
@@ -375,11 +396,15 @@ def s3_client():  # noqa: ANN201
                         region_name="us-east-1")
 
 
+def sf_s3_options() -> dict:
+    return {"endpoint_url": s3_endpoint(), "access_key_id": S3_KEY, "secret_access_key": S3_SECRET, "region": "us-east-1"}
+
+
 def sf_s3(data: Path) -> Iterable:
     import shardflow as sf
 
-    options = {"endpoint_url": s3_endpoint(), "access_key_id": S3_KEY, "secret_access_key": S3_SECRET, "region": "us-east-1"}
-    return sf.DataLoader(sf.dataset(f"s3://bench/{s3_prefix()}/", format="raw", storage_options=options), batch_size=BATCH, output="arrow")
+    ds = sf.dataset(f"s3://bench/{s3_prefix()}/", format="raw", storage_options=sf_s3_options())
+    return sf.DataLoader(ds, batch_size=BATCH, output="arrow")
 
 
 def s3torchconnector_loader(workers: int) -> Callable[[Path], Iterable]:
@@ -681,16 +706,24 @@ RANDOM_LOADERS = {
     "lance take of shuffled batches": Converted("lance", write_lance, lance_take, False),
     "pyarrow read_table + Table.take (all in memory)": pyarrow_take,
 }
+# From S3, the peers that read it (HF's map-style Dataset memory-maps local files only).
+RANDOM_S3_LOADERS = {
+    "shardflow": sf_full_shuffle_s3,
+    "lance take of shuffled batches": Converted("lance", write_lance, lance_take, True),
+    "pyarrow read_table + Table.take (all in memory)": lambda data: pyarrow_take(data, remote=True),
+}
 for name, title, make in (
     ("shuffle-small", "784-byte image + label, the parquet workload's files", make_parquet),
     ("shuffle-large", "256 KB rows, 10 Parquet files, row groups of 100", make_large_rows),
 ):
-    WORKLOADS[name] = {
-        "title": f"Full-permutation shuffle (random access), {title}",
-        "make": make,
-        "files": "part-*.parquet",
-        "loaders": RANDOM_LOADERS,
-    }
+    for remote in (False, True):
+        WORKLOADS[f"{name}-s3" if remote else name] = {
+            "title": f"Full-permutation shuffle (random access){' from S3 (SeaweedFS on this machine)' if remote else ''}, {title}",
+            "make": make,
+            "files": "part-*.parquet",
+            "loaders": RANDOM_S3_LOADERS if remote else RANDOM_LOADERS,
+            "upload": remote,
+        }
 S3_LOADERS = {
     "shardflow": sf_s3,
     "s3torchconnector in torch DataLoader(0)": s3torchconnector_loader(0),
@@ -755,9 +788,9 @@ def convert(workload: str, loader: str, data: Path) -> None:
         (out / ".complete").write_text("")
     if peer.remote:
         client = s3_client()
-        for path in sorted(out.iterdir()):
-            if path.name != ".complete":
-                client.upload_file(str(path), "bench", f"{peer.folder}-{s3_prefix()}/{path.name}")
+        for path in sorted(out.rglob("*")):
+            if path.is_file() and path.name != ".complete":
+                client.upload_file(str(path), "bench", f"{peer.folder}-{s3_prefix()}/{path.relative_to(out)}")
 
 
 # -- the parent ------------------------------------------------------------------------
@@ -886,7 +919,7 @@ def main() -> None:
     workloads = args.only.split(",")
     with contextlib.ExitStack() as stack:
         s3 = None
-        if any("latency" in WORKLOADS[w] for w in workloads):
+        if any("latency" in WORKLOADS[w] or WORKLOADS[w].get("upload") for w in workloads):
             s3 = stack.enter_context(serve_s3(Path(stack.enter_context(tempfile.TemporaryDirectory()))))
         for workload in workloads:
             lines += measure_workload(workload, args, s3, chart)
@@ -919,6 +952,14 @@ def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, Fau
     else:
         data = prepare(Path(args.data), workload, args.scale)
         size_mb = sum(p.stat().st_size for p in data.glob(spec["files"])) / 1e6
+        if spec.get("upload"):
+            # The workload's files in the bucket, under its name.
+            url, _ = s3
+            os.environ.update(SHARDFLOW_BENCH_S3=url, SHARDFLOW_BENCH_S3_PREFIX=workload,
+                              AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET)
+            client = s3_client()
+            for path in sorted(data.glob(spec["files"])):
+                client.upload_file(str(path), "bench", f"{workload}/{path.name}")
     # One conversion for each copy (the loaders that read one share it), before any run.
     copies = {loader.folder: name for name, loader in spec["loaders"].items() if isinstance(loader, Converted)}
     for name in copies.values():
