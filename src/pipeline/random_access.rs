@@ -599,13 +599,21 @@ fn take_rows(
     offsets: &[u64],
     unit: usize,
 ) -> Result<RecordBatch> {
+    let flat = locate(batches, offsets, unit)?;
+    let sources: Vec<&RecordBatch> = batches.iter().collect();
+    gather(schema, &sources, &flat)
+}
+
+/// Where rows `offsets` (counted across `batches`, the decoded rows of unit `unit`) are:
+/// (batch, row in it).
+fn locate(batches: &[RecordBatch], offsets: &[u64], unit: usize) -> Result<Vec<(usize, usize)>> {
     let mut starts = Vec::with_capacity(batches.len());
     let mut total = 0u64;
     for batch in batches {
         starts.push(total);
         total += batch.num_rows() as u64;
     }
-    let flat = offsets
+    offsets
         .iter()
         .map(|&offset| {
             if offset >= total {
@@ -616,9 +624,37 @@ fn take_rows(
             let batch = starts.partition_point(|&s| s <= offset) - 1;
             Ok((batch, (offset - starts[batch]) as usize))
         })
-        .collect::<Result<Vec<_>>>()?;
-    let sources: Vec<&RecordBatch> = batches.iter().collect();
-    gather(schema, &sources, &flat)
+        .collect()
+}
+
+/// A unit's rows asked for by one request: batches holding them, and where each is.
+struct Picked {
+    batches: Vec<RecordBatch>,
+    /// For the k-th row asked for: (index in `batches`, row in that batch).
+    rows: Vec<(usize, usize)>,
+}
+
+impl Picked {
+    /// The rows `offsets` of `batches` (unit `unit`'s), referenced where `keep`, else
+    /// copied out (so that the batches can go at once).
+    fn from(
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        offsets: &[u64],
+        unit: usize,
+        keep: bool,
+    ) -> Result<Self> {
+        if keep {
+            return Ok(Self {
+                batches: batches.to_vec(),
+                rows: locate(batches, offsets, unit)?,
+            });
+        }
+        Ok(Self {
+            batches: vec![take_rows(schema, batches, offsets, unit)?],
+            rows: (0..offsets.len()).map(|k| (0, k)).collect(),
+        })
+    }
 }
 
 /// `f` over `items` on scoped threads (one per core at most), results in order. Not
@@ -723,11 +759,17 @@ impl Files {
                 in_parallel(&uncached, |&unit| self.unit_batches(unit, io).map(drop))?;
             }
         }
-        let taken: Vec<RecordBatch> = units
+        let picked: Vec<Picked> = units
             .iter()
-            .map(|(unit, offsets)| self.unit_rows(*unit, offsets, partial, io))
+            .map(|(unit, offsets)| self.unit_rows(*unit, offsets, partial, !outgrows, io))
             .collect::<Result<_>>()?;
-        let sources: Vec<&RecordBatch> = run_batches.iter().chain(&taken).collect();
+        // Each unit's first batch among the sources.
+        let mut first_batch = Vec::with_capacity(picked.len());
+        let mut sources: Vec<&RecordBatch> = run_batches.iter().collect();
+        for p in &picked {
+            first_batch.push(sources.len());
+            sources.extend(&p.batches);
+        }
         let flat: Vec<(usize, usize)> = from
             .into_iter()
             .map(|place| match place {
@@ -735,23 +777,30 @@ impl Files {
                     let run = runs.partition_point(|r| (r.shard, r.end) <= (shard, record));
                     (run, (record - runs[run].first) as usize)
                 }
-                From::Unit(slot, k) => (run_batches.len() + slot, k),
+                From::Unit(slot, k) => {
+                    let (batch, row) = picked[slot].rows[k];
+                    (first_batch[slot] + batch, row)
+                }
             })
             .collect();
         gather(&self.prepared.schema, &sources, &flat)
     }
 
-    /// Rows `offsets` of unit `unit`, in that order, as one batch. With `partial`, a
-    /// unit not in the cache whose rows are mostly not wanted is decoded only where they
-    /// are, where the format can (see [`crate::format::UnitJobs::rows_job`]); else the
-    /// whole unit is decoded and cached, for the neighbours of the rows asked for now.
+    /// Rows `offsets` of unit `unit`, in that order. With `partial`, a unit not in the
+    /// cache whose rows are mostly not wanted is decoded only where they are, where the
+    /// format can (see [`crate::format::UnitJobs::rows_job`]), and those rows kept as
+    /// decoded (unless their buffers are much larger than they: then copied); else the
+    /// whole unit is decoded and cached, for the neighbours of the rows asked for now,
+    /// and referenced where `keep_whole` (the cache holds every unit anyway), else its
+    /// rows copied out.
     fn unit_rows(
         &self,
         unit: usize,
         offsets: &[u64],
         partial: bool,
+        keep_whole: bool,
         io: &Io,
-    ) -> Result<RecordBatch> {
+    ) -> Result<Picked> {
         let work = &self.prepared.units[unit];
         if partial && !self.is_cached(unit) {
             let mut wanted = offsets.to_vec();
@@ -769,11 +818,14 @@ impl Files {
                     .iter()
                     .map(|o| wanted.binary_search(o).unwrap_or(0) as u64)
                     .collect();
-                return take_rows(&self.prepared.schema, &batches, &flat, unit);
+                let held: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
+                let compact =
+                    held as u64 <= 2 * batches.iter().map(super::batch_bytes).sum::<u64>();
+                return Picked::from(&self.prepared.schema, &batches, &flat, unit, compact);
             }
         }
         let batches = self.unit_batches(unit, io)?;
-        take_rows(&self.prepared.schema, &batches, offsets, unit)
+        Picked::from(&self.prepared.schema, &batches, offsets, unit, keep_whole)
     }
 
     /// Whether the rows, decoded, may not fit the cache (as far as the rows decoded so far
