@@ -64,6 +64,27 @@ def test_stats_split_the_time_and_report_the_depths(tmp_path: Path) -> None:
         sf.DataLoader(sf.dataset(pattern), memory_limit=0)
 
 
+def test_the_serial_path_reports_its_cpu_and_not_its_waits(tmp_path: Path) -> None:
+    # The pipeline thread's and the consumer's CPU time (what more decode threads do not
+    # shorten; benches/scaling.py projects from them): a slow map makes the consumer wait
+    # most of the epoch, and waiting costs it no CPU.
+    pattern = write_id_shards(tmp_path, [500] * 4)
+
+    def slow(row: dict) -> dict:
+        time.sleep(0.0005)
+        return row
+
+    loader = sf.DataLoader(sf.dataset(pattern).shuffle(seed=1, buffer_size=1000).map(slow), batch_size=50)
+    start = time.perf_counter()
+    assert sum(len(b["id"]) for b in loader) == 2000
+    wall = time.perf_counter() - start
+    stats = loader.stats()
+    assert 0 < stats["pipeline_cpu_seconds"] <= wall
+    assert 0 < stats["consumer_cpu_seconds"] <= wall
+    assert stats["wait_seconds"] > wall / 2
+    assert stats["consumer_cpu_seconds"] < stats["wait_seconds"] / 4
+
+
 def test_a_consumer_slower_than_the_pipeline_deepens_nothing(tmp_path: Path) -> None:
     pattern = write_id_shards(tmp_path, [500] * 8)
     loader = sf.DataLoader(sf.dataset(pattern), batch_size=50)

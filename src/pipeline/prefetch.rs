@@ -99,10 +99,11 @@ pub(super) fn spawn(
         freed: Condvar::new(),
         tuning,
     });
-    let (thread_cancel, thread_budget) = (cancel.clone(), budget.clone());
+    let (thread_cancel, thread_budget, thread_stats) =
+        (cancel.clone(), budget.clone(), stats.clone());
     let thread = std::thread::Builder::new()
         .name("shardflow-pipeline".into())
-        .spawn(move || run(build, tx, thread_cancel, thread_budget))
+        .spawn(move || run(build, tx, thread_cancel, thread_budget, thread_stats))
         .map_err(|e| Error::Internal(format!("cannot start the pipeline thread: {e}")))?;
     Ok(BatchReceiver {
         rx: Mutex::new(rx),
@@ -121,7 +122,9 @@ fn run(
     tx: SyncSender<Result<RecordBatch>>,
     cancel: Arc<AtomicBool>,
     budget: Arc<Budget>,
+    stats: Arc<Stats>,
 ) {
+    let mut cpu = super::stats::thread_cpu_ns();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let stream = match build() {
             Ok(stream) => stream,
@@ -131,6 +134,8 @@ fn run(
             }
         };
         for item in stream {
+            // Counted before the wait for room in the queue, which costs no CPU.
+            cpu = Stats::add_thread_cpu(&stats.pipeline_cpu_ns, cpu);
             if let Ok(batch) = &item {
                 budget.take(batch_bytes(batch), &cancel);
             }
@@ -202,7 +207,7 @@ impl BatchReceiver {
     }
 
     /// The counters of the loader this pipeline belongs to.
-    pub fn stats(&self) -> &Stats {
+    pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }
 

@@ -28,6 +28,12 @@ pub struct Stats {
     pub decode_wait_ns: AtomicU64,
     /// CPU time spent in decode tasks, summed over threads.
     pub decode_ns: AtomicU64,
+    /// CPU time of the pipeline thread (ordering, rebatching, shuffling, the ops run
+    /// there, random-access gathers) and of the consumer inside `next()` (waiting
+    /// excluded: it costs no CPU): the serial path, which more decode threads do not
+    /// shorten.
+    pub pipeline_cpu_ns: AtomicU64,
+    pub consumer_cpu_ns: AtomicU64,
     /// Records skipped under `on_error="skip"`.
     pub skipped_records: AtomicU64,
     /// Whole units or files skipped under `on_error="skip"`.
@@ -66,6 +72,10 @@ pub struct StatsSnapshot {
     pub decode_wait_ns: u64,
     /// Nanoseconds of decoding, summed over threads.
     pub decode_ns: u64,
+    /// CPU nanoseconds of the pipeline thread.
+    pub pipeline_cpu_ns: u64,
+    /// CPU nanoseconds the consumer spent getting batches (converting them included).
+    pub consumer_cpu_ns: u64,
     /// Corrupt records skipped (`on_error="skip"`).
     pub skipped_records: u64,
     /// Corrupt files or units skipped whole.
@@ -87,6 +97,14 @@ pub struct StatsSnapshot {
 }
 
 impl Stats {
+    /// Adds the CPU time the calling thread spent since `since` (a [`thread_cpu_ns`]
+    /// reading) to `counter`, and returns the new reading.
+    pub fn add_thread_cpu(counter: &AtomicU64, since: u64) -> u64 {
+        let now = thread_cpu_ns();
+        counter.fetch_add(now.saturating_sub(since), Relaxed);
+        now
+    }
+
     pub fn add_time(counter: &AtomicU64, elapsed: Duration) {
         counter.fetch_add(elapsed.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
     }
@@ -124,6 +142,8 @@ impl Stats {
             fetch_wait_ns: self.fetch_wait_ns.load(Relaxed),
             decode_wait_ns: self.decode_wait_ns.load(Relaxed),
             decode_ns: self.decode_ns.load(Relaxed),
+            pipeline_cpu_ns: self.pipeline_cpu_ns.load(Relaxed),
+            consumer_cpu_ns: self.consumer_cpu_ns.load(Relaxed),
             skipped_records: self.skipped_records.load(Relaxed),
             skipped_units: self.skipped_units.load(Relaxed),
             padded_rows: self.padded_rows.load(Relaxed),
@@ -135,4 +155,21 @@ impl Stats {
             shuffle_buffer_rows: self.shuffle_buffer_rows.load(Relaxed),
         }
     }
+}
+
+/// CPU time the calling thread has used, in nanoseconds (0 where the clock is missing).
+pub fn thread_cpu_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec for the duration of the call.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    if status != 0 {
+        return 0;
+    }
+    u64::try_from(now.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(now.tv_nsec).unwrap_or(0))
 }

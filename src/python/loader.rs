@@ -649,6 +649,8 @@ impl PyDataLoader {
         d.set_item("fetch_wait_seconds", s.fetch_wait_ns as f64 / 1e9)?;
         d.set_item("decode_wait_seconds", s.decode_wait_ns as f64 / 1e9)?;
         d.set_item("decode_seconds", s.decode_ns as f64 / 1e9)?;
+        d.set_item("pipeline_cpu_seconds", s.pipeline_cpu_ns as f64 / 1e9)?;
+        d.set_item("consumer_cpu_seconds", s.consumer_cpu_ns as f64 / 1e9)?;
         d.set_item("skipped_records", s.skipped_records)?;
         d.set_item("skipped_units", s.skipped_units)?;
         d.set_item("padded_rows", s.padded_rows)?;
@@ -872,6 +874,20 @@ impl BatchIterator {
     }
 
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let Some(receiver) = self.receiver.as_mut() else {
+            return Ok(None);
+        };
+        let cpu = crate::pipeline::stats::thread_cpu_ns();
+        let stats = receiver.stats().clone();
+        let out = self.next_output(py);
+        crate::pipeline::stats::Stats::add_thread_cpu(&stats.consumer_cpu_ns, cpu);
+        out
+    }
+}
+
+impl BatchIterator {
+    /// The next batch, converted (see `__next__`).
+    fn next_output(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         let Some(receiver) = self.receiver.as_mut() else {
             return Ok(None);
         };

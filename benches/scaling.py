@@ -1,0 +1,97 @@
+"""How far the pipeline scales with cores: the serial path against the parallel work.
+
+    python benches/scaling.py [--only parquet,chat,tfrecord,images] [--repeats 3] [--scale 1.0]
+
+The harness's workloads (``benches/harness.py``; its data under ``--data``), each read for
+one epoch in batches of 256 by a ``DataLoader`` with ``num_threads`` = 1 and 2, in fresh
+processes. From ``stats()``, per batch:
+
+- decode: ``decode_seconds`` (decode tasks, summed over threads; with one thread, its
+  CPU time) — the work that more threads share;
+- serial: ``pipeline_cpu_seconds`` (the pipeline thread: ordering, rebatching, shuffling)
+  plus ``consumer_cpu_seconds`` (the consumer in ``next()``: conversion to numpy) — the
+  work one thread each does, whatever the thread count.
+
+With decoding spread over N cores, a batch takes decode/N on them while the serial path
+takes serial: throughput stops growing once decode/N < serial, at N = decode / serial
+(the projected saturation core count). The serial share is serial / (decode + serial).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BATCH = 256
+
+CHILD = """
+import json, sys, time
+sys.path.insert(0, sys.argv[4])
+import shardflow as sf
+from scaling import dataset
+workload, data, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+loader = sf.DataLoader(dataset(workload, data), batch_size=256, num_threads=threads)
+start = time.perf_counter()
+rows = sum(len(next(iter(b.values()))) for b in loader)
+wall = time.perf_counter() - start
+s = loader.stats()
+print(json.dumps({"rows": rows, "wall": wall, "batches": s["batches"], "decode": s["decode_seconds"],
+                  "pipeline": s["pipeline_cpu_seconds"], "consumer": s["consumer_cpu_seconds"]}))
+"""
+
+
+def dataset(workload: str, data: str):  # noqa: ANN201
+    import shardflow as sf
+
+    root = Path(data)
+    if workload == "parquet":
+        return sf.dataset(str(root / "part-*.parquet"))
+    if workload == "chat":
+        return sf.dataset(sorted(str(p) for p in root.glob("chat-*"))).shuffle(seed=7, buffer_size=10_000)
+    if workload == "tfrecord":
+        features = {"image": sf.FixedLen((), "bytes"), "label": sf.FixedLen((), "int64")}
+        return sf.dataset(str(root / "part-*.tfrecord"), features=features)
+    if workload == "images":
+        return sf.dataset(str(root / "part-*.tar"), columns=["jpg", "cls"],
+                          format_options={"decode": {"jpg": "rgb8"}, "resize": 256, "center_crop": 224})
+    raise ValueError(workload)
+
+
+def run(workload: str, data: Path, threads: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, workload, str(data), str(threads), str(HERE)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="parquet,chat,tfrecord,images")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--data", default=str(Path.home() / ".cache/shardflow/bench-data"))
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    from harness import prepare
+
+    print("| workload | threads | samples/s | decode ms/batch | pipeline ms/batch | consumer ms/batch | serial share | saturates at |")
+    print("|---|---|---|---|---|---|---|---|")
+    for workload in args.only.split(","):
+        data = prepare(Path(args.data), workload, args.scale)
+        for threads in (1, 2):
+            runs = [run(workload, data, threads) for _ in range(args.repeats)]
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            per = {k: med[k] / med["batches"] * 1e3 for k in ("decode", "pipeline", "consumer")}
+            serial = per["pipeline"] + per["consumer"]
+            share = serial / (serial + per["decode"])
+            print(f"| {workload} | {threads} | {med['rows'] / med['wall']:,.0f} | {per['decode']:.3f} | "
+                  f"{per['pipeline']:.3f} | {per['consumer']:.3f} | {share:.1%} | {per['decode'] / serial:.0f} cores |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
