@@ -24,22 +24,6 @@ from memory_rss import write
 # and pages cut by content (about 1 MiB) rather than one page per column chunk.
 HF_LAYOUT = {"use_dictionary": False, "write_page_index": True, "use_content_defined_chunking": True}
 
-
-def write_hf_layout(directory: Path, rows: int, row_kb: int) -> str:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rng = np.random.default_rng(0)
-    files = 10
-    per_file = rows // files
-    for f in range(files):
-        ids = np.arange(f * per_file, (f + 1) * per_file)
-        blobs = [rng.bytes(row_kb * 1024) for _ in ids]
-        pq.write_table(pa.table({"id": ids, "image": blobs}), directory / f"part-{f:02d}.parquet",
-                       row_group_size=100, compression="none", **HF_LAYOUT)
-    return str(directory / "part-*.parquet")
-
 CHILD = """
 import sys, time
 import shardflow as sf
@@ -75,7 +59,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for rows in args.rows:
         with tempfile.TemporaryDirectory() as tmp:
-            source = (write_hf_layout if args.layout == "hf" else write)(Path(tmp), rows, args.row_kb)
+            source = write(Path(tmp), rows, args.row_kb, **(HF_LAYOUT if args.layout == "hf" else {}))
             cells = []
             for how in ("full", "none", "buffer"):
                 runs = [epoch(source, how) for _ in range(args.repeats)]

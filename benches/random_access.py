@@ -57,27 +57,34 @@ def open_ds(fmt: str, paths: list[str], storage_options: dict | None = None) -> 
     return sf.dataset(paths, storage_options=storage_options)
 
 
+def access_times(get_one, get_many, n: int, rng: np.random.Generator) -> tuple[float, float, float]:  # noqa: ANN001
+    """`ds[i]` p50 and p99 (ms) over 500 random rows, then rows/s over 40 calls of 256
+    random indices."""
+    lat = []
+    for i in rng.integers(0, n, 500):
+        t0 = time.perf_counter()
+        get_one(int(i))
+        lat.append(time.perf_counter() - t0)
+    lat_ms = np.array(lat) * 1e3
+    batches = [rng.integers(0, n, 256).tolist() for _ in range(40)]
+    t0 = time.perf_counter()
+    for b in batches:
+        get_many(b)
+    rate = 256 * len(batches) / (time.perf_counter() - t0)
+    return float(np.median(lat_ms)), float(np.percentile(lat_ms, 99)), rate
+
+
 def measure(where: str, fmt: str, paths: list[str], size: int, storage_options: dict | None, rng: np.random.Generator) -> None:
     ds = open_ds(fmt, paths, storage_options)
     t0 = time.perf_counter()
     n = ds.index()
     build = time.perf_counter() - t0
     ds = open_ds(fmt, paths, storage_options)  # a fresh dataset: the index comes from memory/disk
-    lat = []
-    for i in rng.integers(0, n, 500):
-        t0 = time.perf_counter()
-        ds[int(i)]
-        lat.append(time.perf_counter() - t0)
-    lat_ms = np.array(lat) * 1e3
-    batches = [rng.integers(0, n, 256).tolist() for _ in range(40)]
-    t0 = time.perf_counter()
-    for b in batches:
-        ds.__getitems__(b)
-    rate = 256 * len(batches) / (time.perf_counter() - t0)
+    p50, p99, rate = access_times(ds.__getitem__, ds.__getitems__, n, rng)
     per_gb = build / (size / 1e9) if fmt != "parquet" else float("nan")
     print(
         f"| {where} | {fmt} | {build:.3f} s ({size / 1e6:.0f} MB) | {per_gb:.2f} | "
-        f"{np.median(lat_ms):.2f} ms | {np.percentile(lat_ms, 99):.2f} ms | {rate:,.0f} |",
+        f"{p50:.2f} ms | {p99:.2f} ms | {rate:,.0f} |",
         flush=True,
     )
 
@@ -91,21 +98,10 @@ def measure_hf(fmt: str, paths: list[str], cache: Path, rng: np.random.Generator
     t0 = time.perf_counter()
     ds = load_dataset(builder, data_files=paths, split="train", cache_dir=str(cache))
     build = time.perf_counter() - t0
-    n = len(ds)
-    lat = []
-    for i in rng.integers(0, n, 500):
-        t0 = time.perf_counter()
-        ds[int(i)]
-        lat.append(time.perf_counter() - t0)
-    lat_ms = np.array(lat) * 1e3
-    batches = [rng.integers(0, n, 256).tolist() for _ in range(40)]
-    t0 = time.perf_counter()
-    for b in batches:
-        ds[b]
-    rate = 256 * len(batches) / (time.perf_counter() - t0)
+    p50, p99, rate = access_times(ds.__getitem__, ds.__getitem__, len(ds), rng)
     print(
         f"| local, HF datasets | {fmt} | {build:.3f} s (to its Arrow cache) | | "
-        f"{np.median(lat_ms):.2f} ms | {np.percentile(lat_ms, 99):.2f} ms | {rate:,.0f} |",
+        f"{p50:.2f} ms | {p99:.2f} ms | {rate:,.0f} |",
         flush=True,
     )
 
