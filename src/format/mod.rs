@@ -351,8 +351,14 @@ pub trait UnitJobs: Send + Sync {
     /// A job that decodes only the unit's rows at `rows` (ascending, distinct offsets in
     /// the unit), in that order, where the format can pass over the rest without
     /// decoding it (Parquet skips the pages that hold none of them); `None` where it
-    /// cannot, and the whole unit is decoded.
-    fn rows_job(&self, _unit: &WorkUnit, _shard: &ShardMeta, _rows: &[u64]) -> Option<UnitJob> {
+    /// cannot, and the whole unit is decoded. Reads it makes itself go through `io`.
+    fn rows_job(
+        &self,
+        _unit: &WorkUnit,
+        _shard: &ShardMeta,
+        _rows: &[u64],
+        _io: &Io,
+    ) -> Option<UnitJob> {
         None
     }
     /// How a stream format finds and decodes single records, for its record index.
@@ -409,8 +415,8 @@ impl PreparedShards {
     }
 
     /// See [`UnitJobs::rows_job`].
-    pub fn rows_job(&self, unit: &WorkUnit, rows: &[u64]) -> Option<UnitJob> {
-        self.jobs.rows_job(unit, &self.shards[unit.shard], rows)
+    pub fn rows_job(&self, unit: &WorkUnit, rows: &[u64], io: &Io) -> Option<UnitJob> {
+        self.jobs.rows_job(unit, &self.shards[unit.shard], rows, io)
     }
 
     /// `plain` (format `format`) with the image columns `spec` names decoded (see

@@ -379,7 +379,13 @@ impl UnitJobs for PreparedParquet {
         self.row_group_job(unit, None)
     }
 
-    fn rows_job(&self, unit: &WorkUnit, shard: &ShardMeta, rows: &[u64]) -> Option<UnitJob> {
+    fn rows_job(
+        &self,
+        unit: &WorkUnit,
+        shard: &ShardMeta,
+        rows: &[u64],
+        io: &Io,
+    ) -> Option<UnitJob> {
         let mut selectors = Vec::new();
         let mut next = 0u64;
         for &row in rows {
@@ -400,15 +406,20 @@ impl UnitJobs for PreparedParquet {
         }
         // Without one, a local file is read where the decoder asks: each page's header,
         // and the body only of pages that hold wanted rows (fetching the column chunks
-        // first would read every page, however few rows are wanted). These reads are not
-        // counted in `bytes_read`.
-        if let Some(path) = crate::source::local_path(&shard.url) {
-            let (file, path, row_group) =
-                (self.files[unit.shard].clone(), path.to_string(), unit.part);
+        // first would read every page, however few rows are wanted).
+        if crate::source::local_path(&shard.url).is_some() {
+            let (file, shard, row_group, io) = (
+                self.files[unit.shard].clone(),
+                shard.clone(),
+                unit.part,
+                io.clone(),
+            );
             let batch_rows = batch_rows(&file, row_group);
             return Some(UnitJob::Ready(Box::new(move |sink: &mut BatchSink| {
-                let reader = std::fs::File::open(&path)
-                    .map_err(|e| Error::io(&file.url, Position::RowGroup(row_group), e))?;
+                let reader = SourceChunks {
+                    source: io.open(&shard)?,
+                    size: file.size,
+                };
                 decode_row_group(&file, row_group, batch_rows, Some(selection), reader, sink)
             })));
         }
@@ -465,6 +476,71 @@ fn decode_row_group(
         )));
     }
     Ok(Decoded::default())
+}
+
+/// A file read where the decoder asks, through its source (so the reads are counted):
+/// page bodies whole, page headers by a few small reads.
+struct SourceChunks {
+    source: Arc<dyn Source>,
+    size: u64,
+}
+
+impl Length for SourceChunks {
+    fn len(&self) -> u64 {
+        self.size
+    }
+}
+
+impl ChunkReader for SourceChunks {
+    type T = HeaderReader;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(HeaderReader {
+            source: self.source.clone(),
+            at: start,
+            end: self.size,
+            next_read: HEADER_FIRST_READ,
+            buffered: Bytes::new(),
+        })
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.source
+            .read_range_blocking(start..start.saturating_add(length as u64))
+            .map_err(|e| ParquetError::External(Box::new(e)))
+    }
+}
+
+/// First read for a page header: most are tens of bytes; one holding the statistics of
+/// wide values takes more reads, each twice the last.
+const HEADER_FIRST_READ: u64 = 512;
+
+/// Reads forward from a position in a source, in reads that grow, for the decoder's
+/// page headers (it reads the body through `get_bytes`).
+struct HeaderReader {
+    source: Arc<dyn Source>,
+    at: u64,
+    end: u64,
+    next_read: u64,
+    buffered: Bytes,
+}
+
+impl std::io::Read for HeaderReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.buffered.is_empty() && self.at < self.end {
+            let end = self.end.min(self.at.saturating_add(self.next_read));
+            self.buffered = self
+                .source
+                .read_range_blocking(self.at..end)
+                .map_err(std::io::Error::other)?;
+            self.at = end;
+            self.next_read = self.next_read.saturating_mul(2);
+        }
+        let n = out.len().min(self.buffered.len());
+        out[..n].copy_from_slice(&self.buffered[..n]);
+        self.buffered.advance(n);
+        Ok(n)
+    }
 }
 
 /// The fetched column chunks of one row group, read by the Parquet decoder as if they

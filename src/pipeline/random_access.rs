@@ -809,7 +809,7 @@ impl Files {
             let sparse = (wanted.len() as u64).saturating_mul(PARTIAL_DECODE_SHARE)
                 <= work.rows.unwrap_or(0);
             if let Some(job) = sparse
-                .then(|| self.prepared.rows_job(work, &wanted))
+                .then(|| self.prepared.rows_job(work, &wanted, io))
                 .flatten()
             {
                 let batches = self.decoded(unit, job, wanted.len() as u64, io)?;
