@@ -46,7 +46,9 @@ pub struct ShuffleBuffer {
     capacity_bytes: u64,
     /// Bytes of the buffered rows (by each batch's bytes per row).
     buffered_bytes: u64,
-    chunk: usize,
+    /// The rows the byte bound lets the buffer hold, by the size of the last rows seen
+    /// (`usize::MAX` before any).
+    rows_by_bytes: usize,
     stats: Arc<Stats>,
     /// Batches with rows still buffered.
     slots: Vec<Option<Slot>>,
@@ -71,7 +73,7 @@ impl ShuffleBuffer {
             capacity,
             capacity_bytes: bounds.bytes.max(1),
             buffered_bytes: 0,
-            chunk: (capacity / CHUNK_DIVISOR).clamp(1, MAX_CHUNK),
+            rows_by_bytes: usize::MAX,
             stats,
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -86,13 +88,23 @@ impl ShuffleBuffer {
     /// about 7 chunks). The first batch then waits for an eighth of the buffer rather
     /// than all of it, and the sequence still depends only on the seed and the data.
     fn fill_target(&self) -> usize {
-        self.chunk
+        self.chunk()
             .saturating_add(self.emitted)
             .saturating_mul(2)
             .min(self.capacity)
     }
 
+    /// Rows per output: a share of the rows the buffer can hold, by whichever bound
+    /// governs. (Of `buffer_size` alone, a byte bound that held 511 rows of 256 KiB still
+    /// let outputs of 625 rows: each emptied the buffer, which then mixed nothing, and a
+    /// whole buffer's bytes waited downstream while it filled again.)
+    fn chunk(&self) -> usize {
+        (self.capacity.min(self.rows_by_bytes) / CHUNK_DIVISOR).clamp(1, MAX_CHUNK)
+    }
+
     fn admit(&mut self, batch: RecordBatch, row_bytes: u64) {
+        self.rows_by_bytes =
+            usize::try_from((self.capacity_bytes / row_bytes.max(1)).max(1)).unwrap_or(usize::MAX);
         let n = batch.num_rows();
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
@@ -193,7 +205,7 @@ impl ShuffleBuffer {
     }
 
     fn compact_if_sparse(&mut self) -> Result<()> {
-        if self.rows.is_empty() || self.held_rows <= 2 * self.rows.len().max(self.chunk) {
+        if self.rows.is_empty() || self.held_rows <= 2 * self.rows.len().max(self.chunk()) {
             return Ok(());
         }
         let rows = std::mem::take(&mut self.rows);
@@ -213,7 +225,7 @@ impl ShuffleBuffer {
         if self.rows.is_empty() {
             return Ok(None);
         }
-        let k = self.chunk.min(self.rows.len());
+        let k = self.chunk().min(self.rows.len());
         let mut picks = Vec::with_capacity(k);
         for _ in 0..k {
             let i = self.rng.below(self.rows.len());
