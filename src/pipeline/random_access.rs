@@ -692,6 +692,17 @@ fn in_parallel<T: Sync, R: Send>(
         .collect()
 }
 
+/// The first entry of a most-recently-used-first list that `found` picks, moved to the
+/// front.
+fn touch<T>(list: &mut VecDeque<T>, found: impl Fn(&T) -> bool) -> Option<&T> {
+    let entry = list
+        .iter()
+        .position(found)
+        .and_then(|pos| list.remove(pos))?;
+    list.push_front(entry);
+    list.front()
+}
+
 /// Records `[first, end)` of one shard, read as one range.
 struct Run {
     shard: usize,
@@ -984,14 +995,10 @@ impl Files {
             return io.open(meta);
         }
         let mut open = self.open_files.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = open
-            .iter()
-            .position(|(s, counters, _)| *s == shard && Arc::ptr_eq(counters, &io.counters))
-            .and_then(|pos| open.remove(pos))
-        {
-            let source = entry.2.clone();
-            open.push_front(entry);
-            return Ok(source);
+        if let Some((_, _, source)) = touch(&mut open, |(s, counters, _)| {
+            *s == shard && Arc::ptr_eq(counters, &io.counters)
+        }) {
+            return Ok(source.clone());
         }
         let source = io.open(meta)?;
         open.push_front((shard, io.counters.clone(), source.clone()));
@@ -1001,14 +1008,8 @@ impl Files {
 
     fn unit_batches(&self, unit: usize, io: &Io) -> Result<Arc<Vec<RecordBatch>>> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = cache
-            .iter()
-            .position(|(u, _, _)| *u == unit)
-            .and_then(|pos| cache.remove(pos))
-        {
-            let batches = entry.1.clone();
-            cache.push_front(entry);
-            return Ok(batches);
+        if let Some((_, batches, _)) = touch(&mut cache, |(u, _, _)| *u == unit) {
+            return Ok(batches.clone());
         }
         drop(cache);
         let work = &self.prepared.units[unit];
