@@ -197,21 +197,29 @@ impl Backend for HttpBackend {
                 builder = builder.header(IF_MATCH, etag);
             }
             let response = builder.send().await.map_err(transport)?;
-            let status = response.status();
-            let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok());
-            let object_size = match status {
-                StatusCode::PARTIAL_CONTENT => {
-                    header(CONTENT_RANGE).and_then(size_from_content_range)
-                }
-                StatusCode::OK => header(CONTENT_LENGTH).and_then(|v| v.parse().ok()),
-                _ => return Err(self.status_failure(&response)),
-            };
-            // 200 means the whole object came back: skip to the part we asked for.
-            let skip = if status == StatusCode::OK { start } else { 0 };
-            Ok(Response {
-                object_size,
-                body: Box::new(HttpBody { response, skip }),
-            })
+            range_response(&self.name, response, start)
         })
     }
+}
+
+/// The reply to a GET of a range from `start`: its body, and the object's size where the
+/// reply says it; a refusal as `status_failure` reads it.
+pub fn range_response(
+    name: &str,
+    response: reqwest::Response,
+    start: u64,
+) -> std::result::Result<Response, Failure> {
+    let status = response.status();
+    let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok());
+    let object_size = match status {
+        StatusCode::PARTIAL_CONTENT => header(CONTENT_RANGE).and_then(size_from_content_range),
+        StatusCode::OK => header(CONTENT_LENGTH).and_then(|v| v.parse().ok()),
+        _ => return Err(status_failure(name, &response)),
+    };
+    // 200 means the whole object came back: skip to the part we asked for.
+    let skip = if status == StatusCode::OK { start } else { 0 };
+    Ok(Response {
+        object_size,
+        body: Box::new(HttpBody { response, skip }),
+    })
 }

@@ -13,6 +13,7 @@ pub mod remote;
 pub mod retry;
 pub mod runtime;
 pub mod s3;
+mod sigv4;
 pub mod storage;
 
 use std::fmt::Debug;

@@ -3,7 +3,8 @@
 //! (anonymous) access, custom endpoints with path-style addressing, prefixes and globs
 //! listed with ListObjectsV2.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
@@ -12,6 +13,7 @@ use bytes::Bytes;
 
 use super::remote::{Backend, Body, ObjectInfo, Request, Response};
 use super::retry::{Failure, transient_status};
+use super::sigv4::{Scope, Signer, encode_key};
 use super::storage::Storage;
 use super::{BoxFuture, ShardMeta, pattern};
 use crate::error::{Error, Result};
@@ -28,10 +30,127 @@ pub fn split(url: &str) -> Result<(&str, &str)> {
     }
 }
 
-/// The dataset's S3 client (built on first use, and again in a forked child). Callable
+/// This process's S3 clients for one dataset: the SDK's, for listing, HEAD, writes and
+/// the GETs only it can address; and the lean GET path (`sigv4` over the shared reqwest
+/// client) for buckets whose endpoint is signed with plain SigV4.
+#[derive(Clone)]
+pub struct S3Clients(Arc<Clients>);
+
+struct Clients {
+    sdk: aws_sdk_s3::Client,
+    http: reqwest::Client,
+    /// `None`: anonymous (unsigned) requests.
+    signer: Option<Signer>,
+    endpoint: EndpointInputs,
+    /// Each bucket's GET address, from the SDK's endpoint rules; `None` where the lean
+    /// path does not apply (S3 Express, endpoints that add headers, other signers).
+    buckets: Mutex<HashMap<String, Option<Arc<BucketUrl>>>>,
+}
+
+/// What the SDK's endpoint rules take besides the bucket.
+struct EndpointInputs {
+    region: String,
+    custom: Option<String>,
+    force_path_style: bool,
+    use_fips: Option<bool>,
+    use_dual_stack: Option<bool>,
+}
+
+/// Where a bucket's objects are fetched, and the scope their signatures carry.
+#[derive(Debug)]
+struct BucketUrl {
+    /// `scheme://host[:port][/bucket]`, no trailing slash.
+    base: String,
+    /// The `Host` header, as signed.
+    host: String,
+    /// The path part of `base` (`/bucket` for path-style addressing, else empty).
+    path: String,
+    scope: Scope,
+}
+
+impl S3Clients {
+    pub fn sdk(&self) -> &aws_sdk_s3::Client {
+        &self.0.sdk
+    }
+
+    async fn bucket_url(&self, bucket: &str) -> Option<Arc<BucketUrl>> {
+        let known = |c: &Self| {
+            c.0.buckets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(bucket)
+                .cloned()
+        };
+        if let Some(known) = known(self) {
+            return known;
+        }
+        let resolved = self.0.resolve(bucket).await.map(Arc::new);
+        self.0
+            .buckets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(bucket.to_string(), resolved.clone());
+        resolved
+    }
+}
+
+impl Clients {
+    /// The bucket's endpoint by the SDK's own rules (the same resolver its requests
+    /// use), when it is a plain URL signed with SigV4.
+    async fn resolve(&self, bucket: &str) -> Option<BucketUrl> {
+        use aws_sdk_s3::config::endpoint::{DefaultResolver, Params, ResolveEndpoint};
+        let inputs = &self.endpoint;
+        let params = Params::builder()
+            .bucket(bucket)
+            .region(inputs.region.clone())
+            .force_path_style(inputs.force_path_style)
+            .set_endpoint(inputs.custom.clone())
+            .set_use_fips(inputs.use_fips)
+            .set_use_dual_stack(inputs.use_dual_stack)
+            .build()
+            .ok()?;
+        let endpoint = DefaultResolver::new()
+            .resolve_endpoint(&params)
+            .await
+            .ok()?;
+        if endpoint.headers().next().is_some() || endpoint.properties().contains_key("backend") {
+            return None;
+        }
+        let auth = endpoint.auth_schemes().first()?;
+        let text = |name: &str| auth.get(name).and_then(|d| d.as_string());
+        if auth.name() != "sigv4" {
+            return None;
+        }
+        let url = reqwest::Url::parse(endpoint.url()).ok()?;
+        if !matches!(url.scheme(), "http" | "https") || url.query().is_some() {
+            return None;
+        }
+        let host = match url.port() {
+            Some(port) => format!("{}:{port}", url.host_str()?),
+            None => url.host_str()?.to_string(),
+        };
+        let path = url.path().trim_end_matches('/').to_string();
+        Some(BucketUrl {
+            base: format!("{}://{host}{path}", url.scheme()),
+            host,
+            path,
+            scope: Scope {
+                region: text("signingRegion")?.to_string(),
+                service: text("signingName")?.to_string(),
+            },
+        })
+    }
+}
+
+/// The dataset's SDK client (built on first use, and again in a forked child).
+pub fn client(storage: &Storage) -> Result<aws_sdk_s3::Client> {
+    Ok(clients(storage)?.0.sdk.clone())
+}
+
+/// The dataset's S3 clients (built on first use, and again in a forked child). Callable
 /// from anywhere, runtime tasks included: the first use in a forked child is often a
 /// read inside a task.
-pub fn client(storage: &Storage) -> Result<aws_sdk_s3::Client> {
+pub fn clients(storage: &Storage) -> Result<S3Clients> {
     storage.s3.get_or_try_init(|| {
         let options = &storage.options;
         let rt = super::runtime()?;
@@ -63,15 +182,54 @@ pub fn client(storage: &Storage) -> Result<aws_sdk_s3::Client> {
             }
             loader.load().await
         })?;
-        let custom_endpoint = config.endpoint_url().is_some();
-        let mut builder = aws_sdk_s3::config::Builder::from(&config)
-            .force_path_style(options.force_path_style.unwrap_or(custom_endpoint));
+        let custom_endpoint = custom_endpoint(&config);
+        let force_path_style = options
+            .force_path_style
+            .unwrap_or(custom_endpoint.is_some());
+        let mut builder =
+            aws_sdk_s3::config::Builder::from(&config).force_path_style(force_path_style);
+        // Custom endpoints rarely care, but the SDK insists on a region.
+        let region = config
+            .region()
+            .map_or("us-east-1", |r| r.as_ref())
+            .to_string();
         if config.region().is_none() {
-            // Custom endpoints rarely care, but the SDK insists on a region.
-            builder = builder.region(aws_config::Region::new("us-east-1"));
+            builder = builder.region(aws_config::Region::new(region.clone()));
         }
-        Ok(aws_sdk_s3::Client::from_conf(builder.build()))
+        Ok(S3Clients(Arc::new(Clients {
+            sdk: aws_sdk_s3::Client::from_conf(builder.build()),
+            http: super::http::client(storage)?,
+            signer: config.credentials_provider().map(Signer::new),
+            endpoint: EndpointInputs {
+                region,
+                custom: custom_endpoint,
+                force_path_style,
+                use_fips: config.use_fips(),
+                use_dual_stack: config.use_dual_stack(),
+            },
+            buckets: Mutex::new(HashMap::new()),
+        })))
     })
+}
+
+/// The endpoint S3 requests go to, chosen as the SDK's S3 config chooses it: the one
+/// given in code, else `AWS_ENDPOINT_URL_S3` (or the profile's `s3` service section),
+/// else `AWS_ENDPOINT_URL` (or the profile's `endpoint_url`).
+fn custom_endpoint(config: &aws_config::SdkConfig) -> Option<String> {
+    use aws_types::service_config::ServiceConfigKey;
+    if config.get_origin("endpoint_url").is_client_config() {
+        return config.endpoint_url().map(str::to_string);
+    }
+    let key = ServiceConfigKey::builder()
+        .service_id("S3")
+        .env("AWS_ENDPOINT_URL")
+        .profile("endpoint_url")
+        .build()
+        .ok()?;
+    config
+        .service_config()
+        .and_then(|c| c.load_config(key))
+        .or_else(|| config.endpoint_url().map(str::to_string))
 }
 
 /// Why an S3 call failed, as the retry loop sees it. Messages carry the status and the
@@ -108,7 +266,7 @@ pub(crate) fn failure<E: ProvideErrorMetadata + std::error::Error + 'static>(
 }
 
 /// The innermost cause of a transport failure, e.g. "connection reset by peer".
-fn short_cause(err: &dyn std::error::Error) -> String {
+pub(crate) fn short_cause(err: &dyn std::error::Error) -> String {
     let mut cause = err.to_string();
     let mut source = err.source();
     while let Some(inner) = source {
@@ -132,19 +290,96 @@ pub struct S3Backend {
     url: String,
     bucket: String,
     key: String,
-    client: aws_sdk_s3::Client,
+    /// The key as a request path has it; `None` where the SDK must send the GET (a `.`
+    /// or `..` segment, which URL parsing would fold away).
+    encoded_key: Option<String>,
+    clients: S3Clients,
 }
 
 impl S3Backend {
     pub fn new(url: &str, storage: &Arc<Storage>) -> Result<Self> {
         let (bucket, key) = split(url)?;
+        let plain = !key.is_empty() && !key.split('/').any(|s| s == "." || s == "..");
         Ok(Self {
             url: url.to_string(),
             bucket: bucket.to_string(),
             key: key.to_string(),
-            client: client(storage)?,
+            encoded_key: plain.then(|| encode_key(key)),
+            clients: clients(storage)?,
         })
     }
+
+    /// A GET signed here and sent with reqwest (see `sigv4`).
+    async fn signed_get(
+        &self,
+        bucket: &BucketUrl,
+        key: &str,
+        request: Request,
+        if_match: Option<String>,
+    ) -> std::result::Result<Response, Failure> {
+        use reqwest::header::{HOST, IF_MATCH, RANGE};
+        let Request::Range(range) = &request;
+        let range_header = request.range_header();
+        let mut builder = self
+            .clients
+            .0
+            .http
+            .get(format!("{}/{key}", bucket.base))
+            .header(RANGE, &range_header);
+        if let Some(signer) = &self.clients.0.signer {
+            let path = format!("{}/{key}", bucket.path);
+            let headers = signer
+                .sign_get(&bucket.host, &path, &range_header, &bucket.scope)
+                .await?;
+            builder = builder.header(HOST, &bucket.host);
+            for (name, value) in headers {
+                builder = builder.header(name, value);
+            }
+        }
+        if let Some(etag) = if_match {
+            builder = builder.header(IF_MATCH, etag);
+        }
+        let response = builder.send().await.map_err(super::http::transport)?;
+        if !response.status().is_success() {
+            return Err(self.refusal(response).await);
+        }
+        super::http::range_response(&self.url, response, range.start)
+    }
+
+    /// An S3 error reply: expired credentials are fetched again and the request tried
+    /// again; the rest as for any HTTP refusal, with S3's error code in the message.
+    async fn refusal(&self, response: reqwest::Response) -> Failure {
+        let status = response.status().as_u16();
+        if !matches!(status, 400 | 403) {
+            return super::http::status_failure(&self.url, &response);
+        }
+        let body = response.bytes().await.unwrap_or_default();
+        let code = error_code(&body).unwrap_or_default();
+        if matches!(code, "ExpiredToken" | "TokenRefreshRequired") {
+            if let Some(signer) = &self.clients.0.signer {
+                signer.invalidate();
+            }
+            return Failure::Transient(format!("HTTP {status} {code}"));
+        }
+        if status == 403 {
+            return Failure::Permanent(Error::PermissionDenied {
+                url: self.url.clone(),
+            });
+        }
+        Failure::Permanent(Error::Io {
+            url: self.url.clone(),
+            position: crate::error::Position::Unknown,
+            source: std::io::Error::other(format!("HTTP {status} {code}").trim_end().to_string()),
+        })
+    }
+}
+
+/// `<Code>` of an S3 error document.
+fn error_code(body: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(body).ok()?;
+    let start = text.find("<Code>")? + "<Code>".len();
+    let len = text[start..].find("</Code>")?;
+    Some(&text[start..start + len])
 }
 
 struct S3Body(aws_sdk_s3::primitives::ByteStream);
@@ -164,7 +399,8 @@ impl Backend for S3Backend {
     fn head(&self) -> BoxFuture<'_, std::result::Result<ObjectInfo, Failure>> {
         Box::pin(async move {
             let out = self
-                .client
+                .clients
+                .sdk()
                 .head_object()
                 .bucket(&self.bucket)
                 .key(&self.key)
@@ -184,9 +420,15 @@ impl Backend for S3Backend {
         if_match: Option<String>,
     ) -> BoxFuture<'_, std::result::Result<Response, Failure>> {
         Box::pin(async move {
+            if let Some(key) = &self.encoded_key
+                && let Some(bucket) = self.clients.bucket_url(&self.bucket).await
+            {
+                return self.signed_get(&bucket, key, request, if_match).await;
+            }
             let range = request.range_header();
             let out = self
-                .client
+                .clients
+                .sdk()
                 .get_object()
                 .bucket(&self.bucket)
                 .key(&self.key)

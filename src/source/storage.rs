@@ -200,7 +200,7 @@ pub struct Storage {
     /// not have, which would never give them back.
     limit: PerProcess<Arc<Semaphore>>,
     pub cache: Option<DiskCache>,
-    pub s3: PerProcess<aws_sdk_s3::Client>,
+    pub s3: PerProcess<super::s3::S3Clients>,
     pub http: PerProcess<reqwest::Client>,
 }
 
