@@ -83,6 +83,38 @@ def test_views_outlive_their_loader_iterator_and_gc(tmp_path: Path) -> None:
     assert all(len(r) == i % 5 for i, r in enumerate(ragged))
 
 
+def test_assembled_batches_keep_their_values_while_later_ones_reuse_memory(tmp_path: Path) -> None:
+    """Batches assembled across row groups write their tensor columns into buffers that
+    come back for later batches once released: a batch still held (a numpy view, a torch
+    tensor) keeps its values, epoch after epoch, while dropped ones are written over."""
+    import torch
+
+    n = 2_000
+    images = (np.arange(n * 12, dtype=np.float32) % 251).reshape(n, 3, 4)
+    table = pa.table({"x": np.arange(n, dtype=np.int64),
+                      "image": pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(images.reshape(-1)), 4), 3)})
+    path = tmp_path / "z.parquet"
+    pq.write_table(table, path, row_group_size=37)
+    ds = sf.dataset(str(path))
+    held = []
+    for shuffle, output in [(False, "numpy"), (True, "numpy"), (True, "torch")]:
+        loader = sf.DataLoader(ds, batch_size=100, output=output, **({"shuffle": True, "seed": 1} if shuffle else {}))
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for i, batch in enumerate(loader):
+                    image = batch["image"].numpy() if output == "torch" else batch["image"]
+                    np.testing.assert_array_equal(image, images[np.asarray(batch["x"])])
+                    if i % 3 == 0:
+                        held.append((batch["x"], batch["image"]))
+    gc_and_churn = [np.full(100 * 12, -1, np.float32) for _ in range(500)]
+    del gc_and_churn
+    assert len(held) == 3 * 2 * 7
+    for x, image in held:
+        if isinstance(image, torch.Tensor):
+            x, image = x.numpy(), image.numpy()
+        np.testing.assert_array_equal(image, images[x])
+
+
 def test_zero_copy_under_the_debug_allocator(tmp_path: Path) -> None:
     """This file's tests again, in a process whose allocator checks every Python
     allocation (PYTHONMALLOC=debug): a view that freed, overran or double-freed Python
