@@ -1,7 +1,7 @@
 """The peer table: every loader on every workload it supports, each run in a fresh
 process, loaders alternating, the median of the repeats.
 
-    python benches/harness.py [--repeats 3] [--scale 1.0] [--only parquet,chat,...]
+    python benches/harness.py [--repeats 3] [--scale 1.0] [--only parquet,chat,...] [--loaders webdataset,...]
 
 Data is generated once (seeded) under ``--data`` (default ``~/.cache/shardflow/bench-data``)
 and reused. Each run is ``python benches/harness.py --child WORKLOAD LOADER DATA``, which
@@ -895,6 +895,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="data size relative to the default")
     parser.add_argument("--only", default=",".join(WORKLOADS))
+    parser.add_argument("--loaders", default=None,
+                        help="peers to run beside shardflow, by the start of their names (e.g. 's3torchconnector,boto3')")
     parser.add_argument("--data", default=str(Path.home() / ".cache/shardflow/bench-data"))
     parser.add_argument("--out", default=str(HERE / "results" / f"{platform.node() or 'machine'}.md"))
     parser.add_argument("--peers-python", default=os.environ.get("SHARDFLOW_BENCH_PEERS_PYTHON", sys.executable),
@@ -930,7 +932,10 @@ def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, Fau
                      chart: dict[str, dict[str, float]]) -> list[str]:
     """Runs every loader of `workload` `args.repeats` times, alternating; its table."""
     spec = WORKLOADS[workload]
-    python = {name: args.peers_python if name.split(" ")[0] in PEERS_VENV else sys.executable for name in spec["loaders"]}
+    # shardflow, and the peers `--loaders` names (by the start of their names; all by default).
+    loaders = {name: loader for name, loader in spec["loaders"].items()
+               if name == "shardflow" or args.loaders is None or name.startswith(tuple(args.loaders.split(",")))}
+    python = {name: args.peers_python if name.split(" ")[0] in PEERS_VENV else sys.executable for name in loaders}
     ceiling = None
     # The proxy that counts the bytes of the timed runs, where they go through it.
     counted = None
@@ -945,10 +950,11 @@ def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, Fau
         data.mkdir(parents=True, exist_ok=True)
         objects = S3_PREFIXES[spec["prefix"]]
         size_mb = objects * S3_OBJECT_BYTES / 1e6
-        from peer_s3 import wrk_requests_per_second
+        from peer_s3 import wrk_run
 
         paths = [f"bench/{spec['prefix']}/{i:05d}.bin" for i in range(objects)]
-        ceiling = wrk_requests_per_second(os.environ["SHARDFLOW_BENCH_S3"], paths)
+        measured = wrk_run(os.environ["SHARDFLOW_BENCH_S3"], paths)
+        ceiling = measured[0] if measured else None
     else:
         data = prepare(Path(args.data), workload, args.scale)
         size_mb = sum(p.stat().st_size for p in data.glob(spec["files"])) / 1e6
@@ -961,12 +967,12 @@ def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, Fau
             for path in sorted(data.glob(spec["files"])):
                 client.upload_file(str(path), "bench", f"{workload}/{path.name}")
     # One conversion for each copy (the loaders that read one share it), before any run.
-    copies = {loader.folder: name for name, loader in spec["loaders"].items() if isinstance(loader, Converted)}
+    copies = {loader.folder: name for name, loader in loaders.items() if isinstance(loader, Converted)}
     for name in copies.values():
         subprocess.run([python[name], __file__, "--convert", workload, name, str(data)], check=True)
-    runs: dict[str, list[dict]] = {name: [] for name in spec["loaders"]}
+    runs: dict[str, list[dict]] = {name: [] for name in loaders}
     for _ in range(args.repeats):
-        for name in spec["loaders"]:
+        for name in loaders:
             runs[name].append(run_once(workload, name, data, python[name], counted))
     samples = {r["samples"] for rs in runs.values() for r in rs}
     assert len(samples) == 1, f"{workload}: loaders disagree on the sample count: {samples}"
@@ -976,7 +982,7 @@ def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, Fau
         # The direct runs bypass the proxy, which (in Python) would cap their speed: one more
         # run of each through it counts the bytes.
         os.environ["SHARDFLOW_BENCH_S3"] = proxy.url
-        for name in spec["loaders"]:
+        for name in loaders:
             med[name]["fetched"] = run_once(workload, name, data, python[name], proxy)["fetched"]
         os.environ["SHARDFLOW_BENCH_S3"] = url
     base = med["shardflow"]["wall"]

@@ -89,10 +89,14 @@ def test_assembled_batches_keep_their_values_while_later_ones_reuse_memory(tmp_p
     tensor) keeps its values, epoch after epoch, while dropped ones are written over."""
     import torch
 
-    n = 2_000
-    images = (np.arange(n * 12, dtype=np.float32) % 251).reshape(n, 3, 4)
-    table = pa.table({"x": np.arange(n, dtype=np.int64),
-                      "image": pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(images.reshape(-1)), 4), 3)})
+    n = 1_000
+    # 12 KiB images and 4 KiB blobs, so that batches of 100 are large enough to pool.
+    images = (np.arange(n * 64 * 64 * 3, dtype=np.int64) % 251).astype(np.uint8).reshape(n, 64, 64, 3)
+    blobs = [bytes([i % 256]) * 4096 for i in range(n)]
+    flat = pa.array(images.reshape(-1))
+    for side in (3, 64, 64):
+        flat = pa.FixedSizeListArray.from_arrays(flat, side)
+    table = pa.table({"x": np.arange(n, dtype=np.int64), "image": flat, "blob": pa.array(blobs, pa.large_binary())})
     path = tmp_path / "z.parquet"
     pq.write_table(table, path, row_group_size=37)
     ds = sf.dataset(str(path))
@@ -102,13 +106,14 @@ def test_assembled_batches_keep_their_values_while_later_ones_reuse_memory(tmp_p
         for epoch in range(2):
             loader.set_epoch(epoch)
             for i, batch in enumerate(loader):
-                    image = batch["image"].numpy() if output == "torch" else batch["image"]
-                    np.testing.assert_array_equal(image, images[np.asarray(batch["x"])])
-                    if i % 3 == 0:
-                        held.append((batch["x"], batch["image"]))
-    gc_and_churn = [np.full(100 * 12, -1, np.float32) for _ in range(500)]
+                image = batch["image"].numpy() if output == "torch" else batch["image"]
+                np.testing.assert_array_equal(image, images[np.asarray(batch["x"])])
+                assert list(batch["blob"]) == [blobs[row] for row in np.asarray(batch["x"])]
+                if i % 3 == 0:
+                    held.append((batch["x"], batch["image"]))
+    gc_and_churn = [np.full(100 * 64 * 64 * 3, 255, np.uint8) for _ in range(50)]
     del gc_and_churn
-    assert len(held) == 3 * 2 * 7
+    assert len(held) == 3 * 2 * 4
     for x, image in held:
         if isinstance(image, torch.Tensor):
             x, image = x.numpy(), image.numpy()

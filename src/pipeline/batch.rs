@@ -1,19 +1,21 @@
 //! Re-batching to exactly `batch_rows` rows across unit and shard boundaries. A batch
 //! that lies inside one upstream batch is a zero-copy slice of it.
 //!
-//! A batch assembled from several parts copies them. Its fixed-width tensor columns
-//! (images, embeddings: `FixedSizeList` of a primitive type) are copied into buffers
-//! that come back to this re-batcher once every holder of the batch (numpy, torch, the
-//! consumer) has let it go. A fresh 38 MB buffer per batch of 256 224x224 RGB images
-//! cost the pipeline thread 20-40 ms of page faults (the kernel zeroing new pages), and
-//! the consumer as much again to hand the pages back: most of the serial path.
+//! A batch assembled from several parts copies them. The values of its large columns
+//! (tensors: `FixedSizeList` of a primitive type; bytes and strings) are copied into
+//! buffers that come back to this re-batcher once every holder of the batch (numpy,
+//! torch, the consumer) has let it go. A fresh 38 MB buffer per batch of 256 224x224 RGB
+//! images cost the pipeline thread 20-40 ms of page faults (the kernel zeroing new
+//! pages), and the consumer as much again to hand the pages back: most of the serial
+//! path.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 
-use arrow_array::{Array, ArrayRef, FixedSizeListArray, RecordBatch, make_array};
-use arrow_buffer::Buffer;
+use arrow_array::types::ByteArrayType;
+use arrow_array::{Array, ArrayRef, FixedSizeListArray, GenericByteArray, RecordBatch, make_array};
+use arrow_buffer::{ArrowNativeType, Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
 use arrow_select::concat::concat;
@@ -66,29 +68,42 @@ impl Rebatch {
         if let [single] = &parts[..] {
             return Ok(single.clone());
         }
+        let mut pooled = 0;
         let columns = (0..parts[0].num_columns())
             .map(|i| {
                 let column: Vec<&dyn Array> = parts.iter().map(|p| p.column(i).as_ref()).collect();
-                match self.buffers.concat_tensors(&column) {
-                    Some(joined) => Ok(joined),
+                match self.buffers.concat(&column) {
+                    Some(joined) => {
+                        pooled += 1;
+                        Ok(joined)
+                    }
                     None => concat(&column),
                 }
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .and_then(|columns| RecordBatch::try_new(parts[0].schema(), columns))
             .map_err(|e| Error::Internal(format!("cannot assemble a batch: {e}")))?;
+        self.buffers.keep_for(pooled);
         Ok(columns)
     }
 }
 
-/// Free buffers kept for the next batches: as many as the batches that are usually out
-/// at once beyond the one being filled (the prefetched one, the consumer's).
-const POOLED_BUFFERS: usize = 2;
+/// Free buffers kept per pooled column: as many as the batches that are usually out at
+/// once beyond the one being filled (the prefetched one, the consumer's).
+const POOLED_PER_COLUMN: usize = 2;
 
-/// Output buffers of re-batched tensor columns, used again (see the module's note).
+/// Columns with fewer value bytes are joined by arrow's `concat`: their memory is reused
+/// by the allocator anyway, and pooling them would keep buffers that batches of other
+/// sizes cannot use.
+const POOLED_MIN_BYTES: usize = 64 * 1024;
+
+/// Output buffers of re-batched columns, used again (see the module's note).
 #[derive(Default)]
 struct BufferPool {
     free: Mutex<Vec<Vec<u8>>>,
+    /// Free buffers kept at most: `POOLED_PER_COLUMN` for each column of the last batch
+    /// that used the pool.
+    keep: std::sync::atomic::AtomicUsize,
 }
 
 /// A pooled buffer's memory while a batch holds it; back to the pool when dropped (or
@@ -102,7 +117,7 @@ impl Drop for Pooled {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.upgrade() {
             let mut free = pool.free.lock().unwrap_or_else(|p| p.into_inner());
-            if free.len() < POOLED_BUFFERS {
+            if free.len() < pool.keep.load(std::sync::atomic::Ordering::Relaxed) {
                 free.push(std::mem::take(&mut self.memory));
             }
         }
@@ -138,8 +153,33 @@ impl BufferPool {
         unsafe { Buffer::from_custom_allocation(ptr, len, owner) }
     }
 
-    /// `parts` of a `FixedSizeList` column of a fixed-width type without nulls, joined
-    /// into a pooled buffer; `None` for any other column (arrow's `concat` joins those).
+    /// Keeps up to `POOLED_PER_COLUMN` free buffers for each of `columns` (those of the
+    /// batch just assembled that came from the pool); none when there were none.
+    fn keep_for(&self, columns: usize) {
+        self.keep.store(
+            columns * POOLED_PER_COLUMN,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// `parts` of one column joined with their values in a pooled buffer: tensors
+    /// (`FixedSizeList` of a fixed-width type) and bytes or strings, without nulls, of at
+    /// least `POOLED_MIN_BYTES`; `None` for any other (arrow's `concat` joins those).
+    fn concat(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
+        use arrow_array::types::{BinaryType, LargeBinaryType, LargeUtf8Type, Utf8Type};
+        if parts.iter().any(|p| p.null_count() > 0) {
+            return None;
+        }
+        match parts[0].data_type() {
+            DataType::FixedSizeList(..) => self.concat_tensors(parts),
+            DataType::LargeBinary => self.concat_bytes::<LargeBinaryType>(parts),
+            DataType::LargeUtf8 => self.concat_bytes::<LargeUtf8Type>(parts),
+            DataType::Binary => self.concat_bytes::<BinaryType>(parts),
+            DataType::Utf8 => self.concat_bytes::<Utf8Type>(parts),
+            _ => None,
+        }
+    }
+
     fn concat_tensors(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
         let DataType::FixedSizeList(field, size) = parts[0].data_type() else {
             return None;
@@ -149,14 +189,14 @@ impl BufferPool {
             .iter()
             .map(|p| p.as_any().downcast_ref::<FixedSizeListArray>())
             .collect::<Option<_>>()?;
-        if lists
-            .iter()
-            .any(|l| l.null_count() > 0 || l.values().null_count() > 0)
-        {
+        if lists.iter().any(|l| l.values().null_count() > 0) {
             return None;
         }
         let values: Vec<ArrayData> = lists.iter().map(|l| l.values().to_data()).collect();
         let total: usize = values.iter().map(|v| v.len() * width).sum();
+        if total < POOLED_MIN_BYTES {
+            return None;
+        }
         let mut memory = self.take(total);
         for v in &values {
             let start = v.offset() * width;
@@ -169,10 +209,53 @@ impl BufferPool {
             .add_buffer(self.buffer(memory))
             .build()
             .ok()?;
-        let rows = lists.iter().map(|l| l.len()).sum::<usize>();
         let joined =
             FixedSizeListArray::try_new(field.clone(), *size, make_array(child), None).ok()?;
-        debug_assert_eq!(joined.len(), rows);
+        Some(Arc::new(joined))
+    }
+
+    fn concat_bytes<T: ByteArrayType>(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
+        let arrays: Vec<&GenericByteArray<T>> = parts
+            .iter()
+            .map(|p| p.as_any().downcast_ref::<GenericByteArray<T>>())
+            .collect::<Option<_>>()?;
+        // Each part's values run from its first offset to its last (a slice's offsets
+        // need not start at 0).
+        let spans: Vec<(usize, usize)> = arrays
+            .iter()
+            .map(|a| {
+                let offsets = a.value_offsets();
+                (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize())
+            })
+            .collect();
+        let total: usize = spans.iter().map(|(start, end)| end - start).sum();
+        // Offsets too narrow for the total: arrow's `concat` says so.
+        T::Offset::from_usize(total)?;
+        if total < POOLED_MIN_BYTES {
+            return None;
+        }
+        let rows: usize = arrays.iter().map(|a| a.len()).sum();
+        let mut memory = self.take(total);
+        let mut offsets: Vec<T::Offset> = Vec::with_capacity(rows + 1);
+        offsets.push(T::Offset::usize_as(0));
+        for (array, &(start, end)) in arrays.iter().zip(&spans) {
+            let base = memory.len();
+            memory.extend_from_slice(&array.value_data()[start..end]);
+            offsets.extend(
+                array.value_offsets()[1..]
+                    .iter()
+                    .map(|o| T::Offset::usize_as(o.as_usize() - start + base)),
+            );
+        }
+        // SAFETY: the offsets start at 0, never decrease and end at `total`, the values'
+        // length; each value's bytes are the part's, whole, so strings stay UTF-8.
+        let joined = unsafe {
+            GenericByteArray::<T>::new_unchecked(
+                OffsetBuffer::new_unchecked(ScalarBuffer::from(offsets)),
+                self.buffer(memory),
+                None,
+            )
+        };
         Some(Arc::new(joined))
     }
 }
@@ -204,88 +287,100 @@ impl Iterator for Rebatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::{Int64Array, UInt8Array};
+    use arrow_array::{LargeBinaryArray, StringArray, UInt8Array};
     use arrow_schema::{Field, Schema};
 
-    /// Batches of `rows` images (3 bytes each, the row's number) and labels.
+    /// Image side: 16 KiB tensors, so that a batch of 8 passes `POOLED_MIN_BYTES`.
+    const PIXELS: usize = 16 * 1024;
+
+    /// Batches of `rows` images (every byte the row's number), blobs of 10 KiB and
+    /// names, their row numbers counting on from batch to batch.
     fn parts(sizes: &[usize]) -> Vec<RecordBatch> {
         let field = Arc::new(Field::new("item", DataType::UInt8, false));
         let schema = Arc::new(Schema::new(vec![
-            Field::new("image", DataType::FixedSizeList(field.clone(), 3), false),
-            Field::new("label", DataType::Int64, false),
+            Field::new(
+                "image",
+                DataType::FixedSizeList(field.clone(), PIXELS as i32),
+                false,
+            ),
+            Field::new("blob", DataType::LargeBinary, false),
+            Field::new("name", DataType::Utf8, false),
         ]));
-        let mut next = 0u8;
+        let mut next = 0usize;
         sizes
             .iter()
             .map(|&rows| {
-                let first = next;
-                next = next.wrapping_add(rows as u8);
-                let pixels: Vec<u8> = (0..rows)
-                    .flat_map(|r| [first.wrapping_add(r as u8); 3])
-                    .collect();
+                let ids: Vec<usize> = (next..next + rows).collect();
+                next += rows;
+                let pixels: Vec<u8> = ids.iter().flat_map(|&i| vec![i as u8; PIXELS]).collect();
                 let images = FixedSizeListArray::try_new(
                     field.clone(),
-                    3,
+                    PIXELS as i32,
                     Arc::new(UInt8Array::from(pixels)),
                     None,
                 )
                 .unwrap();
-                let labels =
-                    Int64Array::from_iter_values((0..rows).map(|r| (first as usize + r) as i64));
-                RecordBatch::try_new(schema.clone(), vec![Arc::new(images), Arc::new(labels)])
-                    .unwrap()
+                let blobs: LargeBinaryArray = ids
+                    .iter()
+                    .map(|&i| Some(vec![i as u8 ^ 0x5a; 10_240]))
+                    .collect();
+                let names = StringArray::from_iter_values(ids.iter().map(|i| format!("row {i}")));
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![Arc::new(images), Arc::new(blobs), Arc::new(names)],
+                )
+                .unwrap()
             })
             .collect()
     }
 
+    /// Where a column's values live.
+    fn values_ptr(batch: &RecordBatch, column: usize) -> *const u8 {
+        let array = batch.column(column);
+        match array.as_any().downcast_ref::<FixedSizeListArray>() {
+            Some(list) => list.values().to_data().buffers()[0].as_ptr(),
+            None => array.to_data().buffers()[1].as_ptr(),
+        }
+    }
+
     #[test]
-    fn assembled_tensors_match_arrow_and_reuse_returned_buffers() {
+    fn assembled_batches_match_arrow_and_reuse_returned_buffers() {
         let input = parts(&[5, 7, 2, 9, 6, 3]);
         let expected = arrow_select::concat::concat_batches(&input[0].schema(), &input).unwrap();
         let upstream: BatchIter = Box::new(input.into_iter().map(Ok));
         let mut rebatch = Rebatch::new(upstream, 8, false);
-        let values_ptr = |b: &RecordBatch| {
-            let list = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<FixedSizeListArray>()
-                .unwrap();
-            list.values().to_data().buffers()[0].as_ptr()
-        };
         let first = rebatch.next().unwrap().unwrap();
         let second = rebatch.next().unwrap().unwrap();
-        assert_ne!(values_ptr(&first), values_ptr(&second));
-        let first_memory = values_ptr(&first);
-        // The first batch as values in memory of their own, to compare later.
-        let first_values = |b: &RecordBatch| {
-            let list = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<FixedSizeListArray>()
-                .unwrap();
-            let labels = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
-            let values = list.values().to_data();
-            let bytes = values.buffers()[0].as_slice();
-            let start = values.offset();
-            (
-                bytes[start..start + list.len() * 3].to_vec(),
-                labels.values().to_vec(),
-            )
-        };
-        let first_copy = first_values(&first);
+        assert_eq!(first, expected.slice(0, 8));
+        assert_eq!(second, expected.slice(8, 8));
+        let first_memory = [values_ptr(&first, 0), values_ptr(&first, 1)];
+        assert_ne!(first_memory[0], values_ptr(&second, 0));
         drop(first);
-        // The first batch's buffer is back in the pool: the third batch is written there.
+        // The first batch's buffers are back in the pool: the third batch is written there.
         let third = rebatch.next().unwrap().unwrap();
-        assert_eq!(values_ptr(&third), first_memory);
-        assert_eq!(first_copy, first_values(&expected.slice(0, 8)));
-        let mut all = vec![second, third];
-        all.extend(rebatch.map(Result::unwrap));
-        let joined = arrow_select::concat::concat_batches(&expected.schema(), &all).unwrap();
-        assert_eq!(joined, expected.slice(8, 24));
-        all.insert(0, expected.slice(0, 8));
-        assert_eq!(
-            all.iter().map(RecordBatch::num_rows).collect::<Vec<_>>(),
-            [8, 8, 8, 8]
-        );
+        assert_eq!(first_memory, [values_ptr(&third, 0), values_ptr(&third, 1)]);
+        assert_eq!(third, expected.slice(16, 8));
+        // The small column is joined by arrow, its memory not pooled.
+        assert!(third.column(2).to_data().buffers()[1].capacity() > 0);
+        let last = rebatch.next().unwrap().unwrap();
+        assert_eq!(last, expected.slice(24, 8));
+        assert!(rebatch.next().is_none());
+        // Held batches keep their values while the pool serves others.
+        assert_eq!(second, expected.slice(8, 8));
+    }
+
+    #[test]
+    fn sliced_parts_keep_their_offsets() {
+        let input = parts(&[6, 6]);
+        let expected = arrow_select::concat::concat_batches(&input[0].schema(), &input).unwrap();
+        let sliced = vec![input[0].slice(1, 5), input[1].slice(2, 3)];
+        let upstream: BatchIter = Box::new(sliced.into_iter().map(Ok));
+        let joined = Rebatch::new(upstream, 8, false).next().unwrap().unwrap();
+        let want = arrow_select::concat::concat_batches(
+            &expected.schema(),
+            &[expected.slice(1, 5), expected.slice(8, 3)],
+        )
+        .unwrap();
+        assert_eq!(joined, want);
     }
 }
