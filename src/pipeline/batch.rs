@@ -115,11 +115,21 @@ struct Pooled {
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        if let Some(pool) = self.pool.upgrade() {
-            let mut free = pool.free.lock().unwrap_or_else(|p| p.into_inner());
-            if free.len() < pool.keep.load(std::sync::atomic::Ordering::Relaxed) {
-                free.push(std::mem::take(&mut self.memory));
-            }
+        // Never waits for the lock: a forked child (PyTorch's workers) may drop batches
+        // it inherited while the lock was held by a parent's thread it does not have.
+        // Such a buffer is simply freed.
+        let Some(pool) = self.pool.upgrade() else {
+            return;
+        };
+        let free = match pool.free.try_lock() {
+            Ok(free) => Some(free),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if let Some(mut free) = free
+            && free.len() < pool.keep.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            free.push(std::mem::take(&mut self.memory));
         }
     }
 }
