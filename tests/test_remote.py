@@ -308,9 +308,10 @@ class FakeS3:
                 fake.gets.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 queued = fake.replies.get(self.path, [])
                 if queued:
-                    status, code = queued.pop(0)
+                    status, code, *date = queued.pop(0)
                     body = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>m</Message></Error>".encode()
-                    self.send_response(status)
+                    self.send_response_only(status)
+                    self.send_header("Date", date[0] if date else self.date_time_string())
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
@@ -338,8 +339,9 @@ class FakeS3:
 
 def test_s3_gets_are_signed_here_and_expired_tokens_are_fetched_again() -> None:
     """GETs skip the SDK (sigv4.rs signs them: UNSIGNED-PAYLOAD, the session token signed);
-    an expired token is a retry with credentials fetched again; S3's refusals keep
-    their meaning and name the object and S3's error code."""
+    an expired token is a retry with credentials fetched again, a skewed clock one dated
+    by the server's; S3's refusals keep their meaning and name the object and S3's error
+    code."""
     objects = {f"/b/{name}": bytes(range(256)) * 40 for name in ("a.bin", "denied.bin", "bad.bin", "x y+z.bin")}
     s3 = FakeS3(objects)
     options = {"endpoint_url": s3.url, "access_key_id": "AKFAKE", "secret_access_key": "S3CRET",
@@ -356,6 +358,17 @@ def test_s3_gets_are_signed_here_and_expired_tokens_are_fetched_again() -> None:
             assert "/eu-west-3/s3/aws4_request, SignedHeaders=host;range;x-amz-content-sha256;x-amz-date;x-amz-security-token, Signature=" in headers["authorization"]
             assert "aws-sdk-rust" not in headers.get("user-agent", "")
             assert headers["if-match"] == '"v1"'
+        # A clock S3 finds off is set by the server's Date: the retry is dated by it.
+        import datetime
+        from email.utils import formatdate
+
+        ahead = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=2)
+        s3.replies["/b/a.bin"] = [(403, "RequestTimeTooSkewed", formatdate(ahead.timestamp(), usegmt=True))]
+        s3.gets.clear()
+        list(sf.DataLoader(sf.dataset("s3://b/a.bin", format="raw", storage_options=options), batch_size=1))
+        assert len(s3.gets) == 2
+        dated = datetime.datetime.strptime(s3.gets[1][1]["x-amz-date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.timezone.utc)
+        assert abs((dated - ahead).total_seconds()) < 60
         # Keys are sent percent-encoded as S3 signs them (only unreserved bytes and '/' bare).
         list(sf.DataLoader(sf.dataset("s3://b/x y+z.bin", format="raw", storage_options=options), batch_size=1))
         assert s3.gets[-1][0] == "/b/x%20y%2Bz.bin"

@@ -346,19 +346,32 @@ impl S3Backend {
         super::http::range_response(&self.url, response, range.start)
     }
 
-    /// An S3 error reply: expired credentials are fetched again and the request tried
-    /// again; the rest as for any HTTP refusal, with S3's error code in the message.
+    /// An S3 error reply: expired credentials are fetched again, and a clock S3 finds off
+    /// is set by the server's `Date`, and the request tried again; the rest as for any
+    /// HTTP refusal, with S3's error code in the message.
     async fn refusal(&self, response: reqwest::Response) -> Failure {
         let status = response.status().as_u16();
         if !matches!(status, 400 | 403) {
             return super::http::status_failure(&self.url, &response);
         }
+        let server_date = response
+            .headers()
+            .get(reqwest::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let body = response.bytes().await.unwrap_or_default();
         let code = error_code(&body).unwrap_or_default();
+        let signer = self.clients.0.signer.as_ref();
         if matches!(code, "ExpiredToken" | "TokenRefreshRequired") {
-            if let Some(signer) = &self.clients.0.signer {
+            if let Some(signer) = signer {
                 signer.invalidate();
             }
+            return Failure::Transient(format!("HTTP {status} {code}"));
+        }
+        if code == "RequestTimeTooSkewed"
+            && let (Some(signer), Some(date)) = (signer, server_date)
+            && signer.correct_clock(&date)
+        {
             return Failure::Transient(format!("HTTP {status} {code}"));
         }
         if status == 403 {

@@ -6,9 +6,12 @@
 //! and are kept until five minutes before they expire, as the SDK's identity cache does.
 //! The derived signing key is kept per (day, region, service): a GET then costs one
 //! SHA-256 of its canonical request and one HMAC of the string to sign. The payload is
-//! `UNSIGNED-PAYLOAD`, as the SDK and object_store send for GETs.
+//! `UNSIGNED-PAYLOAD`, as the SDK and object_store send for GETs. A clock that S3 finds
+//! too far off (`RequestTimeTooSkewed`) is corrected by the server's `Date`, as the SDK
+//! corrects it.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -37,6 +40,9 @@ pub struct Signer {
     /// One refresh at a time: the requests that find the credentials stale wait for it
     /// instead of each asking the provider (which may be a network call).
     refresh: tokio::sync::Mutex<()>,
+    /// Seconds the server's clock is ahead of this machine's (negative: behind), learnt
+    /// from a `RequestTimeTooSkewed` answer; signatures are dated by the server's clock.
+    skew: AtomicI64,
 }
 
 /// One set of credentials, and the signing key derived from it last.
@@ -75,7 +81,26 @@ impl Signer {
             provider,
             current: Mutex::new(None),
             refresh: tokio::sync::Mutex::new(()),
+            skew: AtomicI64::new(0),
         }
+    }
+
+    /// Dates later signatures by the server's clock, given its `Date` header.
+    pub fn correct_clock(&self, server_date: &str) -> bool {
+        let Some(server) = parse_http_date(server_date) else {
+            return false;
+        };
+        let now = unix_seconds(SystemTime::now());
+        self.skew.store(server - now, Ordering::Relaxed);
+        true
+    }
+
+    /// Now, by the server's clock as far as it is known.
+    fn now(&self) -> SystemTime {
+        let skew = self.skew.load(Ordering::Relaxed);
+        let now = SystemTime::now();
+        let shift = Duration::from_secs(skew.unsigned_abs());
+        if skew >= 0 { now + shift } else { now - shift }
     }
 
     /// Forgets the credentials, so the next request fetches them again (after the server
@@ -125,8 +150,8 @@ impl Signer {
         range: &str,
         scope: &Scope,
     ) -> Result<Vec<(&'static str, String)>, Failure> {
-        let now = SystemTime::now();
-        let keys = self.keys(now).await?;
+        let now = self.now();
+        let keys = self.keys(SystemTime::now()).await?;
         let amz_date = amz_date(now);
         let mut headers = vec![
             ("host", host),
@@ -252,12 +277,47 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
+fn unix_seconds(at: SystemTime) -> i64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// An HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`, the only form servers send now) as
+/// seconds since 1970.
+fn parse_http_date(text: &str) -> Option<i64> {
+    let parts: Vec<&str> = text.split_ascii_whitespace().collect();
+    let [_, day, month, year, time, "GMT"] = parts[..] else {
+        return None;
+    };
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = MONTHS.iter().position(|m| *m == month)? as i64 + 1;
+    let (day, year): (i64, i64) = (day.parse().ok()?, year.parse().ok()?);
+    let hms: Vec<i64> = time
+        .split(':')
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    let [h, m, s] = hms[..] else {
+        return None;
+    };
+    Some(days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + s)
+}
+
+/// Days since 1970-01-01 of a date (the inverse of `civil_from_days`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// `YYYYMMDDTHHMMSSZ` in UTC.
 fn amz_date(at: SystemTime) -> String {
-    let secs = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
+    let secs = unix_seconds(at).max(0) as u64;
     let (days, rest) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil_from_days(days as i64);
     format!(
@@ -415,12 +475,63 @@ mod tests {
     }
 
     #[test]
+    fn signatures_are_dated_by_the_servers_clock_once_known() {
+        let signer = Signer::new(SharedCredentialsProvider::new(Rotating {
+            calls: 0.into(),
+            lifetime: Duration::from_secs(3600),
+        }));
+        let scope = Scope {
+            region: "us-east-1".into(),
+            service: "s3".into(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let dated = |signer: &Signer| {
+            let headers = rt
+                .block_on(signer.sign_get("h", "/b/k", "bytes=0-9", &scope))
+                .unwrap();
+            headers
+                .into_iter()
+                .find(|(n, _)| *n == "x-amz-date")
+                .unwrap()
+                .1
+        };
+        assert!(dated(&signer).starts_with(&amz_date(SystemTime::now())[..8]));
+        assert!(!signer.correct_clock("not a date"));
+        assert!(signer.correct_clock("Fri, 24 May 2013 00:00:00 GMT"));
+        let date = dated(&signer);
+        assert!(date.starts_with("20130524T0000"), "{date}");
+        // The scope's day follows the corrected date too.
+        let headers = rt
+            .block_on(signer.sign_get("h", "/b/k", "bytes=0-9", &scope))
+            .unwrap();
+        assert!(headers.iter().any(
+            |(n, v)| *n == "authorization" && v.contains("/20130524/us-east-1/s3/aws4_request")
+        ));
+    }
+
+    #[test]
     fn dates_and_keys() {
         let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
         assert_eq!(amz_date(at(1_369_353_600)), "20130524T000000Z");
         assert_eq!(amz_date(at(951_782_400 + 3_723)), "20000229T010203Z");
         assert_eq!(amz_date(at(0)), "19700101T000000Z");
         assert_eq!(amz_date(at(4_102_444_799)), "20991231T235959Z");
+        assert_eq!(
+            parse_http_date("Fri, 24 May 2013 00:00:00 GMT"),
+            Some(1_369_353_600)
+        );
+        assert_eq!(
+            parse_http_date("Tue, 29 Feb 2000 01:02:03 GMT"),
+            Some(951_782_400 + 3_723)
+        );
+        assert_eq!(parse_http_date("Tue, 29 Feb 2000 01:02:03 CET"), None);
+        assert_eq!(parse_http_date("yesterday"), None);
+        for days in [-1000, 0, 11_000, 20_000, 50_000] {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m.into(), d.into()), days);
+        }
         assert_eq!(
             encode_key("a b/c+d=é~_.-/x%y"),
             "a%20b/c%2Bd%3D%C3%A9~_.-/x%25y"
