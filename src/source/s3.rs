@@ -74,22 +74,12 @@ impl S3Clients {
     }
 
     async fn bucket_url(&self, bucket: &str) -> Option<Arc<BucketUrl>> {
-        let known = |c: &Self| {
-            c.0.buckets
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(bucket)
-                .cloned()
-        };
-        if let Some(known) = known(self) {
-            return known;
+        let buckets = || self.0.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = buckets().get(bucket) {
+            return known.clone();
         }
         let resolved = self.0.resolve(bucket).await.map(Arc::new);
-        self.0
-            .buckets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(bucket.to_string(), resolved.clone());
+        buckets().insert(bucket.to_string(), resolved.clone());
         resolved
     }
 }

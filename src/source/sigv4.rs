@@ -162,6 +162,8 @@ impl Signer {
         if let Some(token) = &keys.session_token {
             headers.push(("x-amz-security-token", token));
         }
+        // Already in name order (as the canonical request wants them).
+        debug_assert!(headers.is_sorted_by_key(|(name, _)| *name));
         let day = &amz_date[..8];
         let authorization = authorization(
             &keys.access_key_id,
@@ -219,29 +221,28 @@ fn signing_key(secret: &str, day: &str, scope: &Scope) -> hmac::Key {
     hmac::Key::new(hmac::HMAC_SHA256, key.as_ref())
 }
 
-/// The canonical request: `headers` lowercase, sorted by name, values trimmed; no query.
+/// The canonical request: `headers` lowercase and sorted by name, values trimmed; no
+/// query.
 fn canonical_request(
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
     payload_hash: &str,
 ) -> String {
-    let mut sorted = headers.to_vec();
-    sorted.sort_unstable_by_key(|(name, _)| *name);
     let mut out = String::with_capacity(256);
     let _ = write!(out, "{method}\n{path}\n\n");
-    for (name, value) in &sorted {
+    for (name, value) in headers {
         let _ = writeln!(out, "{name}:{}", value.trim());
     }
     out.push('\n');
-    out.push_str(&signed_headers(&sorted));
+    out.push_str(&signed_headers(headers));
     out.push('\n');
     out.push_str(payload_hash);
     out
 }
 
-fn signed_headers(sorted: &[(&str, &str)]) -> String {
-    let names: Vec<&str> = sorted.iter().map(|(name, _)| *name).collect();
+fn signed_headers(headers: &[(&str, &str)]) -> String {
+    let names: Vec<&str> = headers.iter().map(|(name, _)| *name).collect();
     names.join(";")
 }
 
@@ -261,11 +262,9 @@ fn authorization(
         hex(digest::digest(&digest::SHA256, canonical.as_bytes()).as_ref())
     );
     let signature = hex(hmac::sign(key, string_to_sign.as_bytes()).as_ref());
-    let mut sorted = headers.to_vec();
-    sorted.sort_unstable_by_key(|(name, _)| *name);
     format!(
         "AWS4-HMAC-SHA256 Credential={access_key_id}/{scope}, SignedHeaders={}, Signature={signature}",
-        signed_headers(&sorted)
+        signed_headers(headers)
     )
 }
 
@@ -301,6 +300,15 @@ fn parse_http_date(text: &str) -> Option<i64> {
     let [h, m, s] = hms[..] else {
         return None;
     };
+    // A server's header is input: out-of-range fields are not a date (and would overflow).
+    let in_range = (1..=9999).contains(&year)
+        && (1..=31).contains(&day)
+        && (0..24).contains(&h)
+        && (0..60).contains(&m)
+        && (0..=60).contains(&s);
+    if !in_range {
+        return None;
+    }
     Some(days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + s)
 }
 
@@ -370,10 +378,10 @@ mod tests {
             service: "s3".into(),
         };
         let headers = [
-            ("x-amz-date", "20130524T000000Z"),
             ("host", "examplebucket.s3.amazonaws.com"),
             ("range", "bytes=0-9"),
             ("x-amz-content-sha256", EMPTY_SHA256),
+            ("x-amz-date", "20130524T000000Z"),
         ];
         let canonical = canonical_request("GET", "/test.txt", &headers, EMPTY_SHA256);
         assert_eq!(
@@ -427,7 +435,8 @@ mod tests {
         }
     }
 
-    fn signed_key(signer: &Signer) -> (String, String) {
+    /// The headers `signer` signs a GET with, by name.
+    fn sign(signer: &Signer) -> impl Fn(&str) -> String {
         let scope = Scope {
             region: "us-east-1".into(),
             service: "s3".into(),
@@ -438,13 +447,17 @@ mod tests {
         let headers = rt
             .block_on(signer.sign_get("h", "/b/k", "bytes=0-9", &scope))
             .unwrap();
-        let get = |name: &str| {
+        move |name: &str| {
             headers
                 .iter()
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| v.clone())
                 .unwrap()
-        };
+        }
+    }
+
+    fn signed_key(signer: &Signer) -> (String, String) {
+        let get = sign(signer);
         assert!(get("authorization").contains(
             "SignedHeaders=host;range;x-amz-content-sha256;x-amz-date;x-amz-security-token,"
         ));
@@ -480,35 +493,17 @@ mod tests {
             calls: 0.into(),
             lifetime: Duration::from_secs(3600),
         }));
-        let scope = Scope {
-            region: "us-east-1".into(),
-            service: "s3".into(),
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let dated = |signer: &Signer| {
-            let headers = rt
-                .block_on(signer.sign_get("h", "/b/k", "bytes=0-9", &scope))
-                .unwrap();
-            headers
-                .into_iter()
-                .find(|(n, _)| *n == "x-amz-date")
-                .unwrap()
-                .1
-        };
-        assert!(dated(&signer).starts_with(&amz_date(SystemTime::now())[..8]));
+        assert!(sign(&signer)("x-amz-date").starts_with(&amz_date(SystemTime::now())[..8]));
         assert!(!signer.correct_clock("not a date"));
         assert!(signer.correct_clock("Fri, 24 May 2013 00:00:00 GMT"));
-        let date = dated(&signer);
-        assert!(date.starts_with("20130524T0000"), "{date}");
+        let get = sign(&signer);
+        assert!(
+            get("x-amz-date").starts_with("20130524T0000"),
+            "{}",
+            get("x-amz-date")
+        );
         // The scope's day follows the corrected date too.
-        let headers = rt
-            .block_on(signer.sign_get("h", "/b/k", "bytes=0-9", &scope))
-            .unwrap();
-        assert!(headers.iter().any(
-            |(n, v)| *n == "authorization" && v.contains("/20130524/us-east-1/s3/aws4_request")
-        ));
+        assert!(get("authorization").contains("/20130524/us-east-1/s3/aws4_request"));
     }
 
     #[test]
@@ -528,6 +523,10 @@ mod tests {
         );
         assert_eq!(parse_http_date("Tue, 29 Feb 2000 01:02:03 CET"), None);
         assert_eq!(parse_http_date("yesterday"), None);
+        assert_eq!(
+            parse_http_date("Tue, 29 Feb 99999999999999999 01:02:03 GMT"),
+            None
+        );
         for days in [-1000, 0, 11_000, 20_000, 50_000] {
             let (y, m, d) = civil_from_days(days);
             assert_eq!(days_from_civil(y, m.into(), d.into()), days);
