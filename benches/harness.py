@@ -5,7 +5,8 @@ process, loaders alternating, the median of the repeats.
 
 Data is generated once (seeded) under ``--data`` (default ``~/.cache/shardflow/bench-data``)
 and reused. Each run is ``python benches/harness.py --child WORKLOAD LOADER DATA``, which
-reads one epoch in batches of 256 and reports, as JSON, its samples, the time to its first
+imports what the loader needs, waits until the process is idle (numpy's BLAS threads spin
+for a while after its import), then reads one epoch in batches of 256 and reports, as JSON, its samples, the time to its first
 batch, its wall time and its CPU time (its own and its reaped children's: torch workers
 included). The parent samples the PSS of the child and all its descendants every 20 ms
 and keeps the peak of the sum. Results go to ``benches/results/<machine>.md`` (and a PNG
@@ -407,6 +408,9 @@ def sf_s3(data: Path) -> Iterable:
     return sf.DataLoader(ds, batch_size=BATCH, output="arrow")
 
 
+sf_s3.imports = ["pyarrow"]  # its batches are pyarrow's: imported with the rest, before the timing
+
+
 def s3torchconnector_loader(workers: int) -> Callable[[Path], Iterable]:
     def run(data: Path) -> Iterable:
         import torch.utils.data as tud
@@ -757,12 +761,24 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def wait_until_idle(limit_s: float = 3.0) -> None:
+    """Imports leave threads busy after they return: numpy's OpenBLAS threads spin for about
+    50 ms of CPU. Waits until this process is idle, so that no loader is charged for them."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = cpu_seconds()
+        time.sleep(0.05)
+        if cpu_seconds() - before < 0.002:
+            return
+
+
 def child(workload: str, loader: str, data: Path) -> None:
     sys.path.insert(0, str(HERE))
     run = WORKLOADS[workload]["loaders"][loader]
     # Imports are not part of the timing: a training script has them done already.
-    for module in ["numpy", *IMPORTS.get(loader.split(" ")[0], [])]:
+    for module in ["numpy", *IMPORTS.get(loader.split(" ")[0], []), *getattr(run, "imports", [])]:
         importlib.import_module(module)
+    wait_until_idle()
 
     cpu, start = cpu_seconds(), time.perf_counter()
     first = None
