@@ -8,9 +8,9 @@ and reused. Each run is ``python benches/harness.py --child WORKLOAD LOADER DATA
 imports what the loader needs, waits until the process is idle (numpy's BLAS threads spin
 for a while after its import), then reads one epoch in batches of 256 and reports, as
 JSON, its samples, the time to its first batch, its wall time and its CPU time (its own
-and its reaped children's: torch workers included). The parent samples the PSS of the child and all its descendants every 20 ms
-and keeps the peak of the sum. Results go to ``benches/results/<machine>.md`` (and a PNG
-chart beside it when matplotlib is installed).
+and its reaped children's: torch workers included). The parent samples the PSS of the
+child and all its descendants every 20 ms and keeps the peak of the sum. Results go to
+``benches/results/<machine>.md`` (and a PNG chart beside it when matplotlib is installed).
 
 Workloads: Parquet, chat JSONL, TFRecord, WebDataset tar (raw bytes, and JPEG photos
 decoded, resized and cropped to 224x224) and NPZ on local disk, and small objects on S3:
