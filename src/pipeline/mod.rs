@@ -1320,15 +1320,12 @@ impl Dataset {
                     .ok_or_else(|| Error::Internal("an indexed head knows its rows".into()))?;
                 let share = rows::list_len(&rows);
                 let all = rows.into_iter().chain(padding).collect();
-                // A quarter of the memory budget, and half for the decoded units cached:
-                // the rest is for the batches cut from it and waiting, as for any pass.
-                let gather_bytes = run.tuning.memory_limit / 4;
                 access.bound_memory(run.tuning.memory_limit);
                 let stream = random_access::IndexStream::new(
                     access.clone(),
                     all,
                     leaf,
-                    gather_bytes,
+                    run.tuning.memory_limit,
                     stats.io.clone(),
                 );
                 Box::new(ops::Padding::new(Box::new(stream), share, stats.clone()))
