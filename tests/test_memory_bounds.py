@@ -168,7 +168,8 @@ def test_a_gather_reads_only_the_pages_that_hold_its_rows(tmp_path: Path, page_i
     assert 40 * 4096 <= read < total / (20 if page_index else 10), (read, total)
 
 
-def write_dictionary(directory: Path, files: int = 4, rows: int = 500, blob: int = 16 << 10) -> tuple[str, dict[int, bytes]]:
+def write_dictionary(directory: Path, files: int = 4, rows: int = 500, blob: int = 16 << 10,
+                     **options: object) -> tuple[str, dict[int, bytes]]:
     """Parquet as pyarrow writes it by default (here uncompressed): each row group's
     column in one dictionary page, no page index, so reading any row of a row group
     decodes all of it. Returns the pattern and each id's blob."""
@@ -179,11 +180,11 @@ def write_dictionary(directory: Path, files: int = 4, rows: int = 500, blob: int
         column = [int(i).to_bytes(8, "little") + rng.bytes(blob - 8) for i in ids]
         blobs.update(zip(ids.tolist(), column))
         pq.write_table(pa.table({"id": ids, "blob": column}), directory / f"part-{f}.parquet", row_group_size=50,
-                       compression="none")
+                       compression="none", **options)
     return str(directory / "part-*.parquet"), blobs
 
 
-@pytest.mark.parametrize("layout", ["paged", "dictionary"])
+@pytest.mark.parametrize("layout", ["paged", "dictionary", "wide-dictionary"])
 @pytest.mark.parametrize(("world_size", "num_workers"), [(1, 1), (2, 2)])
 def test_page_reads_give_the_rows_and_order_of_whole_units(tmp_path: Path, world_size: int, num_workers: int,
                                                           layout: str) -> None:
@@ -191,7 +192,13 @@ def test_page_reads_give_the_rows_and_order_of_whole_units(tmp_path: Path, world
     # layout has none to read, whole units, reading ahead); under one it fits, whole units
     # from the cache. Same rows, same order, on every rank and worker, every epoch, and
     # after a resume.
-    source, blobs = (write_paged if layout == "paged" else write_dictionary)(tmp_path)
+    if layout == "paged":
+        source, blobs = write_paged(tmp_path)
+    elif layout == "dictionary":
+        source, blobs = write_dictionary(tmp_path)
+    else:  # dictionary pages past 1 MiB: values read where they are, not decoded whole
+        source, blobs = write_dictionary(tmp_path, files=2, rows=150, blob=64 << 10, write_batch_size=8,
+                                         data_page_size=64, dictionary_pagesize_limit=64 << 20)
     ds = sf.dataset(source).shuffle(seed=5)
 
     def loader(rank: int, worker: int, memory_limit: int, epoch: int) -> sf.DataLoader:
@@ -228,6 +235,48 @@ def test_page_reads_give_the_rows_and_order_of_whole_units(tmp_path: Path, world
     again.load_state_dict(state)
     whole = ids(loader(world_size - 1, num_workers - 1, 1 << 30, 1))
     assert head + ids(again) == whole
+
+
+def test_dictionary_values_are_read_where_they_are(tmp_path: Path) -> None:
+    # pyarrow's default layout puts every value of a row group's column in one dictionary
+    # page. Stored uncompressed and past 1 MiB, a gather reads each wanted value where it
+    # is (the data pages give each row's value): scattered rows cost their own bytes.
+    # Compressed, or where the dictionary filled and plain pages follow, the arrow reader
+    # decodes the chunk as before. Nulls, strings, large binary, V1 and V2 data pages,
+    # several data pages per chunk; every value against pyarrow's.
+    rng = np.random.default_rng(5)
+    rows, per_group = 240, 40
+    ids = np.arange(rows)
+    blob = [None if i % 7 == 3 else int(i).to_bytes(8, "little") + rng.bytes(48 << 10) for i in ids]
+    text = [None if i % 5 == 1 else f"{i:06d}" + "é" * (24 << 10) for i in ids]
+    table = pa.table({"id": ids, "blob": pa.array(blob, pa.large_binary()), "text": text})
+    # A data page of indices per 8 rows, and a dictionary that never fills.
+    several_index_pages = {"write_batch_size": 8, "data_page_size": 64, "dictionary_pagesize_limit": 64 << 20}
+    layouts = {
+        "v1": {"compression": "none", **several_index_pages},
+        "v2": {"compression": "none", "data_page_version": "2.0", **several_index_pages},
+        "snappy": {"compression": "snappy"},
+        "fell-back": {"compression": "none", "write_batch_size": 4, "dictionary_pagesize_limit": 256 << 10},
+    }
+    wanted = sorted(rng.choice(rows, 30, replace=False).tolist())
+    read = {}
+    for name, options in layouts.items():
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(table, path, row_group_size=per_group, **options)
+        expected = pq.read_table(path).take(wanted).to_pylist()
+        loader = sf.DataLoader(sf.dataset(str(path)).select(wanted), batch_size=8, memory_limit=4 << 20)
+        got = [row for batch in loader for row in pa.Table.from_pydict(
+            {k: list(v) if not isinstance(v, np.ndarray) else v.tolist() for k, v in batch.items()}).to_pylist()]
+        assert [r["id"] for r in got] == wanted, name
+        for g, e in zip(got, expected):
+            assert (g["blob"] is None) == (e["blob"] is None) and (g["blob"] is None or bytes(g["blob"]) == e["blob"]), (name, e["id"])
+            assert g["text"] == e["text"], (name, e["id"])
+        read[name] = loader.stats()["bytes_read"]
+    # The wanted rows' values, plus the page headers, lengths and indices found once per
+    # row group, against whole dictionary pages (about 2.6 MB per row group).
+    values = sum(len(blob[i] or b"") + len((text[i] or "").encode()) for i in wanted)
+    assert read["v1"] < 2 * values and read["v2"] < 2 * values, (read, values)
+    assert read["snappy"] > 3 * values and read["fell-back"] > 3 * values, (read, values)
 
 
 def test_a_full_shuffle_reads_ahead_where_each_visit_decodes_a_whole_unit(tmp_path: Path) -> None:

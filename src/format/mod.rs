@@ -17,6 +17,7 @@ pub mod memory;
 pub mod npy;
 pub mod npz;
 pub mod parquet;
+mod parquet_dictionary;
 pub mod raw;
 pub mod tfrecord;
 pub mod webdataset;
@@ -361,6 +362,12 @@ pub trait UnitJobs: Send + Sync {
     ) -> Option<UnitJob> {
         None
     }
+    /// Whether a job for some of the unit's rows (`rows_job`) reads about those rows'
+    /// bytes, not the whole unit's: a random-access reader then asks for a unit's rows as
+    /// they are wanted, never for the whole unit, and does not read ahead.
+    fn reads_rows_alone(&self, _unit: &WorkUnit, _shard: &ShardMeta, _io: &Io) -> Result<bool> {
+        Ok(false)
+    }
     /// How a stream format finds and decodes single records, for its record index.
     fn record_codec(&self) -> Option<Arc<dyn index::RecordCodec>> {
         None
@@ -412,6 +419,12 @@ impl PreparedShards {
 
     pub fn job(&self, unit: &WorkUnit) -> UnitJob {
         self.jobs.job(unit, &self.shards[unit.shard])
+    }
+
+    /// See [`UnitJobs::reads_rows_alone`].
+    pub fn reads_rows_alone(&self, unit: &WorkUnit, io: &Io) -> Result<bool> {
+        self.jobs
+            .reads_rows_alone(unit, &self.shards[unit.shard], io)
     }
 
     /// See [`UnitJobs::rows_job`].

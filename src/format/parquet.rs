@@ -2,21 +2,25 @@
 //! work unit whose projected column chunks are fetched as byte ranges and decoded.
 //! A file is never loaded whole.
 
+use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use arrow_array::RecordBatch;
-use arrow_schema::{Schema, SchemaRef};
+use arrow_array::{ArrayRef, GenericBinaryArray, OffsetSizeTrait, RecordBatch, RecordBatchReader};
+use arrow_buffer::{Buffer, NullBuffer, OffsetBuffer};
+use arrow_schema::{DataType, Schema, SchemaRef};
 use bytes::{Buf, Bytes};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
     RowSelectionPolicy, RowSelector,
 };
+use parquet::basic::{Compression, Type as PhysicalType};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, PageIndexPolicy, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
+use super::parquet_dictionary::{DictionaryColumn, MIN_DICTIONARY_BYTES};
 use super::{
     BatchSink, Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
     per_shard,
@@ -49,7 +53,13 @@ struct ParquetFile {
     /// The projected columns in the user's order; every batch is stamped with it so
     /// batches from different files concatenate.
     schema: SchemaRef,
+    /// By row group, for each of `leaves`: where its rows are, if its values sit in an
+    /// uncompressed dictionary page read value by value (see `parquet_dictionary`).
+    dictionaries: Mutex<HashMap<usize, Arc<Vec<Option<DictionaryColumn>>>>>,
 }
+
+/// Row groups whose dictionary columns are remembered per file, at most.
+const DICTIONARIES_KEPT: usize = 4096;
 
 struct PreparedParquet {
     files: Vec<Arc<ParquetFile>>,
@@ -258,6 +268,7 @@ fn project(
         leaves,
         reorder,
         schema,
+        dictionaries: Mutex::new(HashMap::new()),
     };
     check_chunk_bounds(&file)?;
     Ok(file)
@@ -379,6 +390,30 @@ impl UnitJobs for PreparedParquet {
         self.row_group_job(unit, None)
     }
 
+    /// With an offset index (pages read as wanted), or where the wide columns are read
+    /// value by value from their dictionary pages and the rest is small.
+    fn reads_rows_alone(&self, unit: &WorkUnit, shard: &ShardMeta, io: &Io) -> Result<bool> {
+        let file = &self.files[unit.shard];
+        let rows = unit.rows.unwrap_or(0) as usize;
+        let every_row = RowSelection::from(vec![RowSelector::select(rows)]);
+        if selected_pages(file, unit.part, &every_row).is_some() {
+            return Ok(true);
+        }
+        if crate::source::local_path(&shard.url).is_none() {
+            return Ok(false);
+        }
+        let dictionaries = file.dictionary_columns(unit.part, &*io.open(shard)?)?;
+        let rg = file.metadata.metadata().row_group(unit.part);
+        let read_whole: u64 = file
+            .leaves
+            .iter()
+            .zip(dictionaries.iter())
+            .filter(|(_, d)| d.is_none())
+            .map(|(&leaf, _)| u64::try_from(rg.column(leaf).compressed_size()).unwrap_or(u64::MAX))
+            .fold(0, u64::saturating_add);
+        Ok(dictionaries.iter().any(Option::is_some) && read_whole < MIN_DICTIONARY_BYTES)
+    }
+
     fn rows_job(
         &self,
         unit: &WorkUnit,
@@ -415,12 +450,35 @@ impl UnitJobs for PreparedParquet {
                 io.clone(),
             );
             let batch_rows = batch_rows(&file, row_group);
+            let rows = rows.to_vec();
             return Some(UnitJob::Ready(Box::new(move |sink: &mut BatchSink| {
+                let source = io.open(&shard)?;
+                let dictionaries = file.dictionary_columns(row_group, &*source)?;
                 let reader = SourceChunks {
-                    source: io.open(&shard)?,
+                    source: source.clone(),
                     size: file.size,
                 };
-                decode_row_group(&file, row_group, batch_rows, Some(selection), reader, sink)
+                if dictionaries.iter().all(Option::is_none) {
+                    return decode_row_group(
+                        &file,
+                        row_group,
+                        batch_rows,
+                        Some(selection),
+                        reader,
+                        sink,
+                    );
+                }
+                let batch = decode_with_dictionaries(
+                    &file,
+                    row_group,
+                    selection,
+                    &rows,
+                    &dictionaries,
+                    reader,
+                    &*source,
+                )?;
+                sink(batch);
+                Ok(Decoded::default())
             })));
         }
         Some(self.row_group_job(unit, Some(selection)))
@@ -437,17 +495,56 @@ fn decode_row_group(
     bytes: impl ChunkReader + 'static,
     sink: &mut BatchSink,
 ) -> Result<Decoded> {
-    let corrupt = |e: &dyn std::fmt::Display| {
-        Error::decode(&file.url, FORMAT, Position::RowGroup(row_group), e)
-    };
     let expected = match &selection {
         Some(selection) => selection.row_count() as i64,
         None => file.metadata.metadata().row_group(row_group).num_rows(),
     };
+    let reader = row_group_reader(
+        file,
+        row_group,
+        file.mask.clone(),
+        batch_rows,
+        selection,
+        bytes,
+    )?;
+    let mut rows = 0;
+    for batch in reader {
+        let batch = batch.map_err(|e| corrupt(file, row_group, &e))?;
+        let batch = in_user_order(file, row_group, batch.columns().to_vec())?;
+        rows += batch.num_rows();
+        sink(batch);
+    }
+    check_rows(file, row_group, rows, expected)
+}
+
+fn corrupt(file: &ParquetFile, row_group: usize, e: &dyn std::fmt::Display) -> Error {
+    Error::decode(&file.url, FORMAT, Position::RowGroup(row_group), e)
+}
+
+fn check_rows(file: &ParquetFile, row_group: usize, rows: usize, expected: i64) -> Result<Decoded> {
+    if rows as i64 != expected {
+        return Err(corrupt(
+            file,
+            row_group,
+            &format!("decoded {rows} rows, the footer says {expected}"),
+        ));
+    }
+    Ok(Decoded::default())
+}
+
+/// The arrow reader of `mask`'s columns of a row group, its `selection`'s rows or all.
+fn row_group_reader(
+    file: &ParquetFile,
+    row_group: usize,
+    mask: ProjectionMask,
+    batch_rows: usize,
+    selection: Option<RowSelection>,
+    bytes: impl ChunkReader + 'static,
+) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
     let mut builder =
         ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, file.metadata.clone())
             .with_row_groups(vec![row_group])
-            .with_projection(file.mask.clone())
+            .with_projection(mask)
             .with_batch_size(batch_rows);
     if let Some(selection) = selection {
         // Selectors, not a mask: with a mask the decoder reads every page and filters;
@@ -457,25 +554,174 @@ fn decode_row_group(
             .with_row_selection(selection)
             .with_row_selection_policy(RowSelectionPolicy::Selectors);
     }
-    let reader = builder.build().map_err(|e| corrupt(&e))?;
-    let mut rows = 0;
-    for batch in reader {
-        let batch = batch.map_err(|e| corrupt(&e))?;
-        let batch = match file.reorder.as_deref() {
-            Some(order) => batch.project(order),
-            None => Ok(batch),
+    builder.build().map_err(|e| corrupt(file, row_group, &e))
+}
+
+/// Decoded columns (in file order) as a batch of the user's columns, in their order.
+fn in_user_order(
+    file: &ParquetFile,
+    row_group: usize,
+    columns: Vec<ArrayRef>,
+) -> Result<RecordBatch> {
+    let columns = match file.reorder.as_deref() {
+        Some(order) => order.iter().map(|&i| columns[i].clone()).collect(),
+        None => columns,
+    };
+    RecordBatch::try_new(file.schema.clone(), columns).map_err(|e| corrupt(file, row_group, &e))
+}
+
+impl ParquetFile {
+    /// For each projected leaf of `row_group`, where its rows are, if its values sit in an
+    /// uncompressed dictionary page of a flat binary or string column (found once per
+    /// row group).
+    fn dictionary_columns(
+        &self,
+        row_group: usize,
+        source: &dyn Source,
+    ) -> Result<Arc<Vec<Option<DictionaryColumn>>>> {
+        if let Some(found) = self
+            .dictionaries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&row_group)
+        {
+            return Ok(found.clone());
         }
-        .and_then(|b| RecordBatch::try_new(file.schema.clone(), b.columns().to_vec()))
-        .map_err(|e| corrupt(&e))?;
-        rows += batch.num_rows();
-        sink(batch);
+        let metadata = self.metadata.metadata();
+        let descr = metadata.file_metadata().schema_descr();
+        let rg = metadata.row_group(row_group);
+        let rows = usize::try_from(rg.num_rows()).unwrap_or(0);
+        let mut found = Vec::with_capacity(self.leaves.len());
+        for &leaf in &self.leaves {
+            let column = descr.column(leaf);
+            let chunk = rg.column(leaf);
+            let arrow_type = self
+                .metadata
+                .schema()
+                .field(descr.get_column_root_idx(leaf))
+                .data_type();
+            let readable = column.path().parts().len() == 1
+                && column.max_rep_level() == 0
+                && column.max_def_level() <= 1
+                && column.physical_type() == PhysicalType::BYTE_ARRAY
+                && matches!(
+                    arrow_type,
+                    DataType::Binary | DataType::LargeBinary | DataType::Utf8 | DataType::LargeUtf8
+                )
+                && chunk.compression() == Compression::UNCOMPRESSED
+                && chunk.dictionary_page_offset().is_some()
+                && u64::try_from(chunk.compressed_size()).unwrap_or(0) >= MIN_DICTIONARY_BYTES;
+            let range = chunk_range(self.size, chunk).ok().filter(|_| readable);
+            found.push(match range {
+                Some(range) => DictionaryColumn::find(source, range, rows, column.max_def_level())?,
+                None => None,
+            });
+        }
+        let found = Arc::new(found);
+        let mut kept = self.dictionaries.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() >= DICTIONARIES_KEPT {
+            kept.clear();
+        }
+        kept.insert(row_group, found.clone());
+        Ok(found)
     }
-    if rows as i64 != expected {
-        return Err(corrupt(&format!(
-            "decoded {rows} rows, the footer says {expected}"
-        )));
+}
+
+/// Rows `rows` (ascending offsets, `selection` as a selection) of a row group: the
+/// columns in `dictionaries` read value by value, the rest by the arrow reader from
+/// `bytes`.
+fn decode_with_dictionaries(
+    file: &ParquetFile,
+    row_group: usize,
+    selection: RowSelection,
+    rows: &[u64],
+    dictionaries: &[Option<DictionaryColumn>],
+    bytes: impl ChunkReader + 'static,
+    source: &dyn Source,
+) -> Result<RecordBatch> {
+    let descr = file.metadata.parquet_schema();
+    let rest: Vec<usize> = file
+        .leaves
+        .iter()
+        .zip(dictionaries)
+        .filter(|(_, d)| d.is_none())
+        .map(|(&leaf, _)| leaf)
+        .collect();
+    let mut decoded = Vec::new().into_iter();
+    if !rest.is_empty() {
+        let mask = ProjectionMask::leaves(descr, rest.iter().copied());
+        let reader = row_group_reader(
+            file,
+            row_group,
+            mask,
+            rows.len().max(1),
+            Some(selection),
+            bytes,
+        )?;
+        let schema = reader.schema();
+        let batches = reader
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| corrupt(file, row_group, &e))?;
+        let batch = arrow_select::concat::concat_batches(&schema, &batches)
+            .map_err(|e| corrupt(file, row_group, &e))?;
+        check_rows(file, row_group, batch.num_rows(), rows.len() as i64)?;
+        decoded = batch.columns().to_vec().into_iter();
     }
-    Ok(Decoded::default())
+    let mut columns = Vec::with_capacity(file.leaves.len());
+    for (&leaf, dictionary) in file.leaves.iter().zip(dictionaries) {
+        let column = match dictionary {
+            Some(dictionary) => {
+                let field = file
+                    .metadata
+                    .schema()
+                    .field(descr.get_column_root_idx(leaf));
+                let (values, ends, present) = dictionary.read(source, rows)?;
+                let binary = match field.data_type() {
+                    DataType::LargeBinary | DataType::LargeUtf8 => {
+                        binary_array::<i64>(values, &ends, present)
+                    }
+                    _ => binary_array::<i32>(values, &ends, present),
+                }
+                .map_err(|e| corrupt(file, row_group, &e))?;
+                // Strings are checked as UTF-8 here, as the arrow reader checks them.
+                arrow_cast::cast(&binary, field.data_type())
+                    .map_err(|e| corrupt(file, row_group, &e))?
+            }
+            None => decoded.next().ok_or_else(|| {
+                corrupt(
+                    file,
+                    row_group,
+                    &"a column is missing from the decoded rows",
+                )
+            })?,
+        };
+        columns.push(column);
+    }
+    in_user_order(file, row_group, columns)
+}
+/// Values laid end to end in `values` (each ending at `ends`, null where not `present`)
+/// as a binary array with offsets of type `O`.
+fn binary_array<O: OffsetSizeTrait>(
+    values: Vec<u8>,
+    ends: &[usize],
+    present: Vec<bool>,
+) -> std::result::Result<ArrayRef, arrow_schema::ArrowError> {
+    let mut offsets = Vec::with_capacity(ends.len() + 1);
+    offsets.push(O::usize_as(0));
+    for &end in ends {
+        offsets.push(O::from_usize(end).ok_or_else(|| {
+            arrow_schema::ArrowError::InvalidArgumentError(format!(
+                "{end} bytes of values overflow the offsets"
+            ))
+        })?);
+    }
+    let nulls = present.contains(&false).then(|| NullBuffer::from(present));
+    let array = GenericBinaryArray::<O>::try_new(
+        OffsetBuffer::new(offsets.into()),
+        Buffer::from_vec(values),
+        nulls,
+    )?;
+    Ok(Arc::new(array))
 }
 
 /// A file read where the decoder asks, through its source (so the reads are counted):

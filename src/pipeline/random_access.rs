@@ -95,6 +95,9 @@ struct Files {
     open_files: Mutex<VecDeque<OpenFile>>,
     /// Bytes of decoded units the cache keeps (see [`RandomAccess::bound_memory`]).
     cache_bytes: std::sync::atomic::AtomicU64,
+    /// By unit: whether some of its rows are read without the rest (found when first
+    /// asked; see [`crate::format::UnitJobs::reads_rows_alone`]).
+    rows_alone: Vec<std::sync::OnceLock<bool>>,
 }
 
 /// A local shard kept open: its index, the counters its reads charge, its source.
@@ -253,6 +256,7 @@ impl RandomAccess {
         }
         starts.push(total);
         let schema = prepared.schema.clone();
+        let rows_alone = prepared.units.iter().map(|_| Default::default()).collect();
         Ok(Self {
             rows: Rows::Files(Files {
                 records: prepared.record_access(),
@@ -260,6 +264,7 @@ impl RandomAccess {
                 starts,
                 cache: Mutex::new(VecDeque::new()),
                 decoded_row_bytes: Default::default(),
+                rows_alone,
                 io,
                 open_files: Mutex::new(VecDeque::new()),
                 cache_bytes: (super::DEFAULT_MEMORY_LIMIT / CACHE_SHARE).into(),
@@ -506,10 +511,14 @@ impl RandomAccess {
         let row = self.source_row(index);
         match &self.rows {
             Rows::Files(files) => {
-                if files.records.is_some() || !files.may_outgrow_cache() {
+                let unit = files.starts.partition_point(|&s| s <= row) - 1;
+                if files.records.is_some()
+                    || !files.may_outgrow_cache()
+                    || files.reads_rows_alone(unit)
+                {
                     return None;
                 }
-                Some((files.starts.partition_point(|&s| s <= row) - 1) as u64)
+                Some(unit as u64)
             }
             Rows::Concat { parts, starts, .. } => {
                 let part = starts.partition_point(|&s| s <= row) - 1;
@@ -854,8 +863,9 @@ impl Files {
             let mut wanted = offsets.to_vec();
             wanted.sort_unstable();
             wanted.dedup();
-            let sparse = (wanted.len() as u64).saturating_mul(PARTIAL_DECODE_SHARE)
-                <= work.rows.unwrap_or(0);
+            let sparse = self.reads_rows_alone(unit)
+                || (wanted.len() as u64).saturating_mul(PARTIAL_DECODE_SHARE)
+                    <= work.rows.unwrap_or(0);
             if let Some(job) = sparse
                 .then(|| self.prepared.rows_job(work, &wanted, io))
                 .flatten()
@@ -899,6 +909,16 @@ impl Files {
             self.decoded_row_bytes
                 .store(per_row.max(1), std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// Whether unit `unit`'s rows are read without the rest. An error finding out leaves
+    /// the unit to be read whole, which reports it.
+    fn reads_rows_alone(&self, unit: usize) -> bool {
+        *self.rows_alone[unit].get_or_init(|| {
+            self.prepared
+                .reads_rows_alone(&self.prepared.units[unit], &self.io)
+                .unwrap_or(false)
+        })
     }
 
     fn cache_limit(&self) -> u64 {

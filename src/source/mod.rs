@@ -56,6 +56,12 @@ pub trait Source: Send + Sync + Debug {
     fn read_range_blocking(&self, range: Range<u64>) -> Result<Bytes> {
         runtime::block_on_outside(runtime()?, self.read_range(range))?
     }
+    /// [`Self::read_range_blocking`], appending the bytes to `out` (a local file reads
+    /// them there, with no buffer between).
+    fn read_into_blocking(&self, range: Range<u64>, out: &mut Vec<u8>) -> Result<()> {
+        out.extend_from_slice(&self.read_range_blocking(range)?);
+        Ok(())
+    }
 }
 
 /// Reads `ranges` of `source` one after another on the calling thread (a decode thread,
