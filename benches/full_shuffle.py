@@ -1,12 +1,14 @@
 """A full-permutation shuffle (``ds.shuffle(seed)``, HF's ``Dataset.shuffle``) over large
 rows: peak RSS and epoch time, against the same data unshuffled and buffer-shuffled.
 
-    python benches/full_shuffle.py [--rows 3000 6000 12000] [--row-kb 256] [--repeats 1] [--layout pyarrow|hf]
+    python benches/full_shuffle.py [--rows 3000 6000 12000] [--row-kb 256] [--repeats 1]
+        [--layout pyarrow|hf] [--compression none|snappy|zstd]
 
 The setup of issue 30: ROWS rows of ROW_KB random bytes as 10 Parquet files with
-100-row row groups (``benches/memory_rss.py``'s writer, pyarrow's defaults; or, with
-``--layout hf``, as HF ``datasets`` writes Parquet), one epoch of
-``DataLoader(ds, batch_size=32)`` per fresh process. Peak RSS is the process's VmHWM.
+100-row row groups (``benches/memory_rss.py``'s writer, pyarrow's defaults, uncompressed
+unless ``--compression`` says; or, with ``--layout hf``, as HF ``datasets`` writes
+Parquet), one epoch of ``DataLoader(ds, batch_size=32)`` per fresh process. Peak RSS is
+the process's VmHWM.
 """
 
 from __future__ import annotations
@@ -54,12 +56,16 @@ def main() -> None:
     parser.add_argument("--layout", choices=["pyarrow", "hf"], default="pyarrow",
                         help="pyarrow's defaults (a dictionary page per column chunk, no page index) "
                         "or HF datasets' (an offset index, pages of about 1 MiB)")
+    parser.add_argument("--compression", default="none",
+                        help="the column chunks' codec: uncompressed, a row's value is read where it is; "
+                        "compressed, each visit to a row group decodes its dictionary page whole")
     args = parser.parse_args()
     print("| data | full shuffle: peak RSS | time | unshuffled: peak RSS | time | buffer shuffle: peak RSS | time |")
     print("|---|---|---|---|---|---|---|")
     for rows in args.rows:
         with tempfile.TemporaryDirectory() as tmp:
-            source = write(Path(tmp), rows, args.row_kb, **(HF_LAYOUT if args.layout == "hf" else {}))
+            layout = HF_LAYOUT if args.layout == "hf" else {}
+            source = write(Path(tmp), rows, args.row_kb, compression=args.compression, **layout)
             cells = []
             for how in ("full", "none", "buffer"):
                 runs = [epoch(source, how) for _ in range(args.repeats)]

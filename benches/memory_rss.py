@@ -38,7 +38,7 @@ print(rows, peak_kb * 1024, loader.stats()["shuffle_buffer_rows"])
 
 def write(directory: Path, rows: int, row_kb: int, **parquet_options: object) -> str:
     """ROWS rows of ROW_KB random bytes (with an id) as 10 Parquet files, row groups of 100
-    rows, uncompressed; `parquet_options` go to `pq.write_table`."""
+    rows, uncompressed unless `parquet_options` (which go to `pq.write_table`) say."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -50,7 +50,7 @@ def write(directory: Path, rows: int, row_kb: int, **parquet_options: object) ->
         ids = np.arange(f * per_file, (f + 1) * per_file)
         blobs = [rng.bytes(row_kb * 1024) for _ in ids]
         pq.write_table(pa.table({"id": ids, "image": blobs}), directory / f"part-{f:02d}.parquet",
-                       row_group_size=100, compression="none", **parquet_options)
+                       row_group_size=100, **{"compression": "none", **parquet_options})
     return str(directory / "part-*.parquet")
 
 

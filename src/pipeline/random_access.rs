@@ -8,9 +8,10 @@
 //! files), one unit after another, each unit's rows taken and the unit let go. Decoded
 //! units are kept in a small LRU so samplers that revisit units, or walk them in order,
 //! decode each unit once; when the rows outgrow it, a unit barely touched is decoded only
-//! where its wanted rows are (Parquet pages). Streams of indices (a full shuffle,
-//! `select`) ask for them in gathers sized by bytes, so memory follows the gather, not
-//! the data.
+//! where its wanted rows are (Parquet pages, or values of an uncompressed dictionary
+//! page). Streams of indices (a full shuffle, `select`) ask for them in gathers sized by
+//! bytes, so memory follows the gather, not the data; where each visit to a unit decodes
+//! all of it, a visit also takes the rows the next gathers want from it (`ReadAhead`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
