@@ -1319,7 +1319,7 @@ impl IndexStream {
         }
         self.ahead.decided = true;
         let next = self.rows.front().map(|r| r.start);
-        if !next.is_some_and(|p| self.access.revisited_unit(p).is_some()) {
+        if next.is_none_or(|p| self.access.revisited_unit(p).is_none()) {
             return;
         }
         let rows = super::rows::list_len(self.rows.make_contiguous()) as f64;
