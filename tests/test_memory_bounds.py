@@ -133,21 +133,28 @@ def test_a_full_shuffle_holds_what_its_gathers_need_not_the_dataset(tmp_path: Pa
     assert large <= 1.25 * small, f"peak RSS {small >> 20} MiB over 300 MiB of rows, {large >> 20} MiB over 600 MiB"
 
 
-def write_paged(directory: Path, files: int = 4, rows: int = 2000, blob: int = 4096,
-                page_index: bool = True) -> tuple[str, dict[int, bytes]]:
-    """Parquet as HF `datasets` writes it: an offset index, plain (not dictionary) pages
-    of a few rows each; or, without `page_index`, the same pages with neither an offset
-    index nor statistics in their headers. Returns the pattern and each id's blob."""
-    rng = np.random.default_rng(11)
+def write_blobs(directory: Path, files: int, rows: int, blob: int, seed: int,
+                **options: object) -> tuple[str, dict[int, bytes]]:
+    """`files` Parquet files of `rows` rows: an id, and `blob` random bytes that begin with
+    it; `options` go to `pq.write_table`. Returns the pattern and each id's blob."""
+    rng = np.random.default_rng(seed)
     blobs: dict[int, bytes] = {}
     for f in range(files):
         ids = np.arange(f * rows, (f + 1) * rows)
         column = [int(i).to_bytes(8, "little") + rng.bytes(blob - 8) for i in ids]
         blobs.update(zip(ids.tolist(), column))
-        pq.write_table(pa.table({"id": ids, "blob": column}), directory / f"part-{f}.parquet", row_group_size=1000,
-                       compression="none", use_dictionary=False, write_page_index=page_index,
-                       write_statistics=page_index, data_page_size=16 << 10, write_batch_size=4)
+        pq.write_table(pa.table({"id": ids, "blob": column}), directory / f"part-{f}.parquet", **options)
     return str(directory / "part-*.parquet"), blobs
+
+
+def write_paged(directory: Path, files: int = 4, rows: int = 2000, blob: int = 4096,
+                page_index: bool = True) -> tuple[str, dict[int, bytes]]:
+    """Parquet as HF `datasets` writes it: an offset index, plain (not dictionary) pages
+    of a few rows each; or, without `page_index`, the same pages with neither an offset
+    index nor statistics in their headers."""
+    return write_blobs(directory, files, rows, blob, 11, row_group_size=1000, compression="none",
+                       use_dictionary=False, write_page_index=page_index, write_statistics=page_index,
+                       data_page_size=16 << 10, write_batch_size=4)
 
 
 @pytest.mark.parametrize("page_index", [True, False])
@@ -172,16 +179,8 @@ def write_dictionary(directory: Path, files: int = 4, rows: int = 500, blob: int
                      **options: object) -> tuple[str, dict[int, bytes]]:
     """Parquet as pyarrow writes it by default (here uncompressed): each row group's
     column in one dictionary page, no page index, so reading any row of a row group
-    decodes all of it. Returns the pattern and each id's blob."""
-    rng = np.random.default_rng(13)
-    blobs: dict[int, bytes] = {}
-    for f in range(files):
-        ids = np.arange(f * rows, (f + 1) * rows)
-        column = [int(i).to_bytes(8, "little") + rng.bytes(blob - 8) for i in ids]
-        blobs.update(zip(ids.tolist(), column))
-        pq.write_table(pa.table({"id": ids, "blob": column}), directory / f"part-{f}.parquet", row_group_size=50,
-                       compression="none", **options)
-    return str(directory / "part-*.parquet"), blobs
+    decodes all of it (unless its values are read where they are)."""
+    return write_blobs(directory, files, rows, blob, 13, row_group_size=50, compression="none", **options)
 
 
 @pytest.mark.parametrize("layout", ["paged", "dictionary", "wide-dictionary"])
