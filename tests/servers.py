@@ -35,6 +35,11 @@ class Seaweed:
         args = [
             "weed", "mini", f"-dir={directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+            # Left at 0, the volume count is free disk / 128 MB; each bucket takes several
+            # volumes, so with 20 GB free a full test run ran out ("no free volumes left",
+            # PUTs answered 500). The tests write little: a count that does not depend on
+            # the machine's disk.
+            "-volume.max=1000",
         ]
         for name, port in self.ports.items():
             args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + 10000}"]
