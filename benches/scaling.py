@@ -6,15 +6,17 @@ The harness's workloads (``benches/harness.py``; its data under ``--data``), eac
 one epoch in batches of 256 by a ``DataLoader`` with ``num_threads`` = 1 and 2, in fresh
 processes. From ``stats()``, per batch:
 
-- decode: ``decode_seconds`` (decode tasks, summed over threads; with one thread, its
-  CPU time) — the work that more threads share;
+- parallel: ``decode_seconds`` (decode tasks, summed over threads; with one thread, its
+  CPU time) plus ``assemble_seconds`` (joining rows into batches, on threads of their
+  own) — the work that more threads share;
 - serial: ``pipeline_cpu_seconds`` (the pipeline thread: ordering, rebatching, shuffling)
   plus ``consumer_cpu_seconds`` (the consumer in ``next()``: conversion to numpy) — the
   work one thread each does, whatever the thread count.
 
-With decoding spread over N cores, a batch takes decode/N on them while the serial path
-takes serial: throughput stops growing once decode/N < serial, at N = decode / serial
-(the projected saturation core count). The serial share is serial / (decode + serial).
+With the parallel work spread over N cores, a batch takes parallel/N on them while the
+serial path takes serial: throughput stops growing once parallel/N < serial, at
+N = parallel / serial (the projected saturation core count). The serial share is
+serial / (parallel + serial).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ rows = sum(len(next(iter(b.values()))) for b in loader)
 wall = time.perf_counter() - start
 s = loader.stats()
 print(json.dumps({"rows": rows, "wall": wall, "batches": s["batches"], "decode": s["decode_seconds"],
+                  "assemble": s["assemble_seconds"],
                   "pipeline": s["pipeline_cpu_seconds"], "consumer": s["consumer_cpu_seconds"]}))
 """
 
@@ -78,18 +81,19 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from harness import prepare
 
-    print("| workload | threads | samples/s | decode ms/batch | pipeline ms/batch | consumer ms/batch | serial share | saturates at |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| workload | threads | samples/s | decode ms/batch | assemble ms/batch | pipeline ms/batch | consumer ms/batch "
+          "| serial share | saturates at |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for workload in args.only.split(","):
         data = prepare(Path(args.data), workload, args.scale)
         for threads in (1, 2):
             runs = [run(workload, data, threads) for _ in range(args.repeats)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-            per = {k: med[k] / med["batches"] * 1e3 for k in ("decode", "pipeline", "consumer")}
-            serial = per["pipeline"] + per["consumer"]
-            share = serial / (serial + per["decode"])
-            print(f"| {workload} | {threads} | {med['rows'] / med['wall']:,.0f} | {per['decode']:.3f} | "
-                  f"{per['pipeline']:.3f} | {per['consumer']:.3f} | {share:.1%} | {per['decode'] / serial:.0f} cores |",
+            per = {k: med[k] / med["batches"] * 1e3 for k in ("decode", "assemble", "pipeline", "consumer")}
+            parallel, serial = per["decode"] + per["assemble"], per["pipeline"] + per["consumer"]
+            share = serial / (serial + parallel)
+            print(f"| {workload} | {threads} | {med['rows'] / med['wall']:,.0f} | {per['decode']:.3f} | {per['assemble']:.3f} | "
+                  f"{per['pipeline']:.3f} | {per['consumer']:.3f} | {share:.1%} | {parallel / serial:.0f} cores |",
                   flush=True)
 
 

@@ -8,9 +8,17 @@
 //! images cost the pipeline thread 20-40 ms of page faults (the kernel zeroing new
 //! pages), and the consumer as much again to hand the pages back: most of the serial
 //! path.
+//!
+//! In a loader the joins run on threads of their own (as many as the decode threads),
+//! as many batches at once, not on the pipeline thread: copying a batch of 256 images is
+//! 38 MB of memory traffic, and on one thread it would bound the loader's rate however
+//! many cores decode.
 
 use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Mutex, Weak};
 
 use arrow_array::types::ByteArrayType;
@@ -21,7 +29,8 @@ use arrow_schema::DataType;
 use arrow_select::concat::concat;
 
 use super::BatchIter;
-use crate::error::{Error, Result};
+use super::stats::{Stats, thread_cpu_ns};
+use crate::error::{Error, Result, panic_message};
 
 pub struct Rebatch {
     upstream: BatchIter,
@@ -31,6 +40,25 @@ pub struct Rebatch {
     queued_rows: usize,
     upstream_done: bool,
     buffers: Arc<BufferPool>,
+    /// Where batches are joined off this thread, when they are (`joining_on`).
+    joiners: Option<Joiners>,
+    /// Batches taken off the queue and not yet returned, oldest first.
+    joining: VecDeque<Joining>,
+}
+
+/// Threads that join batches, several at once.
+struct Joiners {
+    threads: usize,
+    /// Started with the first batch that needs a join (many epochs need none).
+    pool: Option<rayon::ThreadPool>,
+    stats: Arc<Stats>,
+    /// Set when the consumer has gone.
+    cancel: Arc<AtomicBool>,
+}
+
+enum Joining {
+    Done(Result<RecordBatch>),
+    Running(Receiver<Result<RecordBatch>>),
 }
 
 impl Rebatch {
@@ -43,11 +71,58 @@ impl Rebatch {
             queued_rows: 0,
             upstream_done: false,
             buffers: Arc::default(),
+            joiners: None,
+            joining: VecDeque::new(),
         }
     }
 
-    /// Takes the first `rows` queued rows off the queue as one batch.
-    fn take_rows(&mut self, rows: usize) -> Result<RecordBatch> {
+    /// Joins batches on `threads` threads of their own, up to `threads` batches at once,
+    /// their CPU time counted in `stats.assemble_ns`; batches come out in order. Once
+    /// `cancel` is set no more are started.
+    pub fn joining_on(
+        mut self,
+        threads: usize,
+        stats: Arc<Stats>,
+        cancel: Arc<AtomicBool>,
+    ) -> Self {
+        self.joiners = Some(Joiners {
+            threads: threads.max(1),
+            pool: None,
+            stats,
+            cancel,
+        });
+        self
+    }
+
+    /// The parts of the next batch, taken off the queue; `None` at the end.
+    fn next_parts(&mut self) -> Option<Result<Vec<RecordBatch>>> {
+        while !self.upstream_done && self.queued_rows < self.batch_rows {
+            match self.upstream.next() {
+                Some(Ok(batch)) => {
+                    if batch.num_rows() > 0 {
+                        self.queued_rows += batch.num_rows();
+                        self.queued.push_back(batch);
+                    }
+                }
+                Some(Err(e)) => {
+                    // The stream ends with its error: rows queued before it are no batch.
+                    self.upstream_done = true;
+                    self.queued.clear();
+                    self.queued_rows = 0;
+                    return Some(Err(e));
+                }
+                None => self.upstream_done = true,
+            }
+        }
+        let rows = self.queued_rows.min(self.batch_rows);
+        if rows == 0 || (rows < self.batch_rows && self.drop_last) {
+            return None;
+        }
+        Some(self.take_rows(rows))
+    }
+
+    /// Takes the first `rows` queued rows off the queue.
+    fn take_rows(&mut self, rows: usize) -> Result<Vec<RecordBatch>> {
         let mut parts = Vec::new();
         let mut need = rows;
         while need > 0 {
@@ -65,27 +140,92 @@ impl Rebatch {
             }
         }
         self.queued_rows -= rows;
-        if let [single] = &parts[..] {
-            return Ok(single.clone());
-        }
-        let mut pooled = 0;
-        let columns = (0..parts[0].num_columns())
-            .map(|i| {
-                let column: Vec<&dyn Array> = parts.iter().map(|p| p.column(i).as_ref()).collect();
-                match self.buffers.concat(&column) {
-                    Some(joined) => {
-                        pooled += 1;
-                        Ok(joined)
-                    }
-                    None => concat(&column),
-                }
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .and_then(|columns| RecordBatch::try_new(parts[0].schema(), columns))
-            .map_err(|e| Error::Internal(format!("cannot assemble a batch: {e}")))?;
-        self.buffers.keep_for(pooled);
-        Ok(columns)
+        Ok(parts)
     }
+
+    /// Takes the next batches off the queue while the oldest is still being joined, up
+    /// to `threads` at once, and starts their joins. A batch that needs no join is handed
+    /// out as soon as it is the oldest: rows are not read further ahead than the joins
+    /// need (upstream runs the user's functions), nor once the consumer has gone.
+    fn start_joins(&mut self) -> Result<()> {
+        loop {
+            let Some(joiners) = &self.joiners else {
+                return Ok(());
+            };
+            let oldest_done = matches!(self.joining.front(), Some(Joining::Done(_)));
+            if oldest_done
+                || self.joining.len() >= joiners.threads
+                || joiners.cancel.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                return Ok(());
+            }
+            let parts = match self.next_parts() {
+                None => return Ok(()),
+                Some(Err(e)) => {
+                    self.joining.push_back(Joining::Done(Err(e)));
+                    return Ok(());
+                }
+                Some(Ok(parts)) => parts,
+            };
+            let Some(joiners) = &mut self.joiners else {
+                return Ok(());
+            };
+            if let [single] = &parts[..] {
+                self.joining.push_back(Joining::Done(Ok(single.clone())));
+                continue;
+            }
+            let pool = match &mut joiners.pool {
+                Some(pool) => pool,
+                slot => slot.insert(
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(joiners.threads)
+                        .thread_name(|i| format!("shardflow-batch-{i}"))
+                        .build()
+                        .map_err(|e| Error::Internal(format!("cannot start batch threads: {e}")))?,
+                ),
+            };
+            let (tx, rx) = sync_channel(1);
+            let (buffers, stats) = (self.buffers.clone(), joiners.stats.clone());
+            pool.spawn(move || {
+                let start = thread_cpu_ns();
+                let joined = catch_unwind(AssertUnwindSafe(|| join(&buffers, &parts)))
+                    .unwrap_or_else(|panic| {
+                        Err(Error::Internal(format!(
+                            "joining a batch failed: {}",
+                            panic_message(&*panic)
+                        )))
+                    });
+                Stats::add_thread_cpu(&stats.assemble_ns, start);
+                let _ = tx.send(joined);
+            });
+            self.joining.push_back(Joining::Running(rx));
+        }
+    }
+}
+
+/// `parts` as one batch: the one part itself, or the parts' rows copied into one batch
+/// (large columns into pooled buffers).
+fn join(buffers: &Arc<BufferPool>, parts: &[RecordBatch]) -> Result<RecordBatch> {
+    if let [single] = parts {
+        return Ok(single.clone());
+    }
+    let mut pooled = 0;
+    let columns = (0..parts[0].num_columns())
+        .map(|i| {
+            let column: Vec<&dyn Array> = parts.iter().map(|p| p.column(i).as_ref()).collect();
+            match buffers.concat(&column) {
+                Some(joined) => {
+                    pooled += 1;
+                    Ok(joined)
+                }
+                None => concat(&column),
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .and_then(|columns| RecordBatch::try_new(parts[0].schema(), columns))
+        .map_err(|e| Error::Internal(format!("cannot assemble a batch: {e}")))?;
+    buffers.keep_for(pooled);
+    Ok(columns)
 }
 
 /// Free buffers kept per pooled column: as many as the batches that are usually out at
@@ -274,23 +414,20 @@ impl Iterator for Rebatch {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        while !self.upstream_done && self.queued_rows < self.batch_rows {
-            match self.upstream.next() {
-                Some(Ok(batch)) => {
-                    if batch.num_rows() > 0 {
-                        self.queued_rows += batch.num_rows();
-                        self.queued.push_back(batch);
-                    }
-                }
-                Some(Err(e)) => return Some(Err(e)),
-                None => self.upstream_done = true,
-            }
+        if self.joiners.is_none() {
+            return self
+                .next_parts()
+                .map(|parts| parts.and_then(|parts| join(&self.buffers, &parts)));
         }
-        let rows = self.queued_rows.min(self.batch_rows);
-        if rows == 0 || (rows < self.batch_rows && self.drop_last) {
-            return None;
+        if let Err(e) = self.start_joins() {
+            return Some(Err(e));
         }
-        Some(self.take_rows(rows))
+        Some(match self.joining.pop_front()? {
+            Joining::Done(batch) => batch,
+            Joining::Running(rx) => rx
+                .recv()
+                .unwrap_or_else(|_| Err(Error::Internal("a batch thread stopped".into()))),
+        })
     }
 }
 
@@ -377,6 +514,26 @@ mod tests {
         assert!(rebatch.next().is_none());
         // Held batches keep their values while the pool serves others.
         assert_eq!(second, expected.slice(8, 8));
+    }
+
+    #[test]
+    fn joins_on_threads_give_the_batches_in_order_then_the_error() {
+        let input = parts(&[5, 7, 2, 9, 6, 3, 8, 1, 4]);
+        let expected = arrow_select::concat::concat_batches(&input[0].schema(), &input).unwrap();
+        let stats = Arc::new(Stats::default());
+        let upstream: BatchIter = Box::new(input.into_iter().map(Ok).chain(std::iter::once(Err(
+            Error::Internal("upstream broke".into()),
+        ))));
+        let cancel = Arc::new(AtomicBool::new(false));
+        let mut joined = Rebatch::new(upstream, 8, false).joining_on(2, stats.clone(), cancel);
+        for i in 0..5 {
+            assert_eq!(joined.next().unwrap().unwrap(), expected.slice(i * 8, 8));
+        }
+        // The 5 rows left over are never a batch: the error ends the stream.
+        let err = joined.next().unwrap().unwrap_err();
+        assert!(err.to_string().contains("upstream broke"), "{err}");
+        assert!(joined.next().is_none());
+        assert!(stats.assemble_ns.load(std::sync::atomic::Ordering::Relaxed) > 0);
     }
 
     #[test]

@@ -1409,7 +1409,11 @@ impl Dataset {
             stream = Box::new(ops::Skip::new(stream, run.skip_rows));
         }
         if let Some(rows) = run.batch_rows {
-            stream = Box::new(Rebatch::new(stream, rows, run.drop_last));
+            stream = Box::new(Rebatch::new(stream, rows, run.drop_last).joining_on(
+                run.tuning.threads,
+                stats,
+                run.cancel.clone(),
+            ));
         }
         Ok(stream)
     }

@@ -28,6 +28,8 @@ pub struct Stats {
     pub decode_wait_ns: AtomicU64,
     /// CPU time spent in decode tasks, summed over threads.
     pub decode_ns: AtomicU64,
+    /// CPU time spent joining parts into batches, on threads of their own (summed).
+    pub assemble_ns: AtomicU64,
     /// CPU time of the pipeline thread (ordering, rebatching, shuffling, the ops run
     /// there, random-access gathers) and of the consumer inside `next()` (waiting
     /// excluded: it costs no CPU): the serial path, which more decode threads do not
@@ -72,6 +74,8 @@ pub struct StatsSnapshot {
     pub decode_wait_ns: u64,
     /// Nanoseconds of decoding, summed over threads.
     pub decode_ns: u64,
+    /// CPU nanoseconds of joining parts into batches, summed over threads.
+    pub assemble_ns: u64,
     /// CPU nanoseconds of the pipeline thread.
     pub pipeline_cpu_ns: u64,
     /// CPU nanoseconds the consumer spent getting batches (converting them included).
@@ -142,6 +146,7 @@ impl Stats {
             fetch_wait_ns: self.fetch_wait_ns.load(Relaxed),
             decode_wait_ns: self.decode_wait_ns.load(Relaxed),
             decode_ns: self.decode_ns.load(Relaxed),
+            assemble_ns: self.assemble_ns.load(Relaxed),
             pipeline_cpu_ns: self.pipeline_cpu_ns.load(Relaxed),
             consumer_cpu_ns: self.consumer_cpu_ns.load(Relaxed),
             skipped_records: self.skipped_records.load(Relaxed),

@@ -649,6 +649,7 @@ impl PyDataLoader {
         d.set_item("fetch_wait_seconds", s.fetch_wait_ns as f64 / 1e9)?;
         d.set_item("decode_wait_seconds", s.decode_wait_ns as f64 / 1e9)?;
         d.set_item("decode_seconds", s.decode_ns as f64 / 1e9)?;
+        d.set_item("assemble_seconds", s.assemble_ns as f64 / 1e9)?;
         d.set_item("pipeline_cpu_seconds", s.pipeline_cpu_ns as f64 / 1e9)?;
         d.set_item("consumer_cpu_seconds", s.consumer_cpu_ns as f64 / 1e9)?;
         d.set_item("skipped_records", s.skipped_records)?;
