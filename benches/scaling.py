@@ -34,8 +34,13 @@ BATCH = 256
 CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[4])
+# As in the harness, imports are not timed: a training script has numpy already, and the
+# loader's first batch would import it (about 50 ms of CPU, charged to the consumer).
+import numpy
 import shardflow as sf
+from harness import wait_until_idle
 from scaling import dataset
+wait_until_idle()
 workload, data, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 loader = sf.DataLoader(dataset(workload, data), batch_size=256, num_threads=threads)
 start = time.perf_counter()
