@@ -1,10 +1,12 @@
 """How far the pipeline scales with cores: the serial path against the parallel work.
 
-    python benches/scaling.py [--only parquet,chat,tfrecord,images] [--repeats 3] [--scale 1.0]
+    python benches/scaling.py [--only parquet,chat,tfrecord,images] [--output numpy,arrow] [--repeats 3] [--scale 1.0]
 
 The harness's workloads (``benches/harness.py``; its data under ``--data``), each read for
 one epoch in batches of 256 by a ``DataLoader`` with ``num_threads`` = 1 and 2, in fresh
-processes. From ``stats()``, per batch:
+processes, for each ``output`` asked for. numpy output turns strings, bytes and nested
+values into Python objects, under the GIL: that conversion is serial wherever it runs.
+``output="arrow"`` hands the same batches over without it. From ``stats()``, per batch:
 
 - parallel: ``decode_seconds`` (decode tasks, summed over threads; with one thread, its
   CPU time) plus ``assemble_seconds`` (joining rows into batches, on threads of their
@@ -22,6 +24,7 @@ serial / (parallel + serial).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -37,14 +40,15 @@ sys.path.insert(0, sys.argv[4])
 # As in the harness, imports are not timed: a training script has numpy already, and the
 # loader's first batch would import it (about 50 ms of CPU, charged to the consumer).
 import numpy
+import pyarrow  # the arrow output's batches are its
 import shardflow as sf
 from harness import wait_until_idle
 from scaling import dataset
 wait_until_idle()
-workload, data, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
-loader = sf.DataLoader(dataset(workload, data), batch_size=256, num_threads=threads)
+workload, data, threads, output = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5]
+loader = sf.DataLoader(dataset(workload, data), batch_size=256, num_threads=threads, output=output)
 start = time.perf_counter()
-rows = sum(len(next(iter(b.values()))) for b in loader)
+rows = sum(b.num_rows if output == "arrow" else len(next(iter(b.values()))) for b in loader)
 wall = time.perf_counter() - start
 s = loader.stats()
 print(json.dumps({"rows": rows, "wall": wall, "batches": s["batches"], "decode": s["decode_seconds"],
@@ -70,8 +74,8 @@ def dataset(workload: str, data: str):  # noqa: ANN201
     raise ValueError(workload)
 
 
-def run(workload: str, data: Path, threads: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, workload, str(data), str(threads), str(HERE)],
+def run(workload: str, data: Path, threads: int, output: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, workload, str(data), str(threads), str(HERE), output],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -79,6 +83,7 @@ def run(workload: str, data: Path, threads: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="parquet,chat,tfrecord,images")
+    parser.add_argument("--output", default="numpy,arrow", help="the loader's output(s)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--data", default=str(Path.home() / ".cache/shardflow/bench-data"))
@@ -86,18 +91,18 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from harness import prepare
 
-    print("| workload | threads | samples/s | decode ms/batch | assemble ms/batch | pipeline ms/batch | consumer ms/batch "
+    print("| workload | output | threads | samples/s | decode ms/batch | assemble ms/batch | pipeline ms/batch | consumer ms/batch "
           "| serial share | saturates at |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for workload in args.only.split(","):
         data = prepare(Path(args.data), workload, args.scale)
-        for threads in (1, 2):
-            runs = [run(workload, data, threads) for _ in range(args.repeats)]
+        for output, threads in itertools.product(args.output.split(","), (1, 2)):
+            runs = [run(workload, data, threads, output) for _ in range(args.repeats)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             per = {k: med[k] / med["batches"] * 1e3 for k in ("decode", "assemble", "pipeline", "consumer")}
             parallel, serial = per["decode"] + per["assemble"], per["pipeline"] + per["consumer"]
             share = serial / (serial + parallel)
-            print(f"| {workload} | {threads} | {med['rows'] / med['wall']:,.0f} | {per['decode']:.3f} | {per['assemble']:.3f} | "
+            print(f"| {workload} | {output} | {threads} | {med['rows'] / med['wall']:,.0f} | {per['decode']:.3f} | {per['assemble']:.3f} | "
                   f"{per['pipeline']:.3f} | {per['consumer']:.3f} | {share:.1%} | {parallel / serial:.0f} cores |",
                   flush=True)
 

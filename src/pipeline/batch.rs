@@ -9,16 +9,10 @@
 //! pages), and the consumer as much again to hand the pages back: most of the serial
 //! path.
 //!
-//! In a loader the joins run on threads of their own (as many as the decode threads),
-//! as many batches at once, not on the pipeline thread: copying a batch of 256 images is
-//! 38 MB of memory traffic, and on one thread it would bound the loader's rate however
-//! many cores decode.
+//! In a loader the joins run on the run's batch threads (see `assemble`).
 
 use std::collections::VecDeque;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Mutex, Weak};
 
 use arrow_array::types::ByteArrayType;
@@ -29,8 +23,8 @@ use arrow_schema::DataType;
 use arrow_select::concat::concat;
 
 use super::BatchIter;
-use super::stats::{Stats, thread_cpu_ns};
-use crate::error::{Error, Result, panic_message};
+use super::assemble::{BatchThreads, InOrder};
+use crate::error::{Error, Result};
 
 pub struct Rebatch {
     upstream: BatchIter,
@@ -40,25 +34,8 @@ pub struct Rebatch {
     queued_rows: usize,
     upstream_done: bool,
     buffers: Arc<BufferPool>,
-    /// Where batches are joined off this thread, when they are (`joining_on`).
-    joiners: Option<Joiners>,
-    /// Batches taken off the queue and not yet returned, oldest first.
-    joining: VecDeque<Joining>,
-}
-
-/// Threads that join batches, several at once.
-struct Joiners {
-    threads: usize,
-    /// Started with the first batch that needs a join (many epochs need none).
-    pool: Option<rayon::ThreadPool>,
-    stats: Arc<Stats>,
-    /// Set when the consumer has gone.
-    cancel: Arc<AtomicBool>,
-}
-
-enum Joining {
-    Done(Result<RecordBatch>),
-    Running(Receiver<Result<RecordBatch>>),
+    /// The batches being joined on the run's batch threads, when they are (`joining_on`).
+    joins: Option<InOrder>,
 }
 
 impl Rebatch {
@@ -71,26 +48,13 @@ impl Rebatch {
             queued_rows: 0,
             upstream_done: false,
             buffers: Arc::default(),
-            joiners: None,
-            joining: VecDeque::new(),
+            joins: None,
         }
     }
 
-    /// Joins batches on `threads` threads of their own, up to `threads` batches at once,
-    /// their CPU time counted in `stats.assemble_ns`; batches come out in order. Once
-    /// `cancel` is set no more are started.
-    pub fn joining_on(
-        mut self,
-        threads: usize,
-        stats: Arc<Stats>,
-        cancel: Arc<AtomicBool>,
-    ) -> Self {
-        self.joiners = Some(Joiners {
-            threads: threads.max(1),
-            pool: None,
-            stats,
-            cancel,
-        });
+    /// Joins batches on `threads`, several at once; they come out in order.
+    pub fn joining_on(mut self, threads: Arc<BatchThreads>) -> Self {
+        self.joins = Some(InOrder::new(threads));
         self
     }
 
@@ -141,65 +105,6 @@ impl Rebatch {
         }
         self.queued_rows -= rows;
         Ok(parts)
-    }
-
-    /// Takes the next batches off the queue while the oldest is still being joined, up
-    /// to `threads` at once, and starts their joins. A batch that needs no join is handed
-    /// out as soon as it is the oldest: rows are not read further ahead than the joins
-    /// need (upstream runs the user's functions), nor once the consumer has gone.
-    fn start_joins(&mut self) -> Result<()> {
-        loop {
-            let Some(joiners) = &self.joiners else {
-                return Ok(());
-            };
-            let oldest_done = matches!(self.joining.front(), Some(Joining::Done(_)));
-            if oldest_done
-                || self.joining.len() >= joiners.threads
-                || joiners.cancel.load(std::sync::atomic::Ordering::Relaxed)
-            {
-                return Ok(());
-            }
-            let parts = match self.next_parts() {
-                None => return Ok(()),
-                Some(Err(e)) => {
-                    self.joining.push_back(Joining::Done(Err(e)));
-                    return Ok(());
-                }
-                Some(Ok(parts)) => parts,
-            };
-            let Some(joiners) = &mut self.joiners else {
-                return Ok(());
-            };
-            if let [single] = &parts[..] {
-                self.joining.push_back(Joining::Done(Ok(single.clone())));
-                continue;
-            }
-            let pool = match &mut joiners.pool {
-                Some(pool) => pool,
-                slot => slot.insert(
-                    rayon::ThreadPoolBuilder::new()
-                        .num_threads(joiners.threads)
-                        .thread_name(|i| format!("shardflow-batch-{i}"))
-                        .build()
-                        .map_err(|e| Error::Internal(format!("cannot start batch threads: {e}")))?,
-                ),
-            };
-            let (tx, rx) = sync_channel(1);
-            let (buffers, stats) = (self.buffers.clone(), joiners.stats.clone());
-            pool.spawn(move || {
-                let start = thread_cpu_ns();
-                let joined = catch_unwind(AssertUnwindSafe(|| join(&buffers, &parts)))
-                    .unwrap_or_else(|panic| {
-                        Err(Error::Internal(format!(
-                            "joining a batch failed: {}",
-                            panic_message(&*panic)
-                        )))
-                    });
-                Stats::add_thread_cpu(&stats.assemble_ns, start);
-                let _ = tx.send(joined);
-            });
-            self.joining.push_back(Joining::Running(rx));
-        }
     }
 }
 
@@ -414,20 +319,28 @@ impl Iterator for Rebatch {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.joiners.is_none() {
+        let Some(mut joins) = self.joins.take() else {
             return self
                 .next_parts()
                 .map(|parts| parts.and_then(|parts| join(&self.buffers, &parts)));
+        };
+        while joins.wants_more() {
+            match self.next_parts() {
+                None => break,
+                Some(Err(e)) => {
+                    joins.push_done(Err(e));
+                    break;
+                }
+                Some(Ok(mut parts)) if parts.len() == 1 => joins.push_done(Ok(parts.remove(0))),
+                Some(Ok(parts)) => {
+                    let buffers = self.buffers.clone();
+                    joins.spawn(move || join(&buffers, &parts));
+                }
+            }
         }
-        if let Err(e) = self.start_joins() {
-            return Some(Err(e));
-        }
-        Some(match self.joining.pop_front()? {
-            Joining::Done(batch) => batch,
-            Joining::Running(rx) => rx
-                .recv()
-                .unwrap_or_else(|_| Err(Error::Internal("a batch thread stopped".into()))),
-        })
+        let batch = joins.pop();
+        self.joins = Some(joins);
+        batch
     }
 }
 
@@ -520,12 +433,13 @@ mod tests {
     fn joins_on_threads_give_the_batches_in_order_then_the_error() {
         let input = parts(&[5, 7, 2, 9, 6, 3, 8, 1, 4]);
         let expected = arrow_select::concat::concat_batches(&input[0].schema(), &input).unwrap();
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(super::super::Stats::default());
         let upstream: BatchIter = Box::new(input.into_iter().map(Ok).chain(std::iter::once(Err(
             Error::Internal("upstream broke".into()),
         ))));
-        let cancel = Arc::new(AtomicBool::new(false));
-        let mut joined = Rebatch::new(upstream, 8, false).joining_on(2, stats.clone(), cancel);
+        let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = BatchThreads::new(2, stats.clone(), cancel);
+        let mut joined = Rebatch::new(upstream, 8, false).joining_on(threads);
         for i in 0..5 {
             assert_eq!(joined.next().unwrap().unwrap(), expected.slice(i * 8, 8));
         }

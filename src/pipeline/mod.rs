@@ -1,6 +1,7 @@
 //! WHAT order and shape records arrive in: the dataset description (shards, format,
 //! chained ops), the epoch plan, and the stages that run on the pipeline thread.
 
+mod assemble;
 mod autotune;
 mod batch;
 mod combine;
@@ -1369,6 +1370,8 @@ impl Dataset {
             }
             Split::Units | Split::Window { .. } => self.head_stream(&head, &split, run, &stats)?,
         };
+        let batch_threads =
+            assemble::BatchThreads::new(run.tuning.threads, stats.clone(), run.cancel.clone());
         for (i, op) in ops.iter().enumerate() {
             let stage = head.rest + i;
             if let Split::Window { after, .. } = split
@@ -1378,12 +1381,15 @@ impl Dataset {
                 continue;
             }
             stream = match op {
-                Op::Shuffle { seed, buffer } => Box::new(shuffle::ShuffleBuffer::new(
-                    stream,
-                    Rng::new(*seed, draws.stage(stage), 1 + stage as u64),
-                    *buffer,
-                    stats.clone(),
-                )),
+                Op::Shuffle { seed, buffer } => Box::new(
+                    shuffle::ShuffleBuffer::new(
+                        stream,
+                        Rng::new(*seed, draws.stage(stage), 1 + stage as u64),
+                        *buffer,
+                        stats.clone(),
+                    )
+                    .gathering_on(batch_threads.clone()),
+                ),
                 Op::Take(n) => Box::new(ops::Take::new(stream, *n)),
                 Op::Skip(n) => Box::new(ops::Skip::new(stream, *n)),
                 Op::Transform(t) => Box::new(ops::Transformed::new(stream, t.clone())),
@@ -1409,11 +1415,7 @@ impl Dataset {
             stream = Box::new(ops::Skip::new(stream, run.skip_rows));
         }
         if let Some(rows) = run.batch_rows {
-            stream = Box::new(Rebatch::new(stream, rows, run.drop_last).joining_on(
-                run.tuning.threads,
-                stats,
-                run.cancel.clone(),
-            ));
+            stream = Box::new(Rebatch::new(stream, rows, run.drop_last).joining_on(batch_threads));
         }
         Ok(stream)
     }

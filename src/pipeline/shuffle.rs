@@ -1,12 +1,14 @@
 //! The row shuffle buffer: holds up to a number of rows and of bytes (whichever bound
 //! is reached first), hands out a random sample of them, refills from upstream. Rows
 //! are referenced, not copied, until they are emitted (one vectorised gather per output
-//! batch).
+//! batch). In a loader the gathers run on the run's batch threads (see `assemble`); the
+//! rows each takes are drawn here, in order, so the stream depends only on the seed.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_array::RecordBatch;
 
+use super::assemble::{BatchThreads, InOrder};
 use super::rng::Rng;
 use super::stats::Stats;
 use super::{BatchIter, batch_bytes};
@@ -24,11 +26,52 @@ fn row_bytes(batch: &RecordBatch) -> u64 {
     (batch_bytes(batch) / batch.num_rows().max(1) as u64).max(1)
 }
 
-/// A batch with rows in the buffer: how many, and the bytes each stands for.
+/// A batch with rows in the buffer: its rows, how many are still buffered, and the
+/// bytes each stands for.
 struct Slot {
-    batch: RecordBatch,
+    batch: Held,
+    rows: usize,
     left: usize,
     row_bytes: u64,
+}
+
+/// A held batch: one from upstream, or the rows left in sparse ones, copied together
+/// (see `compact_if_sparse`) by the first gather that needs them. In a loader that is a
+/// batch thread, so the copy is off the pipeline thread too.
+#[derive(Clone)]
+enum Held {
+    Batch(RecordBatch),
+    Compacted(Arc<Compaction>),
+}
+
+struct Compaction {
+    made: OnceLock<std::result::Result<RecordBatch, String>>,
+    /// The copy to make, until it is made (then the batches it copies from go).
+    gather: Mutex<Option<Gather>>,
+}
+
+impl Held {
+    fn batch(&self) -> Result<RecordBatch> {
+        let compaction = match self {
+            Held::Batch(batch) => return Ok(batch.clone()),
+            Held::Compacted(compaction) => compaction,
+        };
+        compaction
+            .made
+            .get_or_init(|| {
+                let gather = compaction
+                    .gather
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+                match gather {
+                    Some(gather) => gather.run().map_err(|e| e.to_string()),
+                    None => Err("shuffle buffer lost a compaction".into()),
+                }
+            })
+            .clone()
+            .map_err(Error::Internal)
+    }
 }
 
 /// Rows emitted per output batch, as a fraction of the buffer: small enough that the
@@ -60,6 +103,8 @@ pub struct ShuffleBuffer {
     held_rows: usize,
     /// Rows handed out so far (see `fill_target`).
     emitted: usize,
+    /// The gathers running on the run's batch threads, when they do (`gathering_on`).
+    gathers: Option<InOrder>,
 }
 
 impl ShuffleBuffer {
@@ -80,7 +125,14 @@ impl ShuffleBuffer {
             rows: Vec::with_capacity(capacity),
             held_rows: 0,
             emitted: 0,
+            gathers: None,
         }
+    }
+
+    /// Gathers output batches on `threads`, several at once; they come out in order.
+    pub fn gathering_on(mut self, threads: Arc<BatchThreads>) -> Self {
+        self.gathers = Some(InOrder::new(threads));
+        self
     }
 
     /// Rows to hold before the next output. The buffer fills as it goes: two output
@@ -106,6 +158,12 @@ impl ShuffleBuffer {
         self.rows_by_bytes =
             usize::try_from((self.capacity_bytes / row_bytes.max(1)).max(1)).unwrap_or(usize::MAX);
         let n = batch.num_rows();
+        let slot = self.place(Held::Batch(batch), n, row_bytes);
+        self.rows.extend((0..n).map(|row| (slot, row)));
+    }
+
+    /// Holds `batch` of `n` rows, all buffered, in a slot; returns the slot.
+    fn place(&mut self, batch: Held, n: usize, row_bytes: u64) -> usize {
         let slot = match self.free_slots.pop() {
             Some(slot) => slot,
             None => {
@@ -115,12 +173,13 @@ impl ShuffleBuffer {
         };
         self.slots[slot] = Some(Slot {
             batch,
+            rows: n,
             left: n,
             row_bytes,
         });
-        self.rows.extend((0..n).map(|row| (slot, row)));
         self.held_rows += n;
         self.buffered_bytes += row_bytes * n as u64;
+        slot
     }
 
     fn fill(&mut self) -> Result<()> {
@@ -166,8 +225,9 @@ impl ShuffleBuffer {
         Ok(())
     }
 
-    /// Gathers the given rows into one batch and releases batches left with no rows.
-    fn gather(&mut self, picks: &[(usize, usize)]) -> Result<RecordBatch> {
+    /// The batches holding the given rows and each row's place among them; releases
+    /// batches left with no rows.
+    fn take(&mut self, picks: &[(usize, usize)]) -> Result<Gather> {
         let mut used: Vec<usize> = Vec::new();
         let mut indices = Vec::with_capacity(picks.len());
         for &(slot, row) in picks {
@@ -180,15 +240,13 @@ impl ShuffleBuffer {
             };
             indices.push((pos, row));
         }
-        let batches: Vec<&RecordBatch> = used
+        let batches: Vec<Held> = used
             .iter()
-            .filter_map(|&slot| self.slots[slot].as_ref().map(|s| &s.batch))
+            .filter_map(|&slot| self.slots[slot].as_ref().map(|s| s.batch.clone()))
             .collect();
         if batches.len() != used.len() {
             return Err(Error::Internal("shuffle buffer lost a batch".into()));
         }
-        let out = super::interleave_rows(&batches, &indices)
-            .map_err(|e| Error::Internal(format!("shuffle gather failed: {e}")))?;
         for &(slot, _) in picks {
             let Some(entry) = self.slots[slot].as_mut() else {
                 return Err(Error::Internal("shuffle buffer lost a batch".into()));
@@ -196,31 +254,58 @@ impl ShuffleBuffer {
             entry.left -= 1;
             self.buffered_bytes = self.buffered_bytes.saturating_sub(entry.row_bytes);
             if entry.left == 0 {
-                self.held_rows -= entry.batch.num_rows();
+                self.held_rows -= entry.rows;
                 self.slots[slot] = None;
                 self.free_slots.push(slot);
             }
         }
-        Ok(out)
+        Ok(Gather { batches, indices })
     }
 
+    /// When the held batches are mostly rows already handed out, copies the rows left
+    /// in the sparsest of them (over half their rows gone) into one batch, which takes
+    /// their places in the buffer: each place keeps its row's values, so the draws, and
+    /// the stream, are those without the copy. Batches still mostly buffered are left
+    /// alone (copying them would free little). The copy is made by the first gather
+    /// that needs it (see `Held`).
     fn compact_if_sparse(&mut self) -> Result<()> {
         if self.rows.is_empty() || self.held_rows <= 2 * self.rows.len().max(self.chunk()) {
             return Ok(());
         }
-        let rows = std::mem::take(&mut self.rows);
-        let compact = self.gather(&rows)?;
-        debug_assert!(self.slots.iter().all(Option::is_none));
-        self.slots.clear();
-        self.free_slots.clear();
-        self.held_rows = 0;
-        self.buffered_bytes = 0;
-        let bytes = row_bytes(&compact);
-        self.admit(compact, bytes);
+        let sparse: Vec<bool> = self
+            .slots
+            .iter()
+            .map(|s| s.as_ref().is_some_and(|s| 2 * s.left < s.rows))
+            .collect();
+        let places: Vec<usize> = (0..self.rows.len())
+            .filter(|&i| sparse[self.rows[i].0])
+            .collect();
+        if places.is_empty() {
+            return Ok(());
+        }
+        let picks: Vec<(usize, usize)> = places.iter().map(|&i| self.rows[i]).collect();
+        let bytes: u64 = picks
+            .iter()
+            .filter_map(|&(slot, _)| self.slots[slot].as_ref().map(|s| s.row_bytes))
+            .sum();
+        // Every row left in those batches is taken: they are released.
+        let compaction = Compaction {
+            made: OnceLock::new(),
+            gather: Mutex::new(Some(self.take(&picks)?)),
+        };
+        let slot = self.place(
+            Held::Compacted(Arc::new(compaction)),
+            picks.len(),
+            (bytes / picks.len() as u64).max(1),
+        );
+        for (row, &i) in places.iter().enumerate() {
+            self.rows[i] = (slot, row);
+        }
         Ok(())
     }
 
-    fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+    /// The next output's rows, drawn and taken out of the buffer; `None` at the end.
+    fn next_gather(&mut self) -> Result<Option<Gather>> {
         self.fill()?;
         if self.rows.is_empty() {
             return Ok(None);
@@ -231,10 +316,29 @@ impl ShuffleBuffer {
             let i = self.rng.below(self.rows.len());
             picks.push(self.rows.swap_remove(i));
         }
-        let out = self.gather(&picks)?;
+        let gather = self.take(&picks)?;
         self.emitted += k;
         self.compact_if_sparse()?;
-        Ok(Some(out))
+        Ok(Some(gather))
+    }
+}
+
+/// Rows to copy into one batch: `indices` are (batch, row) pairs into `batches`.
+struct Gather {
+    batches: Vec<Held>,
+    indices: Vec<(usize, usize)>,
+}
+
+impl Gather {
+    fn run(self) -> Result<RecordBatch> {
+        let batches = self
+            .batches
+            .iter()
+            .map(Held::batch)
+            .collect::<Result<Vec<_>>>()?;
+        let batches: Vec<&RecordBatch> = batches.iter().collect();
+        super::interleave_rows(&batches, &self.indices)
+            .map_err(|e| Error::Internal(format!("shuffle gather failed: {e}")))
     }
 }
 
@@ -242,7 +346,25 @@ impl Iterator for ShuffleBuffer {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.next_batch().transpose()
+        let Some(mut gathers) = self.gathers.take() else {
+            return self
+                .next_gather()
+                .and_then(|g| g.map(Gather::run).transpose())
+                .transpose();
+        };
+        while gathers.wants_more() {
+            match self.next_gather() {
+                Ok(None) => break,
+                Ok(Some(gather)) => gathers.spawn(move || gather.run()),
+                Err(e) => {
+                    gathers.push_done(Err(e));
+                    break;
+                }
+            }
+        }
+        let batch = gathers.pop();
+        self.gathers = Some(gathers);
+        batch
     }
 }
 
@@ -311,6 +433,30 @@ mod tests {
                 assert_ne!(a, shuffled(2));
             }
         }
+    }
+
+    #[test]
+    fn compaction_and_batch_threads_leave_the_order_as_it_was() {
+        // Batches of one row are never compacted (each goes with its row); batches of
+        // 1,000 in a buffer of 3,000 are, often.
+        let shuffled = |batch: i64, threads: Option<usize>| {
+            let buffer = ShuffleBuffer::new(
+                source(20_000, batch),
+                Rng::new(5, 0, 0),
+                rows(3000),
+                Arc::default(),
+            );
+            values(match threads {
+                Some(n) => {
+                    buffer.gathering_on(BatchThreads::new(n, Arc::default(), Arc::default()))
+                }
+                None => buffer,
+            })
+        };
+        let reference = shuffled(1, None);
+        assert_eq!(shuffled(1000, None), reference);
+        assert_eq!(shuffled(1000, Some(2)), reference);
+        assert_eq!(shuffled(7, Some(1)), reference);
     }
 
     #[test]

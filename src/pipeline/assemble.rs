@@ -1,0 +1,122 @@
+//! Output batches made on threads of their own: re-batching's joins and the shuffle
+//! buffer's gathers copy every row of every batch, and on the pipeline thread that copy
+//! would bound the loader's rate however many cores decode (a batch of 256 images is
+//! 38 MB; a shuffled batch of chat rows, 0.16 ms of nested gathers). The stage decides
+//! what goes into each batch, in order, on the pipeline thread; the copies run on a pool
+//! with as many threads as the decode pool, several batches at once, and come back in
+//! the order they were started, so the stream is the same whatever the timing.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, sync_channel};
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatch;
+
+use super::stats::{Stats, thread_cpu_ns};
+use crate::error::{Error, Result, panic_message};
+
+/// One run's threads for making batches, shared by its stages.
+pub struct BatchThreads {
+    threads: usize,
+    /// Started with the first batch to make (many epochs need none).
+    pool: Mutex<Option<Arc<rayon::ThreadPool>>>,
+    stats: Arc<Stats>,
+    /// Set when the consumer has gone.
+    cancel: Arc<AtomicBool>,
+}
+
+impl BatchThreads {
+    /// `threads` threads; their CPU time is counted in `stats.assemble_ns`.
+    pub fn new(threads: usize, stats: Arc<Stats>, cancel: Arc<AtomicBool>) -> Arc<Self> {
+        Arc::new(Self {
+            threads: threads.max(1),
+            pool: Mutex::new(None),
+            stats,
+            cancel,
+        })
+    }
+
+    fn pool(&self) -> Result<Arc<rayon::ThreadPool>> {
+        let mut slot = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pool) = &*slot {
+            return Ok(pool.clone());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads)
+            .thread_name(|i| format!("shardflow-batch-{i}"))
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot start batch threads: {e}")))?;
+        Ok(slot.insert(Arc::new(pool)).clone())
+    }
+}
+
+enum Made {
+    Done(Result<RecordBatch>),
+    Running(Receiver<Result<RecordBatch>>),
+}
+
+/// One stage's batches, made on [`BatchThreads`] and handed out in the order they were
+/// started.
+pub struct InOrder {
+    threads: Arc<BatchThreads>,
+    queue: VecDeque<Made>,
+}
+
+impl InOrder {
+    pub fn new(threads: Arc<BatchThreads>) -> Self {
+        Self {
+            threads,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Whether the stage should start another batch: while the oldest is still being
+    /// made, up to one per thread, and not once the consumer has gone. A batch that is
+    /// ready goes out first: upstream (which runs the user's functions) is not read
+    /// further ahead than the copies need.
+    pub fn wants_more(&self) -> bool {
+        !matches!(self.queue.front(), Some(Made::Done(_)))
+            && self.queue.len() < self.threads.threads
+            && !self.threads.cancel.load(Ordering::Relaxed)
+    }
+
+    /// A batch (or the stream's error) that needs no copy.
+    pub fn push_done(&mut self, batch: Result<RecordBatch>) {
+        self.queue.push_back(Made::Done(batch));
+    }
+
+    /// Makes a batch on the threads.
+    pub fn spawn(&mut self, make: impl FnOnce() -> Result<RecordBatch> + Send + 'static) {
+        let pool = match self.threads.pool() {
+            Ok(pool) => pool,
+            Err(e) => return self.push_done(Err(e)),
+        };
+        let (tx, rx) = sync_channel(1);
+        let stats = self.threads.stats.clone();
+        pool.spawn(move || {
+            let start = thread_cpu_ns();
+            let made = catch_unwind(AssertUnwindSafe(make)).unwrap_or_else(|panic| {
+                Err(Error::Internal(format!(
+                    "making a batch failed: {}",
+                    panic_message(&*panic)
+                )))
+            });
+            Stats::add_thread_cpu(&stats.assemble_ns, start);
+            let _ = tx.send(made);
+        });
+        self.queue.push_back(Made::Running(rx));
+    }
+
+    /// The oldest batch, waiting for it if it is still being made; `None` when none was
+    /// started.
+    pub fn pop(&mut self) -> Option<Result<RecordBatch>> {
+        Some(match self.queue.pop_front()? {
+            Made::Done(batch) => batch,
+            Made::Running(rx) => rx
+                .recv()
+                .unwrap_or_else(|_| Err(Error::Internal("a batch thread stopped".into()))),
+        })
+    }
+}
