@@ -229,16 +229,16 @@ impl ShuffleBuffer {
     /// batches left with no rows.
     fn take(&mut self, picks: &[(usize, usize)]) -> Result<Gather> {
         let mut used: Vec<usize> = Vec::new();
+        // Each slot's place in `used` (by slot: a search of `used` per pick cost the
+        // pipeline thread more than the draws).
+        let mut place = vec![usize::MAX; self.slots.len()];
         let mut indices = Vec::with_capacity(picks.len());
         for &(slot, row) in picks {
-            let pos = match used.iter().position(|&s| s == slot) {
-                Some(pos) => pos,
-                None => {
-                    used.push(slot);
-                    used.len() - 1
-                }
-            };
-            indices.push((pos, row));
+            if place[slot] == usize::MAX {
+                place[slot] = used.len();
+                used.push(slot);
+            }
+            indices.push((place[slot], row));
         }
         let batches: Vec<Held> = used
             .iter()
