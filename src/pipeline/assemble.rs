@@ -62,6 +62,8 @@ enum Made {
 pub struct InOrder {
     threads: Arc<BatchThreads>,
     queue: VecDeque<Made>,
+    /// Whether a batch has gone out yet.
+    started: bool,
 }
 
 impl InOrder {
@@ -69,16 +71,25 @@ impl InOrder {
         Self {
             threads,
             queue: VecDeque::new(),
+            started: false,
         }
     }
 
     /// Whether the stage should start another batch: while the oldest is still being
     /// made, up to one per thread, and not once the consumer has gone. A batch that is
     /// ready goes out first: upstream (which runs the user's functions) is not read
-    /// further ahead than the copies need.
-    pub fn wants_more(&self) -> bool {
+    /// further ahead than the copies need. The first batch goes out as soon as it is
+    /// made: reading the next one's rows first would add their decoding to the wait
+    /// for the first.
+    pub fn wants_more(&mut self) -> bool {
+        if let Some(Made::Running(rx)) = self.queue.front()
+            && let Ok(made) = rx.try_recv()
+        {
+            self.queue[0] = Made::Done(made);
+        }
+        let limit = if self.started { self.threads.threads } else { 1 };
         !matches!(self.queue.front(), Some(Made::Done(_)))
-            && self.queue.len() < self.threads.threads
+            && self.queue.len() < limit
             && !self.threads.cancel.load(Ordering::Relaxed)
     }
 
@@ -112,6 +123,7 @@ impl InOrder {
     /// The oldest batch, waiting for it if it is still being made; `None` when none was
     /// started.
     pub fn pop(&mut self) -> Option<Result<RecordBatch>> {
+        self.started = true;
         Some(match self.queue.pop_front()? {
             Made::Done(batch) => batch,
             Made::Running(rx) => rx
