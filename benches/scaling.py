@@ -3,7 +3,7 @@
     python benches/scaling.py [--only parquet,chat,tfrecord,images] [--output numpy,arrow] [--repeats 3] [--scale 1.0]
 
 The harness's workloads (``benches/harness.py``; its data under ``--data``), each read for
-one epoch in batches of 256 by a ``DataLoader`` with ``num_threads`` = 1 and 2, in fresh
+one epoch in batches of 256 (``--batch``) by a ``DataLoader`` with ``num_threads`` = 1 and 2, in fresh
 processes, for each ``output`` asked for. numpy output turns strings, bytes and nested
 values into Python objects, under the GIL: that conversion is serial wherever it runs.
 ``output="arrow"`` hands the same batches over without it. From ``stats()``, per batch:
@@ -32,7 +32,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BATCH = 256
 
 CHILD = """
 import json, sys, time
@@ -45,8 +44,8 @@ import shardflow as sf
 from harness import wait_until_idle
 from scaling import dataset
 wait_until_idle()
-workload, data, threads, output = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5]
-loader = sf.DataLoader(dataset(workload, data), batch_size=256, num_threads=threads, output=output)
+workload, data, threads, output, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5], int(sys.argv[6])
+loader = sf.DataLoader(dataset(workload, data), batch_size=batch, num_threads=threads, output=output)
 start = time.perf_counter()
 rows = sum(b.num_rows if output == "arrow" else len(next(iter(b.values()))) for b in loader)
 wall = time.perf_counter() - start
@@ -74,8 +73,8 @@ def dataset(workload: str, data: str):  # noqa: ANN201
     raise ValueError(workload)
 
 
-def run(workload: str, data: Path, threads: int, output: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, workload, str(data), str(threads), str(HERE), output],
+def run(workload: str, data: Path, threads: int, output: str, batch: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, workload, str(data), str(threads), str(HERE), output, str(batch)],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -84,6 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="parquet,chat,tfrecord,images")
     parser.add_argument("--output", default="numpy,arrow", help="the loader's output(s)")
+    parser.add_argument("--batch", type=int, default=256, help="rows per batch")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--data", default=str(Path.home() / ".cache/shardflow/bench-data"))
@@ -97,7 +97,7 @@ def main() -> None:
     for workload in args.only.split(","):
         data = prepare(Path(args.data), workload, args.scale)
         for output, threads in itertools.product(args.output.split(","), (1, 2)):
-            runs = [run(workload, data, threads, output) for _ in range(args.repeats)]
+            runs = [run(workload, data, threads, output, args.batch) for _ in range(args.repeats)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             per = {k: med[k] / med["batches"] * 1e3 for k in ("decode", "assemble", "pipeline", "consumer")}
             parallel, serial = per["decode"] + per["assemble"], per["pipeline"] + per["consumer"]
