@@ -85,6 +85,30 @@ def test_the_serial_path_reports_its_cpu_and_not_its_waits(tmp_path: Path) -> No
     assert stats["consumer_cpu_seconds"] < stats["wait_seconds"] / 4
 
 
+def test_batches_made_on_batch_threads_come_in_the_seeds_order(tmp_path: Path) -> None:
+    # Re-batching across units (row groups of 64, batches of 50) and the shuffle buffer's
+    # gathers and compactions run on batch threads, several batches at once: the order is
+    # the seed's whatever the thread count, every row once per epoch, and the copying is
+    # counted apart from the serial path.
+    pattern = write_id_shards(tmp_path, [700, 300, 900, 100] * 2)
+
+    def two_epochs(threads: int) -> tuple[list[list[int]], dict]:
+        loader = sf.DataLoader(sf.dataset(pattern).shuffle(seed=3, buffer_size=1500), batch_size=50,
+                               num_threads=threads)
+        epochs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            epochs.append([i for b in loader for i in b["id"].tolist()])
+        return epochs, loader.stats()
+
+    one, _ = two_epochs(1)
+    three, stats = two_epochs(3)
+    assert one == three
+    assert [sorted(e) for e in one] == [list(range(4000))] * 2
+    assert one[0] != one[1] and one[0] != sorted(one[0])
+    assert stats["assemble_seconds"] > 0
+
+
 def test_a_consumer_slower_than_the_pipeline_deepens_nothing(tmp_path: Path) -> None:
     pattern = write_id_shards(tmp_path, [500] * 8)
     loader = sf.DataLoader(sf.dataset(pattern), batch_size=50)
