@@ -36,6 +36,8 @@ pub struct Rebatch {
     buffers: Arc<BufferPool>,
     /// The batches being joined on the run's batch threads, when they are (`joining_on`).
     joins: Option<InOrder>,
+    /// Batches of fewer bytes are joined here all the same (`THREADED_JOIN_BYTES`).
+    threaded_join_bytes: u64,
 }
 
 impl Rebatch {
@@ -49,6 +51,7 @@ impl Rebatch {
             upstream_done: false,
             buffers: Arc::default(),
             joins: None,
+            threaded_join_bytes: THREADED_JOIN_BYTES,
         }
     }
 
@@ -110,7 +113,11 @@ impl Rebatch {
 
 /// `parts` as one batch: the one part itself, or the parts' rows copied into one batch
 /// (large columns into pooled buffers).
-fn join(buffers: &Arc<BufferPool>, parts: &[RecordBatch]) -> Result<RecordBatch> {
+fn join(
+    buffers: &Arc<BufferPool>,
+    parts: &[RecordBatch],
+    mut reserved: Vec<Option<Vec<u8>>>,
+) -> Result<RecordBatch> {
     if let [single] = parts {
         return Ok(single.clone());
     }
@@ -118,7 +125,8 @@ fn join(buffers: &Arc<BufferPool>, parts: &[RecordBatch]) -> Result<RecordBatch>
     let columns = (0..parts[0].num_columns())
         .map(|i| {
             let column: Vec<&dyn Array> = parts.iter().map(|p| p.column(i).as_ref()).collect();
-            match buffers.concat(&column) {
+            let memory = reserved.get_mut(i).and_then(Option::take);
+            match buffers.concat(&column, memory) {
                 Some(joined) => {
                     pooled += 1;
                     Ok(joined)
@@ -132,6 +140,12 @@ fn join(buffers: &Arc<BufferPool>, parts: &[RecordBatch]) -> Result<RecordBatch>
     buffers.keep_for(pooled);
     Ok(columns)
 }
+
+/// Batches of fewer bytes are joined on the pipeline thread: their copy (under 2-4 ms)
+/// is not worth the hand-off, whose latency on a busy machine made the consumer wait
+/// now and then, and so deepened the prefetch (a full shuffle of 8 MB batches peaked
+/// 40-60% higher in a third of its runs).
+const THREADED_JOIN_BYTES: u64 = 16 << 20;
 
 /// Free buffers kept per pooled column: as many as the batches that are usually out at
 /// once beyond the one being filled (the prefetched one, the consumer's).
@@ -217,42 +231,44 @@ impl BufferPool {
         );
     }
 
-    /// `parts` of one column joined with their values in a pooled buffer: tensors
-    /// (`FixedSizeList` of a fixed-width type) and bytes or strings, without nulls, of at
-    /// least `POOLED_MIN_BYTES`; `None` for any other (arrow's `concat` joins those).
-    fn concat(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
+    /// Pooled memory for each column of a batch joined from `parts` that `concat` will
+    /// join in a pooled buffer (`None` for the others). Taken on the calling thread, so
+    /// that joins on batch threads write into memory of the stage's thread: memory
+    /// allocated on several threads' heaps came back to the allocator later (mimalloc
+    /// keeps each thread's freed memory for that thread), and a full shuffle's peak grew.
+    fn reserve(&self, parts: &[RecordBatch]) -> Vec<Option<Vec<u8>>> {
+        (0..parts[0].num_columns())
+            .map(|i| {
+                let column: Vec<&dyn Array> = parts.iter().map(|p| p.column(i).as_ref()).collect();
+                pooled_len(&column).map(|len| self.take(len))
+            })
+            .collect()
+    }
+
+    /// `parts` of one column joined with their values in a pooled buffer (`memory`, or
+    /// one taken here), where `pooled_len` says so; `None` for any other column (arrow's
+    /// `concat` joins those).
+    fn concat(self: &Arc<Self>, parts: &[&dyn Array], memory: Option<Vec<u8>>) -> Option<ArrayRef> {
         use arrow_array::types::{BinaryType, LargeBinaryType, LargeUtf8Type, Utf8Type};
-        if parts.iter().any(|p| p.null_count() > 0) {
-            return None;
-        }
+        let total = pooled_len(parts)?;
+        let memory = memory.unwrap_or_else(|| self.take(total));
         match parts[0].data_type() {
-            DataType::FixedSizeList(..) => self.concat_tensors(parts),
-            DataType::LargeBinary => self.concat_bytes::<LargeBinaryType>(parts),
-            DataType::LargeUtf8 => self.concat_bytes::<LargeUtf8Type>(parts),
-            DataType::Binary => self.concat_bytes::<BinaryType>(parts),
-            DataType::Utf8 => self.concat_bytes::<Utf8Type>(parts),
+            DataType::FixedSizeList(..) => self.concat_tensors(parts, memory),
+            DataType::LargeBinary => self.concat_bytes::<LargeBinaryType>(parts, memory),
+            DataType::LargeUtf8 => self.concat_bytes::<LargeUtf8Type>(parts, memory),
+            DataType::Binary => self.concat_bytes::<BinaryType>(parts, memory),
+            DataType::Utf8 => self.concat_bytes::<Utf8Type>(parts, memory),
             _ => None,
         }
     }
 
-    fn concat_tensors(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
-        let DataType::FixedSizeList(field, size) = parts[0].data_type() else {
-            return None;
-        };
-        let width = field.data_type().primitive_width()?;
-        let lists: Vec<&FixedSizeListArray> = parts
-            .iter()
-            .map(|p| p.as_any().downcast_ref::<FixedSizeListArray>())
-            .collect::<Option<_>>()?;
-        if lists.iter().any(|l| l.values().null_count() > 0) {
-            return None;
-        }
-        let values: Vec<ArrayData> = lists.iter().map(|l| l.values().to_data()).collect();
+    fn concat_tensors(
+        self: &Arc<Self>,
+        parts: &[&dyn Array],
+        mut memory: Vec<u8>,
+    ) -> Option<ArrayRef> {
+        let (field, size, width, values) = tensor_values(parts)?;
         let total: usize = values.iter().map(|v| v.len() * width).sum();
-        if total < POOLED_MIN_BYTES {
-            return None;
-        }
-        let mut memory = self.take(total);
         for v in &values {
             let start = v.offset() * width;
             memory.extend_from_slice(
@@ -264,33 +280,17 @@ impl BufferPool {
             .add_buffer(self.buffer(memory))
             .build()
             .ok()?;
-        let joined =
-            FixedSizeListArray::try_new(field.clone(), *size, make_array(child), None).ok()?;
+        let joined = FixedSizeListArray::try_new(field, size, make_array(child), None).ok()?;
         Some(Arc::new(joined))
     }
 
-    fn concat_bytes<T: ByteArrayType>(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
-        let arrays: Vec<&GenericByteArray<T>> = parts
-            .iter()
-            .map(|p| p.as_any().downcast_ref::<GenericByteArray<T>>())
-            .collect::<Option<_>>()?;
-        // Each part's values run from its first offset to its last (a slice's offsets
-        // need not start at 0).
-        let spans: Vec<(usize, usize)> = arrays
-            .iter()
-            .map(|a| {
-                let offsets = a.value_offsets();
-                (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize())
-            })
-            .collect();
-        let total: usize = spans.iter().map(|(start, end)| end - start).sum();
-        // Offsets too narrow for the total: arrow's `concat` says so.
-        T::Offset::from_usize(total)?;
-        if total < POOLED_MIN_BYTES {
-            return None;
-        }
+    fn concat_bytes<T: ByteArrayType>(
+        self: &Arc<Self>,
+        parts: &[&dyn Array],
+        mut memory: Vec<u8>,
+    ) -> Option<ArrayRef> {
+        let (arrays, spans) = byte_spans::<T>(parts)?;
         let rows: usize = arrays.iter().map(|a| a.len()).sum();
-        let mut memory = self.take(total);
         let mut offsets: Vec<T::Offset> = Vec::with_capacity(rows + 1);
         offsets.push(T::Offset::usize_as(0));
         for (array, &(start, end)) in arrays.iter().zip(&spans) {
@@ -302,8 +302,9 @@ impl BufferPool {
                     .map(|o| T::Offset::usize_as(o.as_usize() - start + base)),
             );
         }
-        // SAFETY: the offsets start at 0, never decrease and end at `total`, the values'
-        // length; each value's bytes are the part's, whole, so strings stay UTF-8.
+        // SAFETY: the offsets start at 0, never decrease and end at the values' length
+        // (`pooled_len` checked it fits the offset type); each value's bytes are the
+        // part's, whole, so strings stay UTF-8.
         let joined = unsafe {
             GenericByteArray::<T>::new_unchecked(
                 OffsetBuffer::new_unchecked(ScalarBuffer::from(offsets)),
@@ -315,6 +316,77 @@ impl BufferPool {
     }
 }
 
+/// The value bytes of `parts` of one column, when `BufferPool::concat` joins them in a
+/// pooled buffer: tensors (`FixedSizeList` of a fixed-width type) and bytes or strings,
+/// without nulls, of at least `POOLED_MIN_BYTES`.
+fn pooled_len(parts: &[&dyn Array]) -> Option<usize> {
+    use arrow_array::types::{BinaryType, LargeBinaryType, LargeUtf8Type, Utf8Type};
+    if parts.iter().any(|p| p.null_count() > 0) {
+        return None;
+    }
+    let total = match parts[0].data_type() {
+        DataType::FixedSizeList(..) => {
+            let (_, _, width, values) = tensor_values(parts)?;
+            values.iter().map(|v| v.len() * width).sum()
+        }
+        DataType::LargeBinary => byte_total::<LargeBinaryType>(parts)?,
+        DataType::LargeUtf8 => byte_total::<LargeUtf8Type>(parts)?,
+        DataType::Binary => byte_total::<BinaryType>(parts)?,
+        DataType::Utf8 => byte_total::<Utf8Type>(parts)?,
+        _ => return None,
+    };
+    (total >= POOLED_MIN_BYTES).then_some(total)
+}
+
+/// A tensor column's parts: the item field, the list size, the item width and each
+/// part's values; `None` unless the items are fixed-width and without nulls.
+fn tensor_values(
+    parts: &[&dyn Array],
+) -> Option<(arrow_schema::FieldRef, i32, usize, Vec<ArrayData>)> {
+    let DataType::FixedSizeList(field, size) = parts[0].data_type() else {
+        return None;
+    };
+    let width = field.data_type().primitive_width()?;
+    let lists: Vec<&FixedSizeListArray> = parts
+        .iter()
+        .map(|p| p.as_any().downcast_ref::<FixedSizeListArray>())
+        .collect::<Option<_>>()?;
+    if lists.iter().any(|l| l.values().null_count() > 0) {
+        return None;
+    }
+    let values = lists.iter().map(|l| l.values().to_data()).collect();
+    Some((field.clone(), *size, width, values))
+}
+
+/// A bytes or strings column's parts and where each one's values run: from its first
+/// offset to its last (a slice's offsets need not start at 0).
+#[allow(clippy::type_complexity)]
+fn byte_spans<'a, T: ByteArrayType>(
+    parts: &[&'a dyn Array],
+) -> Option<(Vec<&'a GenericByteArray<T>>, Vec<(usize, usize)>)> {
+    let arrays: Vec<&GenericByteArray<T>> = parts
+        .iter()
+        .map(|p| p.as_any().downcast_ref::<GenericByteArray<T>>())
+        .collect::<Option<_>>()?;
+    let spans = arrays
+        .iter()
+        .map(|a| {
+            let offsets = a.value_offsets();
+            (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize())
+        })
+        .collect();
+    Some((arrays, spans))
+}
+
+/// The value bytes of a bytes or strings column's parts; `None` when the offsets are too
+/// narrow for them (arrow's `concat` says so).
+fn byte_total<T: ByteArrayType>(parts: &[&dyn Array]) -> Option<usize> {
+    let (_, spans) = byte_spans::<T>(parts)?;
+    let total: usize = spans.iter().map(|(start, end)| end - start).sum();
+    T::Offset::from_usize(total)?;
+    Some(total)
+}
+
 impl Iterator for Rebatch {
     type Item = Result<RecordBatch>;
 
@@ -322,7 +394,7 @@ impl Iterator for Rebatch {
         let Some(mut joins) = self.joins.take() else {
             return self
                 .next_parts()
-                .map(|parts| parts.and_then(|parts| join(&self.buffers, &parts)));
+                .map(|parts| parts.and_then(|parts| join(&self.buffers, &parts, Vec::new())));
         };
         while joins.wants_more() {
             match self.next_parts() {
@@ -332,9 +404,18 @@ impl Iterator for Rebatch {
                     break;
                 }
                 Some(Ok(mut parts)) if parts.len() == 1 => joins.push_done(Ok(parts.remove(0))),
+                Some(Ok(parts))
+                    if parts.iter().map(super::batch_bytes).sum::<u64>()
+                        < self.threaded_join_bytes =>
+                {
+                    joins.push_done(join(&self.buffers, &parts, Vec::new()));
+                }
                 Some(Ok(parts)) => {
                     let buffers = self.buffers.clone();
-                    joins.spawn(move || join(&buffers, &parts));
+                    let reserved = buffers.reserve(&parts);
+                    joins.spawn((parts, reserved), move |(parts, reserved)| {
+                        join(&buffers, parts, std::mem::take(reserved))
+                    });
                 }
             }
         }
@@ -440,6 +521,7 @@ mod tests {
         let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let threads = BatchThreads::new(2, stats.clone(), cancel);
         let mut joined = Rebatch::new(upstream, 8, false).joining_on(threads);
+        joined.threaded_join_bytes = 0;
         for i in 0..5 {
             assert_eq!(joined.next().unwrap().unwrap(), expected.slice(i * 8, 8));
         }
