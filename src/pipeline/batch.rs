@@ -113,11 +113,7 @@ impl Rebatch {
 
 /// `parts` as one batch: the one part itself, or the parts' rows copied into one batch
 /// (large columns into pooled buffers).
-fn join(
-    buffers: &Arc<BufferPool>,
-    parts: &[RecordBatch],
-    mut reserved: Vec<Option<Vec<u8>>>,
-) -> Result<RecordBatch> {
+fn join(buffers: &Arc<BufferPool>, parts: &[RecordBatch]) -> Result<RecordBatch> {
     if let [single] = parts {
         return Ok(single.clone());
     }
@@ -125,8 +121,7 @@ fn join(
     let columns = (0..parts[0].num_columns())
         .map(|i| {
             let column: Vec<&dyn Array> = parts.iter().map(|p| p.column(i).as_ref()).collect();
-            let memory = reserved.get_mut(i).and_then(Option::take);
-            match buffers.concat(&column, memory) {
+            match buffers.concat(&column) {
                 Some(joined) => {
                     pooled += 1;
                     Ok(joined)
@@ -231,44 +226,42 @@ impl BufferPool {
         );
     }
 
-    /// Pooled memory for each column of a batch joined from `parts` that `concat` will
-    /// join in a pooled buffer (`None` for the others). Taken on the calling thread, so
-    /// that joins on batch threads write into memory of the stage's thread: memory
-    /// allocated on several threads' heaps came back to the allocator later (mimalloc
-    /// keeps each thread's freed memory for that thread), and a full shuffle's peak grew.
-    fn reserve(&self, parts: &[RecordBatch]) -> Vec<Option<Vec<u8>>> {
-        (0..parts[0].num_columns())
-            .map(|i| {
-                let column: Vec<&dyn Array> = parts.iter().map(|p| p.column(i).as_ref()).collect();
-                pooled_len(&column).map(|len| self.take(len))
-            })
-            .collect()
-    }
-
-    /// `parts` of one column joined with their values in a pooled buffer (`memory`, or
-    /// one taken here), where `pooled_len` says so; `None` for any other column (arrow's
-    /// `concat` joins those).
-    fn concat(self: &Arc<Self>, parts: &[&dyn Array], memory: Option<Vec<u8>>) -> Option<ArrayRef> {
+    /// `parts` of one column joined with their values in a pooled buffer: tensors
+    /// (`FixedSizeList` of a fixed-width type) and bytes or strings, without nulls, of at
+    /// least `POOLED_MIN_BYTES`; `None` for any other (arrow's `concat` joins those).
+    fn concat(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
         use arrow_array::types::{BinaryType, LargeBinaryType, LargeUtf8Type, Utf8Type};
-        let total = pooled_len(parts)?;
-        let memory = memory.unwrap_or_else(|| self.take(total));
+        if parts.iter().any(|p| p.null_count() > 0) {
+            return None;
+        }
         match parts[0].data_type() {
-            DataType::FixedSizeList(..) => self.concat_tensors(parts, memory),
-            DataType::LargeBinary => self.concat_bytes::<LargeBinaryType>(parts, memory),
-            DataType::LargeUtf8 => self.concat_bytes::<LargeUtf8Type>(parts, memory),
-            DataType::Binary => self.concat_bytes::<BinaryType>(parts, memory),
-            DataType::Utf8 => self.concat_bytes::<Utf8Type>(parts, memory),
+            DataType::FixedSizeList(..) => self.concat_tensors(parts),
+            DataType::LargeBinary => self.concat_bytes::<LargeBinaryType>(parts),
+            DataType::LargeUtf8 => self.concat_bytes::<LargeUtf8Type>(parts),
+            DataType::Binary => self.concat_bytes::<BinaryType>(parts),
+            DataType::Utf8 => self.concat_bytes::<Utf8Type>(parts),
             _ => None,
         }
     }
 
-    fn concat_tensors(
-        self: &Arc<Self>,
-        parts: &[&dyn Array],
-        mut memory: Vec<u8>,
-    ) -> Option<ArrayRef> {
-        let (field, size, width, values) = tensor_values(parts)?;
+    fn concat_tensors(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
+        let DataType::FixedSizeList(field, size) = parts[0].data_type() else {
+            return None;
+        };
+        let width = field.data_type().primitive_width()?;
+        let lists: Vec<&FixedSizeListArray> = parts
+            .iter()
+            .map(|p| p.as_any().downcast_ref::<FixedSizeListArray>())
+            .collect::<Option<_>>()?;
+        if lists.iter().any(|l| l.values().null_count() > 0) {
+            return None;
+        }
+        let values: Vec<ArrayData> = lists.iter().map(|l| l.values().to_data()).collect();
         let total: usize = values.iter().map(|v| v.len() * width).sum();
+        if total < POOLED_MIN_BYTES {
+            return None;
+        }
+        let mut memory = self.take(total);
         for v in &values {
             let start = v.offset() * width;
             memory.extend_from_slice(
@@ -280,17 +273,33 @@ impl BufferPool {
             .add_buffer(self.buffer(memory))
             .build()
             .ok()?;
-        let joined = FixedSizeListArray::try_new(field, size, make_array(child), None).ok()?;
+        let joined =
+            FixedSizeListArray::try_new(field.clone(), *size, make_array(child), None).ok()?;
         Some(Arc::new(joined))
     }
 
-    fn concat_bytes<T: ByteArrayType>(
-        self: &Arc<Self>,
-        parts: &[&dyn Array],
-        mut memory: Vec<u8>,
-    ) -> Option<ArrayRef> {
-        let (arrays, spans) = byte_spans::<T>(parts)?;
+    fn concat_bytes<T: ByteArrayType>(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
+        let arrays: Vec<&GenericByteArray<T>> = parts
+            .iter()
+            .map(|p| p.as_any().downcast_ref::<GenericByteArray<T>>())
+            .collect::<Option<_>>()?;
+        // Each part's values run from its first offset to its last (a slice's offsets
+        // need not start at 0).
+        let spans: Vec<(usize, usize)> = arrays
+            .iter()
+            .map(|a| {
+                let offsets = a.value_offsets();
+                (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize())
+            })
+            .collect();
+        let total: usize = spans.iter().map(|(start, end)| end - start).sum();
+        // Offsets too narrow for the total: arrow's `concat` says so.
+        T::Offset::from_usize(total)?;
+        if total < POOLED_MIN_BYTES {
+            return None;
+        }
         let rows: usize = arrays.iter().map(|a| a.len()).sum();
+        let mut memory = self.take(total);
         let mut offsets: Vec<T::Offset> = Vec::with_capacity(rows + 1);
         offsets.push(T::Offset::usize_as(0));
         for (array, &(start, end)) in arrays.iter().zip(&spans) {
@@ -302,9 +311,8 @@ impl BufferPool {
                     .map(|o| T::Offset::usize_as(o.as_usize() - start + base)),
             );
         }
-        // SAFETY: the offsets start at 0, never decrease and end at the values' length
-        // (`pooled_len` checked it fits the offset type); each value's bytes are the
-        // part's, whole, so strings stay UTF-8.
+        // SAFETY: the offsets start at 0, never decrease and end at `total`, the values'
+        // length; each value's bytes are the part's, whole, so strings stay UTF-8.
         let joined = unsafe {
             GenericByteArray::<T>::new_unchecked(
                 OffsetBuffer::new_unchecked(ScalarBuffer::from(offsets)),
@@ -316,77 +324,6 @@ impl BufferPool {
     }
 }
 
-/// The value bytes of `parts` of one column, when `BufferPool::concat` joins them in a
-/// pooled buffer: tensors (`FixedSizeList` of a fixed-width type) and bytes or strings,
-/// without nulls, of at least `POOLED_MIN_BYTES`.
-fn pooled_len(parts: &[&dyn Array]) -> Option<usize> {
-    use arrow_array::types::{BinaryType, LargeBinaryType, LargeUtf8Type, Utf8Type};
-    if parts.iter().any(|p| p.null_count() > 0) {
-        return None;
-    }
-    let total = match parts[0].data_type() {
-        DataType::FixedSizeList(..) => {
-            let (_, _, width, values) = tensor_values(parts)?;
-            values.iter().map(|v| v.len() * width).sum()
-        }
-        DataType::LargeBinary => byte_total::<LargeBinaryType>(parts)?,
-        DataType::LargeUtf8 => byte_total::<LargeUtf8Type>(parts)?,
-        DataType::Binary => byte_total::<BinaryType>(parts)?,
-        DataType::Utf8 => byte_total::<Utf8Type>(parts)?,
-        _ => return None,
-    };
-    (total >= POOLED_MIN_BYTES).then_some(total)
-}
-
-/// A tensor column's parts: the item field, the list size, the item width and each
-/// part's values; `None` unless the items are fixed-width and without nulls.
-fn tensor_values(
-    parts: &[&dyn Array],
-) -> Option<(arrow_schema::FieldRef, i32, usize, Vec<ArrayData>)> {
-    let DataType::FixedSizeList(field, size) = parts[0].data_type() else {
-        return None;
-    };
-    let width = field.data_type().primitive_width()?;
-    let lists: Vec<&FixedSizeListArray> = parts
-        .iter()
-        .map(|p| p.as_any().downcast_ref::<FixedSizeListArray>())
-        .collect::<Option<_>>()?;
-    if lists.iter().any(|l| l.values().null_count() > 0) {
-        return None;
-    }
-    let values = lists.iter().map(|l| l.values().to_data()).collect();
-    Some((field.clone(), *size, width, values))
-}
-
-/// A bytes or strings column's parts and where each one's values run: from its first
-/// offset to its last (a slice's offsets need not start at 0).
-#[allow(clippy::type_complexity)]
-fn byte_spans<'a, T: ByteArrayType>(
-    parts: &[&'a dyn Array],
-) -> Option<(Vec<&'a GenericByteArray<T>>, Vec<(usize, usize)>)> {
-    let arrays: Vec<&GenericByteArray<T>> = parts
-        .iter()
-        .map(|p| p.as_any().downcast_ref::<GenericByteArray<T>>())
-        .collect::<Option<_>>()?;
-    let spans = arrays
-        .iter()
-        .map(|a| {
-            let offsets = a.value_offsets();
-            (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize())
-        })
-        .collect();
-    Some((arrays, spans))
-}
-
-/// The value bytes of a bytes or strings column's parts; `None` when the offsets are too
-/// narrow for them (arrow's `concat` says so).
-fn byte_total<T: ByteArrayType>(parts: &[&dyn Array]) -> Option<usize> {
-    let (_, spans) = byte_spans::<T>(parts)?;
-    let total: usize = spans.iter().map(|(start, end)| end - start).sum();
-    T::Offset::from_usize(total)?;
-    Some(total)
-}
-
 impl Iterator for Rebatch {
     type Item = Result<RecordBatch>;
 
@@ -394,7 +331,7 @@ impl Iterator for Rebatch {
         let Some(mut joins) = self.joins.take() else {
             return self
                 .next_parts()
-                .map(|parts| parts.and_then(|parts| join(&self.buffers, &parts, Vec::new())));
+                .map(|parts| parts.and_then(|parts| join(&self.buffers, &parts)));
         };
         while joins.wants_more() {
             match self.next_parts() {
@@ -408,14 +345,11 @@ impl Iterator for Rebatch {
                     if parts.iter().map(super::batch_bytes).sum::<u64>()
                         < self.threaded_join_bytes =>
                 {
-                    joins.push_done(join(&self.buffers, &parts, Vec::new()));
+                    joins.push_done(join(&self.buffers, &parts));
                 }
                 Some(Ok(parts)) => {
                     let buffers = self.buffers.clone();
-                    let reserved = buffers.reserve(&parts);
-                    joins.spawn((parts, reserved), move |(parts, reserved)| {
-                        join(&buffers, parts, std::mem::take(reserved))
-                    });
+                    joins.spawn(move || join(&buffers, &parts));
                 }
             }
         }

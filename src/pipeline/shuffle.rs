@@ -330,7 +330,7 @@ struct Gather {
 }
 
 impl Gather {
-    fn run(&self) -> Result<RecordBatch> {
+    fn run(self) -> Result<RecordBatch> {
         let batches = self
             .batches
             .iter()
@@ -349,13 +349,13 @@ impl Iterator for ShuffleBuffer {
         let Some(mut gathers) = self.gathers.take() else {
             return self
                 .next_gather()
-                .and_then(|g| g.as_ref().map(Gather::run).transpose())
+                .and_then(|g| g.map(Gather::run).transpose())
                 .transpose();
         };
         while gathers.wants_more() {
             match self.next_gather() {
                 Ok(None) => break,
-                Ok(Some(gather)) => gathers.spawn(gather, |gather| gather.run()),
+                Ok(Some(gather)) => gathers.spawn(move || gather.run()),
                 Err(e) => {
                     gathers.push_done(Err(e));
                     break;
