@@ -176,6 +176,17 @@ def test_len_is_what_the_torch_loader_yields(workers: int, adapter_batch: int | 
     assert len(adapter) == (52 if adapter_batch is None else 7)  # rank 1's share, padded to 52 rows
 
 
+def test_a_state_from_before_any_read_names_accelerates_shared_file() -> None:
+    # Under accelerate's batch dispatch, process 1 never reads; its state (taken when
+    # prepare() made its loader) is written to the same dl_state_dict.bin as process 0's.
+    import accelerate  # noqa: F401  (the message names it only where it is imported)
+
+    state = IterableDataset(uneven(), shuffle=True).state_dict()
+    assert state["position"] is None
+    with pytest.raises(ValueError, match="before its worker read anything.*dl_state_dict.bin"):
+        IterableDataset(uneven(), shuffle=True).load_state_dict(state)
+
+
 def test_batching_twice_is_an_error() -> None:
     with pytest.raises(ValueError, match="batches them again.*batch_size=None"):
         next(iter(TorchLoader(IterableDataset(uneven(), batch_size=8), batch_size=4)))

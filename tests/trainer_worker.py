@@ -146,7 +146,12 @@ def run_accelerate() -> None:
             step += 1
             if SPEC.get("kill_at") == step:
                 accelerator.save_state(str(saved))
+                accelerator.wait_for_everyone()
                 if accelerator.is_main_process:
+                    # Every process wrote its loader state to this one file; under the
+                    # batch dispatch only process 0's has read anything (README).
+                    if stateful:
+                        torch.save(loader.state_dict(), saved / "dl_state_dict.bin")
                     (saved / "progress.json").write_text(json.dumps([step, epoch]))
                 accelerator.wait_for_everyone()
                 os._exit(0)

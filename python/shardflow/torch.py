@@ -478,7 +478,19 @@ class IterableDataset(_TorchIterableDataset):
             if s.get("format") != _STATE_FORMAT:
                 raise ValueError(f"not a shardflow.torch.IterableDataset state: {s.get('format')!r}")
             if s.get("position") is None:
-                raise ValueError("a state saved before its worker read anything cannot be resumed")
+                why = "a state saved before its worker read anything cannot be resumed"
+                if "accelerate" in sys.modules:
+                    # accelerate (1.15 at least) writes every process's loader state to
+                    # one dl_state_dict.bin; under its batch dispatch only process 0
+                    # reads, so whichever process wrote last decides what resumes.
+                    why += (
+                        " (accelerate's save_state writes every process's loader state to one "
+                        "dl_state_dict.bin, and under its batch dispatch only process 0 reads: "
+                        "another process's empty state may have replaced process 0's; after "
+                        "save_state and wait_for_everyone, save process 0's again: "
+                        "torch.save(loader.state_dict(), <dir>/dl_state_dict.bin))"
+                    )
+                raise ValueError(why)
         if isinstance(state, list):
             self._resume = [s["position"] for s in states]
         else:
