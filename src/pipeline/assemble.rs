@@ -57,6 +57,12 @@ enum Made {
     Running(Receiver<Result<RecordBatch>>),
 }
 
+/// What a stage gives for its next batch: one ready as it is, or a copy to make.
+pub enum Step {
+    Ready(RecordBatch),
+    Make(Box<dyn FnOnce() -> Result<RecordBatch> + Send>),
+}
+
 /// One stage's batches, made on [`BatchThreads`] and handed out in the order they were
 /// started.
 pub struct InOrder {
@@ -81,7 +87,7 @@ impl InOrder {
     /// further ahead than the copies need. The first batch goes out as soon as it is
     /// made: reading the next one's rows first would add their decoding to the wait
     /// for the first.
-    pub fn wants_more(&mut self) -> bool {
+    fn wants_more(&mut self) -> bool {
         if let Some(Made::Running(rx)) = self.queue.front()
             && let Ok(made) = rx.try_recv()
         {
@@ -98,12 +104,12 @@ impl InOrder {
     }
 
     /// A batch (or the stream's error) that needs no copy.
-    pub fn push_done(&mut self, batch: Result<RecordBatch>) {
+    fn push_done(&mut self, batch: Result<RecordBatch>) {
         self.queue.push_back(Made::Done(batch));
     }
 
     /// Makes a batch on the threads.
-    pub fn spawn(&mut self, make: impl FnOnce() -> Result<RecordBatch> + Send + 'static) {
+    fn spawn(&mut self, make: impl FnOnce() -> Result<RecordBatch> + Send + 'static) {
         let pool = match self.threads.pool() {
             Ok(pool) => pool,
             Err(e) => return self.push_done(Err(e)),
@@ -126,7 +132,7 @@ impl InOrder {
 
     /// The oldest batch, waiting for it if it is still being made; `None` when none was
     /// started.
-    pub fn pop(&mut self) -> Option<Result<RecordBatch>> {
+    fn pop(&mut self) -> Option<Result<RecordBatch>> {
         self.started = true;
         Some(match self.queue.pop_front()? {
             Made::Done(batch) => batch,
@@ -134,5 +140,25 @@ impl InOrder {
                 .recv()
                 .unwrap_or_else(|_| Err(Error::Internal("a batch thread stopped".into()))),
         })
+    }
+
+    /// Starts the stage's next batches, as `step` gives them (until it ends or fails),
+    /// while `wants_more` says so; then hands out the oldest.
+    pub fn next(
+        &mut self,
+        mut step: impl FnMut() -> Option<Result<Step>>,
+    ) -> Option<Result<RecordBatch>> {
+        while self.wants_more() {
+            match step() {
+                None => break,
+                Some(Ok(Step::Ready(batch))) => self.push_done(Ok(batch)),
+                Some(Ok(Step::Make(make))) => self.spawn(make),
+                Some(Err(e)) => {
+                    self.push_done(Err(e));
+                    break;
+                }
+            }
+        }
+        self.pop()
     }
 }

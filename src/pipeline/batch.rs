@@ -23,7 +23,7 @@ use arrow_schema::DataType;
 use arrow_select::concat::concat;
 
 use super::BatchIter;
-use super::assemble::{BatchThreads, InOrder};
+use super::assemble::{BatchThreads, InOrder, Step};
 use crate::error::{Error, Result};
 
 pub struct Rebatch {
@@ -333,27 +333,20 @@ impl Iterator for Rebatch {
                 .next_parts()
                 .map(|parts| parts.and_then(|parts| join(&self.buffers, &parts)));
         };
-        while joins.wants_more() {
-            match self.next_parts() {
-                None => break,
-                Some(Err(e)) => {
-                    joins.push_done(Err(e));
-                    break;
-                }
-                Some(Ok(mut parts)) if parts.len() == 1 => joins.push_done(Ok(parts.remove(0))),
-                Some(Ok(parts))
-                    if parts.iter().map(super::batch_bytes).sum::<u64>()
-                        < self.threaded_join_bytes =>
-                {
-                    joins.push_done(join(&self.buffers, &parts));
-                }
-                Some(Ok(parts)) => {
-                    let buffers = self.buffers.clone();
-                    joins.spawn(move || join(&buffers, &parts));
-                }
-            }
-        }
-        let batch = joins.pop();
+        let threaded_join_bytes = self.threaded_join_bytes;
+        let batch = joins.next(|| {
+            let parts = match self.next_parts()? {
+                Ok(parts) => parts,
+                Err(e) => return Some(Err(e)),
+            };
+            let small = || parts.iter().map(super::batch_bytes).sum::<u64>() < threaded_join_bytes;
+            Some(if parts.len() == 1 || small() {
+                join(&self.buffers, &parts).map(Step::Ready)
+            } else {
+                let buffers = self.buffers.clone();
+                Ok(Step::Make(Box::new(move || join(&buffers, &parts))))
+            })
+        });
         self.joins = Some(joins);
         batch
     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_array::RecordBatch;
 
-use super::assemble::{BatchThreads, InOrder};
+use super::assemble::{BatchThreads, InOrder, Step};
 use super::rng::Rng;
 use super::stats::Stats;
 use super::{BatchIter, batch_bytes};
@@ -352,17 +352,11 @@ impl Iterator for ShuffleBuffer {
                 .and_then(|g| g.map(Gather::run).transpose())
                 .transpose();
         };
-        while gathers.wants_more() {
-            match self.next_gather() {
-                Ok(None) => break,
-                Ok(Some(gather)) => gathers.spawn(move || gather.run()),
-                Err(e) => {
-                    gathers.push_done(Err(e));
-                    break;
-                }
-            }
-        }
-        let batch = gathers.pop();
+        let batch = gathers.next(|| {
+            self.next_gather()
+                .transpose()
+                .map(|g| g.map(|g| Step::Make(Box::new(move || g.run()))))
+        });
         self.gathers = Some(gathers);
         batch
     }
