@@ -546,10 +546,13 @@ def check_elastic(
     before: dict[Any, list[list[int]]], after: dict[Any, list[list[int]]],
 ) -> None:
     """Before and after an elastic resume, the epoch's rows once each, but padding (at
-    most one row per rank of each division)."""
+    most one row per rank of each division, and what a flat_map after the division makes
+    of it: up to 2 rows of each of its rows, as the model's invariants count it)."""
     rows = collections.Counter(m.rows(sc.model, epoch, observe))
+    fans = sum(isinstance(op, m.FlatMap) for op in sc.model.ops[m.anatomy(sc.model).global_ops :])
     problems = m.check_resumed(
-        rows, flat_counter(before), flat_counter(after), extra_max=old.world_size + new.world_size, support=set(rows)
+        rows, flat_counter(before), flat_counter(after), extra_max=(old.world_size + new.world_size) * 2**fans,
+        support=set(rows),
     )
     assert not problems, f"{problems}; before {before}; after {after}"
 

@@ -68,7 +68,7 @@ impl Budget {
 pub struct BatchReceiver {
     /// In a mutex only so the receiver can be shared (`Sync`) by Python objects; it is
     /// reached through `&mut self`, so the lock is never contended.
-    rx: Mutex<Receiver<Result<RecordBatch>>>,
+    rx: Mutex<Receiver<Result<InQueue>>>,
     cancel: Arc<AtomicBool>,
     stats: Arc<Stats>,
     budget: Arc<Budget>,
@@ -117,9 +117,16 @@ pub(super) fn spawn(
     })
 }
 
+/// A batch in the queue, with its bytes (counted once, on the pipeline thread: the
+/// consumer's thread is the serial path).
+struct InQueue {
+    batch: RecordBatch,
+    bytes: u64,
+}
+
 fn run(
     build: impl FnOnce() -> Result<BatchIter>,
-    tx: SyncSender<Result<RecordBatch>>,
+    tx: SyncSender<Result<InQueue>>,
     cancel: Arc<AtomicBool>,
     budget: Arc<Budget>,
     stats: Arc<Stats>,
@@ -134,10 +141,14 @@ fn run(
             }
         };
         for item in stream {
+            let item = item.map(|batch| InQueue {
+                bytes: batch_bytes(&batch),
+                batch,
+            });
             // Counted before the wait for room in the queue, which costs no CPU.
             cpu = Stats::add_thread_cpu(&stats.pipeline_cpu_ns, cpu);
-            if let Ok(batch) = &item {
-                budget.take(batch_bytes(batch), &cancel);
+            if let Ok(queued) = &item {
+                budget.take(queued.bytes, &cancel);
             }
             let failed = item.is_err();
             if cancel.load(Ordering::Relaxed) || tx.send(item).is_err() || failed {
@@ -177,10 +188,10 @@ impl BatchReceiver {
         };
         Stats::add_time(&self.stats.wait_ns, start.elapsed());
         match got {
-            Ok(Ok(batch)) => {
+            Ok(Ok(InQueue { batch, bytes })) => {
                 self.waiting = false;
                 self.started = true;
-                self.budget.give_back(batch_bytes(&batch));
+                self.budget.give_back(bytes);
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .rows
