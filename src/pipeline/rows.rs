@@ -500,13 +500,12 @@ mod tests {
             (200, 192),
             (130, 130),
         ] {
-            let mut delivered = Delivered::new(RowSet::from_ranges([0..2]));
+            let mut delivered = Delivered::new(RowSet::from_flat(&[0, 2]).unwrap());
             let mut model: BTreeSet<u64> = [0, 1].into();
             for batch in 0..count.div_ceil(256) {
                 let n = 256.min(count - batch * 256);
-                let positions: Vec<u64> = (0..n)
-                    .map(|_| 1_000 + (rng.below(span as usize) as u64))
-                    .collect();
+                let positions: Vec<u64> =
+                    (0..n).map(|_| 1_000 + (rng.below(span) as u64)).collect();
                 model.extend(&positions);
                 delivered.add(&positions);
             }
