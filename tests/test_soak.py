@@ -169,7 +169,7 @@ def test_soak_epochs_exactly_once_with_flat_resources(soak_bucket: str, seaweed:
     # The whole series (MiB, every half second) on failure: a jump and a ramp have
     # different causes.
     series = [s[0] >> 20 for s in samples]
-    assert rss_late - rss_early < 64 << 20, (rss_early, rss_late, epochs, series)
+    assert rss_late - rss_early < 64 << 20, f"RSS {rss_early >> 20} -> {rss_late >> 20} MiB; {epochs}; MiB: {series}"
     assert max(s[1] for s in late) <= max(s[1] for s in early) + 16, (early, late)
     assert max(s[2] for s in late) <= max(s[2] for s in early) + 4, (early, late)
     stats_retries = proxy.counts.total()
