@@ -12,6 +12,7 @@
 //! In a loader the joins run on the run's batch threads (see `assemble`).
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -36,8 +37,6 @@ pub struct Rebatch {
     buffers: Arc<BufferPool>,
     /// The batches being joined on the run's batch threads, when they are (`joining_on`).
     joins: Option<InOrder>,
-    /// Batches of fewer bytes are joined here all the same (`THREADED_JOIN_BYTES`).
-    threaded_join_bytes: u64,
 }
 
 impl Rebatch {
@@ -51,7 +50,6 @@ impl Rebatch {
             upstream_done: false,
             buffers: Arc::default(),
             joins: None,
-            threaded_join_bytes: THREADED_JOIN_BYTES,
         }
     }
 
@@ -136,11 +134,14 @@ fn join(buffers: &Arc<BufferPool>, parts: &[RecordBatch]) -> Result<RecordBatch>
     Ok(columns)
 }
 
-/// Batches of fewer bytes are joined on the pipeline thread: their copy (under 2-4 ms)
-/// is not worth the hand-off, whose latency on a busy machine made the consumer wait
-/// now and then, and so deepened the prefetch (a full shuffle of 8 MB batches peaked
-/// 40-60% higher in a third of its runs).
-const THREADED_JOIN_BYTES: u64 = 16 << 20;
+/// Batches of these sizes are joined on the pipeline thread. From 1 MB their copy's
+/// hand-off, whose latency on a busy machine made the consumer wait now and then,
+/// deepened the prefetch by batches of megabytes (a full shuffle of 8 MB batches peaked
+/// 40-60% higher in a third of its runs). Smaller joins go to the batch threads: where
+/// a unit's rows do not divide into batches (row groups of 10k rows, a shuffle buffer's
+/// outputs of 625) every few batches join two pieces, and those joins were a third of
+/// the pipeline thread's CPU.
+const INLINE_JOINS: Range<u64> = (1 << 20)..(16 << 20);
 
 /// Free buffers kept per pooled column: as many as the batches that are usually out at
 /// once beyond the one being filled (the prefetched one, the consumer's).
@@ -333,14 +334,13 @@ impl Iterator for Rebatch {
                 .next_parts()
                 .map(|parts| parts.and_then(|parts| join(&self.buffers, &parts)));
         };
-        let threaded_join_bytes = self.threaded_join_bytes;
         let batch = joins.next(|| {
             let parts = match self.next_parts()? {
                 Ok(parts) => parts,
                 Err(e) => return Some(Err(e)),
             };
-            let small = || parts.iter().map(super::batch_bytes).sum::<u64>() < threaded_join_bytes;
-            Some(if parts.len() == 1 || small() {
+            let inline = || INLINE_JOINS.contains(&parts.iter().map(super::batch_bytes).sum());
+            Some(if parts.len() == 1 || inline() {
                 join(&self.buffers, &parts).map(Step::Ready)
             } else {
                 let buffers = self.buffers.clone();
@@ -441,6 +441,8 @@ mod tests {
     fn joins_on_threads_give_the_batches_in_order_then_the_error() {
         let input = parts(&[5, 7, 2, 9, 6, 3, 8, 1, 4]);
         let expected = arrow_select::concat::concat_batches(&input[0].schema(), &input).unwrap();
+        // Batches of 8 rows of about 26 KB each: joined on the threads.
+        assert!(super::super::batch_bytes(&expected.slice(0, 8)) < INLINE_JOINS.start);
         let stats = Arc::new(super::super::Stats::default());
         let upstream: BatchIter = Box::new(input.into_iter().map(Ok).chain(std::iter::once(Err(
             Error::Internal("upstream broke".into()),
@@ -448,7 +450,6 @@ mod tests {
         let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let threads = BatchThreads::new(2, stats.clone(), cancel);
         let mut joined = Rebatch::new(upstream, 8, false).joining_on(threads);
-        joined.threaded_join_bytes = 0;
         for i in 0..5 {
             assert_eq!(joined.next().unwrap().unwrap(), expected.slice(i * 8, 8));
         }
