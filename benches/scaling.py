@@ -1,10 +1,11 @@
 """How far the pipeline scales with cores: the serial path against the parallel work.
 
-    python benches/scaling.py [--only parquet,chat,tfrecord,images] [--output numpy,arrow] [--repeats 3] [--scale 1.0]
+    python benches/scaling.py [--only parquet,chat,tfrecord,images] [--output numpy,arrow] [--threads 1,2] [--repeats 3] [--scale 1.0]
 
 The harness's workloads (``benches/harness.py``; its data under ``--data``), each read for
-one epoch in batches of 256 (``--batch``) by a ``DataLoader`` with ``num_threads`` = 1 and 2, in fresh
-processes, for each ``output`` asked for. numpy output turns strings, bytes and nested
+one epoch in batches of 256 (``--batch``) by a ``DataLoader`` with ``num_threads`` = 1 and 2
+(``--threads``; on a machine with more cores, ``--threads 1,2,4,8,16`` measures what the
+projection below predicts), in fresh processes, for each ``output`` asked for. numpy output turns strings, bytes and nested
 values into Python objects, under the GIL: that conversion is serial wherever it runs.
 ``output="arrow"`` hands the same batches over without it. From ``stats()``, per batch:
 
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("--only", default="parquet,chat,tfrecord,images")
     parser.add_argument("--output", default="numpy,arrow", help="the loader's output(s)")
     parser.add_argument("--batch", type=int, default=256, help="rows per batch")
+    parser.add_argument("--threads", default="1,2", help="the loader's num_threads values")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--data", default=str(Path.home() / ".cache/shardflow/bench-data"))
@@ -96,7 +98,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for workload in args.only.split(","):
         data = prepare(Path(args.data), workload, args.scale)
-        for output, threads in itertools.product(args.output.split(","), (1, 2)):
+        for output, threads in itertools.product(args.output.split(","), map(int, args.threads.split(","))):
             runs = [run(workload, data, threads, output, args.batch) for _ in range(args.repeats)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             per = {k: med[k] / med["batches"] * 1e3 for k in ("decode", "assemble", "pipeline", "consumer")}
