@@ -33,6 +33,8 @@
 #![warn(missing_docs)]
 
 mod api;
+#[doc(hidden)]
+pub mod buffers;
 pub mod error;
 #[doc(hidden)]
 pub mod format;

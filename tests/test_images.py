@@ -301,3 +301,38 @@ def test_jpegs_at_their_own_size_match_pillow(tmp_path: Path, photos: list[Image
         expected = pil_pixels(data)
         assert image.shape == expected.shape
         assert np.abs(image.astype(int) - expected).max() <= 4
+
+
+def test_pixel_buffers_used_again_hold_zeros_for_missing_images(tmp_path: Path, fashion: np.ndarray) -> None:
+    """Decoded tensors go into buffers used again once their batches are released: a
+    sample without an image (a null tensor) must not carry the pixels a buffer held
+    before in its slot. 100 KB of other bytes per sample make units of about 40 samples
+    (4 MB), so the 300 samples decode into several buffers, used again within and
+    across epochs."""
+    filler = bytes(range(256)) * 400
+    missing = np.arange(len(fashion)) % 7 == 3
+    samples = [{"cls": str(i).encode(), "bin": filler} | ({} if missing[i] else {"png": encode(Image.fromarray(a), "PNG")})
+               for i, a in enumerate(fashion)]
+    write_tar(tmp_path / "gaps.tar", samples)
+    ds = sf.dataset(tmp_path / "gaps.tar", columns=["png", "cls"], format_options={"decode": {"png": "l8"}, "center_crop": 28})
+    expected = np.where(missing[:, None, None], 0, fashion)
+    for output in ["numpy", "arrow", "arrow"]:
+        loader = sf.DataLoader(ds, batch_size=32, num_threads=2, output=output)
+        labels, images, nulls = [], [], []
+        for batch in loader:
+            if output == "numpy":
+                labels += [int(c) for c in batch["cls"]]
+                nulls += [image is None for image in batch["png"]]
+                continue
+            batch = pa.record_batch(batch)
+            labels += batch.column("cls").to_pylist()
+            column = batch.column("png").storage  # the fixed-shape tensor extension's lists
+            nulls += column.is_null().to_pylist()
+            # Every slot's pixels, the null ones' too (Arrow leaves those unspecified;
+            # these are zeros, never an earlier image's).
+            values = column.values.slice(column.offset * 28 * 28, len(column) * 28 * 28)
+            images.append(values.to_numpy().reshape(-1, 28, 28))
+        assert labels == list(range(len(fashion)))
+        assert nulls == missing.tolist()
+        if images:
+            np.testing.assert_array_equal(np.concatenate(images), expected)

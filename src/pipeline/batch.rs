@@ -4,7 +4,7 @@
 //! A batch assembled from several parts copies them. The values of its large columns
 //! (tensors: `FixedSizeList` of a primitive type; bytes and strings) are copied into
 //! buffers that come back to this re-batcher once every holder of the batch (numpy,
-//! torch, the consumer) has let it go. A fresh 38 MB buffer per batch of 256 224x224 RGB
+//! torch, the consumer) has let it go (`crate::buffers`). A fresh 38 MB buffer per batch of 256 224x224 RGB
 //! images cost the pipeline thread 20-40 ms of page faults (the kernel zeroing new
 //! pages), and the consumer as much again to hand the pages back: most of the serial
 //! path.
@@ -13,18 +13,18 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use arrow_array::types::ByteArrayType;
 use arrow_array::{Array, ArrayRef, FixedSizeListArray, GenericByteArray, RecordBatch, make_array};
-use arrow_buffer::{ArrowNativeType, Buffer, OffsetBuffer, ScalarBuffer};
+use arrow_buffer::{ArrowNativeType, OffsetBuffer, ScalarBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
 use arrow_select::concat::concat;
 
 use super::BatchIter;
 use super::assemble::{BatchThreads, InOrder, Step};
+use crate::buffers::BufferPool;
 use crate::error::{Error, Result};
 
 pub struct Rebatch {
@@ -130,7 +130,9 @@ fn join(buffers: &Arc<BufferPool>, parts: &[RecordBatch]) -> Result<RecordBatch>
         .collect::<std::result::Result<Vec<_>, _>>()
         .and_then(|columns| RecordBatch::try_new(parts[0].schema(), columns))
         .map_err(|e| Error::Internal(format!("cannot assemble a batch: {e}")))?;
-    buffers.keep_for(pooled);
+    // Up to `POOLED_PER_COLUMN` free buffers for each column of this batch that came
+    // from the pool; none when none did.
+    buffers.set_keep(pooled * POOLED_PER_COLUMN);
     Ok(columns)
 }
 
@@ -152,81 +154,7 @@ const POOLED_PER_COLUMN: usize = 2;
 /// sizes cannot use.
 const POOLED_MIN_BYTES: usize = 64 * 1024;
 
-/// Output buffers of re-batched columns, used again (see the module's note).
-#[derive(Default)]
-struct BufferPool {
-    free: Mutex<Vec<Vec<u8>>>,
-    /// Free buffers kept at most: `POOLED_PER_COLUMN` for each column of the last batch
-    /// that used the pool.
-    keep: std::sync::atomic::AtomicUsize,
-}
-
-/// A pooled buffer's memory while a batch holds it; back to the pool when dropped (or
-/// freed, when the pool is gone or full).
-struct Pooled {
-    memory: Vec<u8>,
-    pool: Weak<BufferPool>,
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        // Never waits for the lock: a forked child (PyTorch's workers) may drop batches
-        // it inherited while the lock was held by a parent's thread it does not have.
-        // Such a buffer is simply freed.
-        let Some(pool) = self.pool.upgrade() else {
-            return;
-        };
-        let free = match pool.free.try_lock() {
-            Ok(free) => Some(free),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        };
-        if let Some(mut free) = free
-            && free.len() < pool.keep.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            free.push(std::mem::take(&mut self.memory));
-        }
-    }
-}
-
 impl BufferPool {
-    /// An empty buffer that can hold `len` bytes: a free one of about that size, or new.
-    fn take(&self, len: usize) -> Vec<u8> {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        match free
-            .iter()
-            .position(|m| m.capacity() >= len && m.capacity() <= len.saturating_mul(2))
-        {
-            Some(i) => {
-                let mut memory = free.swap_remove(i);
-                memory.clear();
-                memory
-            }
-            None => Vec::with_capacity(len),
-        }
-    }
-
-    fn buffer(self: &Arc<Self>, memory: Vec<u8>) -> Buffer {
-        let ptr = NonNull::new(memory.as_ptr().cast_mut()).unwrap_or(NonNull::dangling());
-        let len = memory.len();
-        let owner = Arc::new(Pooled {
-            memory,
-            pool: Arc::downgrade(self),
-        });
-        // SAFETY: `ptr` points at `len` initialised bytes of `owner.memory`, whose heap
-        // allocation neither moves nor changes while `owner` lives (the buffer keeps it).
-        unsafe { Buffer::from_custom_allocation(ptr, len, owner) }
-    }
-
-    /// Keeps up to `POOLED_PER_COLUMN` free buffers for each of `columns` (those of the
-    /// batch just assembled that came from the pool); none when there were none.
-    fn keep_for(&self, columns: usize) {
-        self.keep.store(
-            columns * POOLED_PER_COLUMN,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-
     /// `parts` of one column joined with their values in a pooled buffer: tensors
     /// (`FixedSizeList` of a fixed-width type) and bytes or strings, without nulls, of at
     /// least `POOLED_MIN_BYTES`; `None` for any other (arrow's `concat` joins those).
