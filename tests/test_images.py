@@ -336,3 +336,77 @@ def test_pixel_buffers_used_again_hold_zeros_for_missing_images(tmp_path: Path, 
         assert nulls == missing.tolist()
         if images:
             np.testing.assert_array_equal(np.concatenate(images), expected)
+
+
+RESUME_CHILD = """
+import pickle, sys
+import numpy as np
+import shardflow as sf
+path, state_file, out_file = sys.argv[1:4]
+with open(state_file, "rb") as f:
+    state = pickle.load(f)
+ds = sf.dataset(path, columns=["png", "cls"], format_options={"decode": {"png": "l8"}, "center_crop": 28})
+loader = sf.DataLoader(ds, batch_size=24, shuffle=True, seed=3)
+loader.load_state_dict(state)
+seen = []
+for epoch in range(state["epoch"], 2):
+    loader.set_epoch(epoch)
+    seen += [(int(c), image[..., 0]) for b in loader for c, image in zip(b["cls"], b["png"])]
+with open(out_file, "wb") as f:
+    pickle.dump(seen, f)
+"""
+
+
+def test_decoded_photos_across_ranks_workers_epochs_and_a_resume_in_a_new_process(tmp_path: Path, fashion: np.ndarray) -> None:
+    """Photos decoded into pooled buffers from tar units read by byte range (members as
+    slices of the unit), the way training reads them: 2 ranks x 2 forked torch workers
+    for 2 epochs, and a loader stopped mid-epoch and resumed in a new process. Every
+    sample comes once per epoch with Pillow's pixels (PNG: exact)."""
+    import pickle
+    import subprocess
+    import sys
+
+    from torch.utils.data import DataLoader as TorchLoader
+
+    from shardflow.torch import IterableDataset
+
+    filler = bytes(range(256)) * 400  # units of about 40 samples: several buffers, used again
+    pngs = [encode(Image.fromarray(a), "PNG") for a in fashion]
+    write_tar(tmp_path / "photos.tar", [{"cls": str(i).encode(), "bin": filler, "png": p} for i, p in enumerate(pngs)])
+    expected = [pil_pixels(p, "L") for p in pngs]
+    ds = sf.dataset(tmp_path / "photos.tar", columns=["png", "cls"], format_options={"decode": {"png": "l8"}, "center_crop": 28})
+
+    def check(samples: list[tuple[int, np.ndarray]]) -> list[int]:
+        for i, image in samples:
+            np.testing.assert_array_equal(image, expected[i])
+        return [i for i, _ in samples]
+
+    ranks = [TorchLoader(IterableDataset(ds, batch_size=16, shuffle=True, rank=rank, world_size=2), batch_size=None,
+                         num_workers=2, multiprocessing_context="fork") for rank in range(2)]
+    orders = []
+    for _epoch in range(2):
+        order = []
+        for loader in ranks:
+            for batch in loader:
+                order += check([(int(c), np.asarray(image)[..., 0]) for c, image in zip(batch["cls"], batch["png"])])
+        assert sorted(order) == list(range(len(fashion)))
+        orders.append(order)
+    assert orders[0] != orders[1]
+
+    def run(loader: sf.DataLoader, stop: tuple[int, int] | None) -> tuple[list[tuple[int, np.ndarray]], dict | None]:
+        seen = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for step, b in enumerate(loader):
+                seen += [(int(c), image[..., 0]) for c, image in zip(b["cls"], b["png"])]
+                if (epoch, step) == stop:
+                    return seen, loader.state_dict()
+        return seen, None
+
+    whole, _ = run(sf.DataLoader(ds, batch_size=24, shuffle=True, seed=3), None)
+    before, state = run(sf.DataLoader(ds, batch_size=24, shuffle=True, seed=3), (1, 4))
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps(state))
+    subprocess.run([sys.executable, "-c", RESUME_CHILD, str(tmp_path / "photos.tar"), str(tmp_path / "state.pkl"),
+                    str(tmp_path / "after.pkl")], check=True)
+    after = pickle.loads((tmp_path / "after.pkl").read_bytes())
+    assert check(before) + check(after) == check(whole)
