@@ -180,11 +180,13 @@ fn member_bytes(entry: &Entry, raw: Bytes, limit: u64) -> Result<Bytes, String> 
                 ));
             }
             // Deflate expands at most 1032-fold: a size the member cannot reach is
-            // never reserved.
+            // never reserved. One no allocation can hold is not reserved at all (the
+            // read grows the buffer as bytes come) instead of aborting the process.
             let reserve = entry
                 .uncompressed
                 .min((raw.len() as u64).saturating_mul(1032));
-            let mut out = Vec::with_capacity(reserve as usize);
+            let mut out = Vec::new();
+            let _ = out.try_reserve_exact(usize::try_from(reserve).unwrap_or(usize::MAX));
             // One byte more than declared reveals a member that expands past its size.
             DeflateDecoder::new(&raw[..])
                 .take(entry.uncompressed + 1)
