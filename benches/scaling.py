@@ -1,25 +1,32 @@
-"""How far the pipeline scales with cores: the serial path against the parallel work.
+"""How far the pipeline scales with cores: the serial threads against the parallel work.
 
-    python benches/scaling.py [--only parquet,chat,tfrecord,images] [--output numpy,arrow] [--threads 1,2] [--repeats 3] [--scale 1.0]
+    python benches/scaling.py [--only parquet,chat,tfrecord,images] [--output numpy,arrow] [--threads 1,2] [--epochs 2] [--repeats 3] [--scale 1.0]
 
-The harness's workloads (``benches/harness.py``; its data under ``--data``), each read for
-one epoch in batches of 256 (``--batch``) by a ``DataLoader`` with ``num_threads`` = 1 and 2
+The harness's workloads (``benches/harness.py``; its data under ``--data``), each read in
+batches of 256 (``--batch``) by a ``DataLoader`` with ``num_threads`` = 1 and 2
 (``--threads``; on a machine with more cores, ``--threads 1,2,4,8,16`` measures what the
-projection below predicts), in fresh processes, for each ``output`` asked for. numpy output turns strings, bytes and nested
-values into Python objects, under the GIL: that conversion is serial wherever it runs.
-``output="arrow"`` hands the same batches over without it. From ``stats()``, per batch:
+projection below predicts), in fresh processes, for each ``output`` asked for. Each process
+reads ``--epochs`` epochs and the figures are its last epoch's (from ``stats()`` before and
+after it): a training run's steady state, without the one-off start (a JSON schema
+inferred, an index read) that a small dataset's single epoch would spread over its few
+batches. numpy output turns strings, bytes and nested values into Python objects, under
+the GIL: that conversion is serial wherever it runs. ``output="arrow"`` hands the same
+batches over without it. From ``stats()``, per batch:
 
 - parallel: ``decode_seconds`` (decode tasks, summed over threads; with one thread, its
   CPU time) plus ``assemble_seconds`` (joining rows into batches, on threads of their
   own) — the work that more threads share;
-- serial: ``pipeline_cpu_seconds`` (the pipeline thread: ordering, rebatching, shuffling)
-  plus ``consumer_cpu_seconds`` (the consumer in ``next()``: conversion to numpy) — the
+- serial, each on a thread of its own: ``pipeline_cpu_seconds`` (the pipeline thread:
+  ordering, rebatching), ``shuffle_cpu_seconds`` (a shuffle buffer's thread: its draws)
+  and ``consumer_cpu_seconds`` (the consumer in ``next()``: conversion to numpy) — the
   work one thread each does, whatever the thread count.
 
-With the parallel work spread over N cores, a batch takes parallel/N on them while the
-serial path takes serial: throughput stops growing once parallel/N < serial, at
-N = parallel / serial (the projected saturation core count). The serial share is
-serial / (parallel + serial).
+With the parallel work spread over N cores, a batch takes parallel/N on them; each serial
+thread takes its own CPU per batch, beside the others (a queue between each and the next).
+Throughput stops growing once parallel/N is below the busiest serial thread's, at
+N = parallel / max(serial threads) (the projected saturation core count; the serial
+threads' own cores come on top). The serial share is the serial threads' sum over all
+the work per batch.
 """
 
 from __future__ import annotations
@@ -45,15 +52,19 @@ import shardflow as sf
 from harness import wait_until_idle
 from scaling import dataset
 wait_until_idle()
-workload, data, threads, output, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5], int(sys.argv[6])
+workload, data, threads, output, batch, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
 loader = sf.DataLoader(dataset(workload, data), batch_size=batch, num_threads=threads, output=output)
-start = time.perf_counter()
-rows = sum(b.num_rows if output == "arrow" else len(next(iter(b.values()))) for b in loader)
-wall = time.perf_counter() - start
+keys = ("batches", "decode_seconds", "assemble_seconds", "pipeline_cpu_seconds", "shuffle_cpu_seconds", "consumer_cpu_seconds")
+for _ in range(epochs):
+    before = loader.stats()
+    start = time.perf_counter()
+    rows = sum(b.num_rows if output == "arrow" else len(next(iter(b.values()))) for b in loader)
+    wall = time.perf_counter() - start
 s = loader.stats()
-print(json.dumps({"rows": rows, "wall": wall, "batches": s["batches"], "decode": s["decode_seconds"],
-                  "assemble": s["assemble_seconds"],
-                  "pipeline": s["pipeline_cpu_seconds"], "consumer": s["consumer_cpu_seconds"]}))
+d = {k: s[k] - before[k] for k in keys}
+print(json.dumps({"rows": rows, "wall": wall, "batches": d["batches"], "decode": d["decode_seconds"],
+                  "assemble": d["assemble_seconds"], "pipeline": d["pipeline_cpu_seconds"],
+                  "shuffle": d["shuffle_cpu_seconds"], "consumer": d["consumer_cpu_seconds"]}))
 """
 
 
@@ -74,8 +85,9 @@ def dataset(workload: str, data: str):  # noqa: ANN201
     raise ValueError(workload)
 
 
-def run(workload: str, data: Path, threads: int, output: str, batch: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, workload, str(data), str(threads), str(HERE), output, str(batch)],
+def run(workload: str, data: Path, threads: int, output: str, batch: int, epochs: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, workload, str(data), str(threads), str(HERE), output, str(batch),
+                          str(epochs)],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -86,6 +98,7 @@ def main() -> None:
     parser.add_argument("--output", default="numpy,arrow", help="the loader's output(s)")
     parser.add_argument("--batch", type=int, default=256, help="rows per batch")
     parser.add_argument("--threads", default="1,2", help="the loader's num_threads values")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per process; the last one is measured")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--data", default=str(Path.home() / ".cache/shardflow/bench-data"))
@@ -93,21 +106,22 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from harness import prepare
 
-    print("| workload | output | threads | samples/s | decode ms/batch | assemble ms/batch | pipeline ms/batch | consumer ms/batch "
-          "| serial share | saturates at |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| workload | output | threads | samples/s | decode ms/batch | assemble ms/batch | pipeline ms/batch "
+          "| shuffle ms/batch | consumer ms/batch | serial share | saturates at |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    serial_threads = ("pipeline", "shuffle", "consumer")
     for workload in args.only.split(","):
         data = prepare(Path(args.data), workload, args.scale)
         for output, threads in itertools.product(args.output.split(","), map(int, args.threads.split(","))):
-            runs = [run(workload, data, threads, output, args.batch) for _ in range(args.repeats)]
+            runs = [run(workload, data, threads, output, args.batch, args.epochs) for _ in range(args.repeats)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-            per = {k: med[k] / med["batches"] * 1e3 for k in ("decode", "assemble", "pipeline", "consumer")}
-            parallel, serial = per["decode"] + per["assemble"], per["pipeline"] + per["consumer"]
-            share = serial / (serial + parallel)
-            print(f"| {workload} | {output} | {threads} | {med['rows'] / med['wall']:,.0f} | {per['decode']:.3f} | {per['assemble']:.3f} | "
-                  f"{per['pipeline']:.3f} | {per['consumer']:.3f} | {share:.1%} | {parallel / serial:.0f} cores |",
-                  flush=True)
-
+            per = {k: med[k] / med["batches"] * 1e3 for k in ("decode", "assemble", *serial_threads)}
+            parallel = per["decode"] + per["assemble"]
+            serial = sum(per[k] for k in serial_threads)
+            busiest = max(per[k] for k in serial_threads)
+            print(f"| {workload} | {output} | {threads} | {med['rows'] / med['wall']:,.0f} | {per['decode']:.3f} | "
+                  f"{per['assemble']:.3f} | {per['pipeline']:.3f} | {per['shuffle']:.3f} | {per['consumer']:.3f} | "
+                  f"{serial / (serial + parallel):.1%} | {parallel / busiest:.0f} cores |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -65,9 +65,9 @@ def test_stats_split_the_time_and_report_the_depths(tmp_path: Path) -> None:
 
 
 def test_the_serial_path_reports_its_cpu_and_not_its_waits(tmp_path: Path) -> None:
-    # The pipeline thread's and the consumer's CPU time (what more decode threads do not
-    # shorten; benches/scaling.py projects from them): a slow map makes the consumer wait
-    # most of the epoch, and waiting costs it no CPU.
+    # The pipeline thread's, the shuffle buffer's thread's and the consumer's CPU time
+    # (what more decode threads do not shorten; benches/scaling.py projects from them): a
+    # slow map makes the consumer wait most of the epoch, and waiting costs it no CPU.
     pattern = write_id_shards(tmp_path, [500] * 4)
 
     def slow(row: dict) -> dict:
@@ -80,6 +80,7 @@ def test_the_serial_path_reports_its_cpu_and_not_its_waits(tmp_path: Path) -> No
     wall = time.perf_counter() - start
     stats = loader.stats()
     assert 0 < stats["pipeline_cpu_seconds"] <= wall
+    assert 0 < stats["shuffle_cpu_seconds"] <= wall
     assert 0 < stats["consumer_cpu_seconds"] <= wall
     assert stats["wait_seconds"] > wall / 2
     assert stats["consumer_cpu_seconds"] < stats["wait_seconds"] / 4

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_array::RecordBatch;
 
@@ -19,9 +19,13 @@ use crate::error::{Error, Result, panic_message};
 
 /// One run's threads for making batches, shared by its stages.
 pub struct BatchThreads {
-    threads: usize,
-    /// Started with the first batch to make (many epochs need none).
-    pool: Mutex<Option<Arc<rayon::ThreadPool>>>,
+    pub threads: usize,
+    /// Started with the first batch to make (many epochs need none). Read without a
+    /// lock: the shuffle's thread and the pipeline thread both start copies, and
+    /// neither should wait for the other to do so.
+    pool: OnceLock<Arc<rayon::ThreadPool>>,
+    /// Taken only to start the pool, so that it starts once.
+    starting: Mutex<()>,
     stats: Arc<Stats>,
     /// Set when the consumer has gone.
     cancel: Arc<AtomicBool>,
@@ -32,29 +36,68 @@ impl BatchThreads {
     pub fn new(threads: usize, stats: Arc<Stats>, cancel: Arc<AtomicBool>) -> Arc<Self> {
         Arc::new(Self {
             threads: threads.max(1),
-            pool: Mutex::new(None),
+            pool: OnceLock::new(),
+            starting: Mutex::new(()),
             stats,
             cancel,
         })
     }
 
-    fn pool(&self) -> Result<Arc<rayon::ThreadPool>> {
-        let mut slot = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pool) = &*slot {
-            return Ok(pool.clone());
+    fn pool(&self) -> Result<&Arc<rayon::ThreadPool>> {
+        if let Some(pool) = self.pool.get() {
+            return Ok(pool);
+        }
+        let _starting = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pool) = self.pool.get() {
+            return Ok(pool);
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(self.threads)
             .thread_name(|i| format!("shardflow-batch-{i}"))
             .build()
             .map_err(|e| Error::Internal(format!("cannot start batch threads: {e}")))?;
-        Ok(slot.insert(Arc::new(pool)).clone())
+        Ok(self.pool.get_or_init(|| Arc::new(pool)))
+    }
+
+    /// Makes a batch on the threads.
+    pub fn start(&self, make: impl FnOnce() -> Result<RecordBatch> + Send + 'static) -> Made {
+        let pool = match self.pool() {
+            Ok(pool) => pool,
+            Err(e) => return Made::Done(Err(e)),
+        };
+        let (tx, rx) = sync_channel(1);
+        let stats = self.stats.clone();
+        pool.spawn(move || {
+            let start = thread_cpu_ns();
+            let made = catch_unwind(AssertUnwindSafe(make)).unwrap_or_else(|panic| {
+                Err(Error::Internal(format!(
+                    "making a batch failed: {}",
+                    panic_message(&*panic)
+                )))
+            });
+            Stats::add_thread_cpu(&stats.assemble_ns, start);
+            let _ = tx.send(made);
+        });
+        Made::Running(rx)
     }
 }
 
-enum Made {
+/// A batch, made or being made on [`BatchThreads`].
+pub enum Made {
     Done(Result<RecordBatch>),
     Running(Receiver<Result<RecordBatch>>),
+}
+
+impl Made {
+    /// The batch, once made.
+    pub fn wait(self) -> Result<RecordBatch> {
+        match self {
+            Made::Done(batch) => batch,
+            Made::Running(rx) => rx
+                .recv()
+                .unwrap_or_else(|_| Err(Error::Internal("a batch thread stopped".into()))),
+        }
+    }
 }
 
 /// What a stage gives for its next batch: one ready as it is, or a copy to make.
@@ -110,36 +153,15 @@ impl InOrder {
 
     /// Makes a batch on the threads.
     fn spawn(&mut self, make: impl FnOnce() -> Result<RecordBatch> + Send + 'static) {
-        let pool = match self.threads.pool() {
-            Ok(pool) => pool,
-            Err(e) => return self.push_done(Err(e)),
-        };
-        let (tx, rx) = sync_channel(1);
-        let stats = self.threads.stats.clone();
-        pool.spawn(move || {
-            let start = thread_cpu_ns();
-            let made = catch_unwind(AssertUnwindSafe(make)).unwrap_or_else(|panic| {
-                Err(Error::Internal(format!(
-                    "making a batch failed: {}",
-                    panic_message(&*panic)
-                )))
-            });
-            Stats::add_thread_cpu(&stats.assemble_ns, start);
-            let _ = tx.send(made);
-        });
-        self.queue.push_back(Made::Running(rx));
+        let made = self.threads.start(make);
+        self.queue.push_back(made);
     }
 
     /// The oldest batch, waiting for it if it is still being made; `None` when none was
     /// started.
     fn pop(&mut self) -> Option<Result<RecordBatch>> {
         self.started = true;
-        Some(match self.queue.pop_front()? {
-            Made::Done(batch) => batch,
-            Made::Running(rx) => rx
-                .recv()
-                .unwrap_or_else(|_| Err(Error::Internal("a batch thread stopped".into()))),
-        })
+        Some(self.queue.pop_front()?.wait())
     }
 
     /// Starts the stage's next batches, as `step` gives them (until it ends or fails),

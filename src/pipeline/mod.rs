@@ -7,6 +7,7 @@ mod batch;
 mod combine;
 mod decode;
 pub mod ops;
+mod own_thread;
 mod prefetch;
 mod random_access;
 pub mod rng;
@@ -1381,15 +1382,22 @@ impl Dataset {
                 continue;
             }
             stream = match op {
-                Op::Shuffle { seed, buffer } => Box::new(
-                    shuffle::ShuffleBuffer::new(
+                Op::Shuffle { seed, buffer } => {
+                    let mut shuffle = shuffle::ShuffleBuffer::new(
                         stream,
                         Rng::new(*seed, draws.stage(stage), 1 + stage as u64),
                         *buffer,
                         stats.clone(),
-                    )
-                    .gathering_on(batch_threads.clone()),
-                ),
+                    );
+                    Box::new(own_thread::OwnThread::spawn(
+                        "shardflow-shuffle",
+                        move || shuffle.next_step(),
+                        batch_threads.clone(),
+                        stats.clone(),
+                        |stats| &stats.shuffle_cpu_ns,
+                        run.cancel.clone(),
+                    ))
+                }
                 Op::Take(n) => Box::new(ops::Take::new(stream, *n)),
                 Op::Skip(n) => Box::new(ops::Skip::new(stream, *n)),
                 Op::Transform(t) => Box::new(ops::Transformed::new(stream, t.clone())),

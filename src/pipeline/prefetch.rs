@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 
 use super::autotune::Tuning;
-use super::stats::Stats;
+use super::stats::{CpuMeter, Stats};
 use super::{BatchIter, batch_bytes};
 use crate::error::{Error, Result};
 
@@ -131,7 +131,7 @@ fn run(
     budget: Arc<Budget>,
     stats: Arc<Stats>,
 ) {
-    let mut cpu = super::stats::thread_cpu_ns();
+    let mut cpu = CpuMeter::start(&stats.pipeline_cpu_ns);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let stream = match build() {
             Ok(stream) => stream,
@@ -146,7 +146,7 @@ fn run(
                 batch,
             });
             // Counted before the wait for room in the queue, which costs no CPU.
-            cpu = Stats::add_thread_cpu(&stats.pipeline_cpu_ns, cpu);
+            cpu.tick();
             if let Ok(queued) = &item {
                 budget.take(queued.bytes, &cancel);
             }

@@ -1,14 +1,15 @@
 //! The row shuffle buffer: holds up to a number of rows and of bytes (whichever bound
 //! is reached first), hands out a random sample of them, refills from upstream. Rows
 //! are referenced, not copied, until they are emitted (one vectorised gather per output
-//! batch). In a loader the gathers run on the run's batch threads (see `assemble`); the
-//! rows each takes are drawn here, in order, so the stream depends only on the seed.
+//! batch). In a loader the draws run on a thread of their own and the gathers on the
+//! run's batch threads (see `own_thread`); the rows each takes are drawn here, in
+//! order, so the stream depends only on the seed.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_array::RecordBatch;
 
-use super::assemble::{BatchThreads, InOrder, Step};
+use super::assemble::Step;
 use super::rng::Rng;
 use super::stats::Stats;
 use super::{BatchIter, batch_bytes};
@@ -79,6 +80,23 @@ impl Held {
 const CHUNK_DIVISOR: usize = 16;
 const MAX_CHUNK: usize = 4096;
 
+/// How many draws ahead a buffered row is fetched: enough to cover a read from memory
+/// (about 100 ns) with the draws between.
+const FETCH_AHEAD: usize = 64;
+
+/// Asks the CPU to bring `value` into its cache, without waiting for it.
+#[inline]
+fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it changes no memory, and the address is a live reference.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
 pub struct ShuffleBuffer {
     upstream: BatchIter,
     upstream_done: bool,
@@ -103,8 +121,19 @@ pub struct ShuffleBuffer {
     held_rows: usize,
     /// Rows handed out so far (see `fill_target`).
     emitted: usize,
-    /// The gathers running on the run's batch threads, when they do (`gathering_on`).
-    gathers: Option<InOrder>,
+    /// Each output's draws, kept from one to the next (a fresh allocation of each, per
+    /// output, was a tenth of the draws' thread).
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    /// The places drawn in `rows`.
+    places: Vec<usize>,
+    /// The rows at those places, as (slot, row).
+    picks: Vec<(usize, usize)>,
+    /// Each slot's place among an output's batches (`usize::MAX`: none yet).
+    slot_places: Vec<usize>,
 }
 
 impl ShuffleBuffer {
@@ -125,14 +154,8 @@ impl ShuffleBuffer {
             rows: Vec::with_capacity(capacity),
             held_rows: 0,
             emitted: 0,
-            gathers: None,
+            scratch: Scratch::default(),
         }
-    }
-
-    /// Gathers output batches on `threads`, several at once; they come out in order.
-    pub fn gathering_on(mut self, threads: Arc<BatchThreads>) -> Self {
-        self.gathers = Some(InOrder::new(threads));
-        self
     }
 
     /// Rows to hold before the next output. The buffer fills as it goes: two output
@@ -231,7 +254,9 @@ impl ShuffleBuffer {
         let mut used: Vec<usize> = Vec::new();
         // Each slot's place in `used` (by slot: a search of `used` per pick cost the
         // pipeline thread more than the draws).
-        let mut place = vec![usize::MAX; self.slots.len()];
+        let mut place = std::mem::take(&mut self.scratch.slot_places);
+        place.clear();
+        place.resize(self.slots.len(), usize::MAX);
         let mut indices = Vec::with_capacity(picks.len());
         for &(slot, row) in picks {
             if place[slot] == usize::MAX {
@@ -240,6 +265,7 @@ impl ShuffleBuffer {
             }
             indices.push((place[slot], row));
         }
+        self.scratch.slot_places = place;
         let batches: Vec<Held> = used
             .iter()
             .filter_map(|&slot| self.slots[slot].as_ref().map(|s| s.batch.clone()))
@@ -262,21 +288,36 @@ impl ShuffleBuffer {
         Ok(Gather { batches, indices })
     }
 
-    /// When the held batches are mostly rows already handed out, copies the rows left
-    /// in the sparsest of them (over half their rows gone) into one batch, which takes
-    /// their places in the buffer: each place keeps its row's values, so the draws, and
-    /// the stream, are those without the copy. Batches still mostly buffered are left
-    /// alone (copying them would free little). The copy is made by the first gather
-    /// that needs it (see `Held`).
+    /// When the held batches are mostly rows already handed out (they hold over twice
+    /// the rows buffered), copies the rows left in the sparsest of them into one batch,
+    /// which takes their places in the buffer: each place keeps its row's values, so the
+    /// draws, and the stream, are those without the copy. The sparsest go first (the
+    /// fewest rows copied for the rows freed), those over half handed out, until the
+    /// held rows are down to one and a half times the buffered ones: copying every batch
+    /// over half handed out copied 60% of a chat stream's rows a second time (its units
+    /// of 6,700 rows, in a buffer of 10,000), sparsest first 45%. The copy is made by the
+    /// first gather that needs it (see `Held`).
     fn compact_if_sparse(&mut self) -> Result<()> {
-        if self.rows.is_empty() || self.held_rows <= 2 * self.rows.len().max(self.chunk()) {
+        let buffered = self.rows.len().max(self.chunk());
+        if self.rows.is_empty() || self.held_rows <= 2 * buffered {
             return Ok(());
         }
-        let sparse: Vec<bool> = self
-            .slots
-            .iter()
-            .map(|s| s.as_ref().is_some_and(|s| 2 * s.left < s.rows))
+        let mut sparsest: Vec<(usize, usize, usize)> = (self.slots.iter().enumerate())
+            .filter_map(|(slot, s)| s.as_ref().map(|s| (slot, s.left, s.rows)))
+            .filter(|&(_, left, rows)| 2 * left < rows)
             .collect();
+        // By the share left, left / rows, compared as left * other's rows; stable, so
+        // ties go by slot and the choice depends only on the draws.
+        sparsest.sort_by(|a, b| (a.1 * b.2).cmp(&(b.1 * a.2)));
+        let mut sparse = vec![false; self.slots.len()];
+        let mut held = self.held_rows;
+        for (slot, left, rows) in sparsest {
+            if 2 * held <= 3 * buffered {
+                break;
+            }
+            sparse[slot] = true;
+            held = held - rows + left;
+        }
         let places: Vec<usize> = (0..self.rows.len())
             .filter(|&i| sparse[self.rows[i].0])
             .collect();
@@ -310,13 +351,33 @@ impl ShuffleBuffer {
         if self.rows.is_empty() {
             return Ok(None);
         }
-        let k = self.chunk().min(self.rows.len());
-        let mut picks = Vec::with_capacity(k);
-        for _ in 0..k {
-            let i = self.rng.below(self.rows.len());
+        let (n, k) = (self.rows.len(), self.chunk().min(self.rows.len()));
+        // The places drawn depend on the generator and the count of rows left, not on the
+        // rows, so the chunk's are drawn first and each row is fetched from memory a few
+        // draws before its turn. Each draw is a random read of the buffer, which the
+        // decode threads' streaming evicts between chunks: waiting for those reads one at
+        // a time was over half of the shuffle thread's CPU.
+        let (mut places, mut picks) = (
+            std::mem::take(&mut self.scratch.places),
+            std::mem::take(&mut self.scratch.picks),
+        );
+        places.clear();
+        places.extend((0..k).map(|j| self.rng.below(n - j)));
+        picks.clear();
+        for (j, &i) in places.iter().enumerate() {
+            // Below the count left now (`n - j`), as it was drawn below an even smaller one.
+            if let Some(&ahead) = places.get(j + FETCH_AHEAD) {
+                prefetch(&self.rows[ahead]);
+            }
             picks.push(self.rows.swap_remove(i));
         }
-        let gather = self.take(&picks)?;
+        let gather = self.take(&picks);
+        self.scratch = Scratch {
+            places,
+            picks,
+            ..std::mem::take(&mut self.scratch)
+        };
+        let gather = gather?;
         self.emitted += k;
         self.compact_if_sparse()?;
         Ok(Some(gather))
@@ -342,28 +403,31 @@ impl Gather {
     }
 }
 
+impl ShuffleBuffer {
+    /// The next output as a copy to make (on a loader's batch threads: see
+    /// `OwnThread`); `None` at the end.
+    pub fn next_step(&mut self) -> Option<Result<Step>> {
+        self.next_gather()
+            .transpose()
+            .map(|g| g.map(|g| Step::Make(Box::new(move || g.run()))))
+    }
+}
+
+/// Outputs gathered on the calling thread, one at a time.
 impl Iterator for ShuffleBuffer {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let Some(mut gathers) = self.gathers.take() else {
-            return self
-                .next_gather()
-                .and_then(|g| g.map(Gather::run).transpose())
-                .transpose();
-        };
-        let batch = gathers.next(|| {
-            self.next_gather()
-                .transpose()
-                .map(|g| g.map(|g| Step::Make(Box::new(move || g.run()))))
-        });
-        self.gathers = Some(gathers);
-        batch
+        self.next_gather()
+            .and_then(|g| g.map(Gather::run).transpose())
+            .transpose()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::assemble::BatchThreads;
+    use super::super::own_thread::OwnThread;
     use super::*;
     use arrow_array::Int64Array;
 
@@ -434,23 +498,59 @@ mod tests {
         // Batches of one row are never compacted (each goes with its row); batches of
         // 1,000 in a buffer of 3,000 are, often.
         let shuffled = |batch: i64, threads: Option<usize>| {
-            let buffer = ShuffleBuffer::new(
+            let mut buffer = ShuffleBuffer::new(
                 source(20_000, batch),
                 Rng::new(5, 0, 0),
                 rows(3000),
                 Arc::default(),
             );
-            values(match threads {
-                Some(n) => {
-                    buffer.gathering_on(BatchThreads::new(n, Arc::default(), Arc::default()))
-                }
-                None => buffer,
-            })
+            match threads {
+                Some(n) => values(OwnThread::spawn(
+                    "test-shuffle",
+                    move || buffer.next_step(),
+                    BatchThreads::new(n, Arc::default(), Arc::default()),
+                    Arc::default(),
+                    |stats| &stats.shuffle_cpu_ns,
+                    Arc::default(),
+                )),
+                None => values(buffer),
+            }
         };
         let reference = shuffled(1, None);
         assert_eq!(shuffled(1000, None), reference);
         assert_eq!(shuffled(1000, Some(2)), reference);
         assert_eq!(shuffled(7, Some(1)), reference);
+    }
+
+    #[test]
+    fn compaction_keeps_the_held_rows_near_the_buffered_ones() {
+        // Batches of 1,000 rows in a buffer of 3,000: each batch lingers until its last
+        // row is drawn, so without compaction the buffer would hold many times its rows.
+        let mut buffer = ShuffleBuffer::new(
+            source(50_000, 1000),
+            Rng::new(9, 0, 0),
+            rows(3000),
+            Arc::default(),
+        );
+        let (mut emitted, mut compacted) = (0, 0);
+        while let Some(gather) = buffer.next_gather().unwrap() {
+            emitted += gather.indices.len();
+            let buffered = buffer.rows.len().max(buffer.chunk());
+            let sparse_left = (buffer.slots.iter().flatten()).any(|s| 2 * s.left < s.rows);
+            // Past twice the buffered rows, compaction brings them down to 1.5 times, or
+            // as far as batches over half handed out allow.
+            assert!(
+                buffer.held_rows <= 2 * buffered || !sparse_left,
+                "{} rows held for {} buffered",
+                buffer.held_rows,
+                buffer.rows.len()
+            );
+            compacted += (buffer.slots.iter().flatten())
+                .filter(|s| matches!(s.batch, Held::Compacted(_)))
+                .count();
+        }
+        assert_eq!(emitted, 50_000);
+        assert!(compacted > 0);
     }
 
     #[test]

@@ -652,6 +652,7 @@ impl PyDataLoader {
         d.set_item("assemble_seconds", s.assemble_ns as f64 / 1e9)?;
         d.set_item("pipeline_cpu_seconds", s.pipeline_cpu_ns as f64 / 1e9)?;
         d.set_item("consumer_cpu_seconds", s.consumer_cpu_ns as f64 / 1e9)?;
+        d.set_item("shuffle_cpu_seconds", s.shuffle_cpu_ns as f64 / 1e9)?;
         d.set_item("skipped_records", s.skipped_records)?;
         d.set_item("skipped_units", s.skipped_units)?;
         d.set_item("padded_rows", s.padded_rows)?;
