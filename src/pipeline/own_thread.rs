@@ -16,6 +16,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, sync_channel};
+use std::thread::JoinHandle;
 
 use arrow_array::RecordBatch;
 
@@ -26,6 +27,8 @@ use crate::error::{Error, Result, panic_message};
 /// The batches of a stage that runs on a thread of its own.
 pub struct OwnThread {
     rx: Receiver<Made>,
+    /// Joined once the stage has ended (see `next`).
+    thread: Option<JoinHandle<()>>,
 }
 
 impl OwnThread {
@@ -61,6 +64,8 @@ impl OwnThread {
                     }
                 }
             }));
+            // The stage's buffers (and what it read from) go before its end is seen.
+            drop(steps);
             drop(meter);
             if let Err(panic) = outcome {
                 let _ = tx.send(Made::Done(Err(Error::Internal(format!(
@@ -69,15 +74,21 @@ impl OwnThread {
                 )))));
             }
         };
-        if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(run) {
-            // The closure, with its sender, is gone: this channel holds the error, then ends.
-            let (tx, rx) = sync_channel(1);
-            let _ = tx.send(Made::Done(Err(Error::Internal(format!(
-                "cannot start the thread {name}: {e}"
-            )))));
-            return Self { rx };
+        match std::thread::Builder::new().name(name.into()).spawn(run) {
+            Ok(thread) => Self {
+                rx,
+                thread: Some(thread),
+            },
+            Err(e) => {
+                // The closure, with its sender, is gone: this channel holds the error,
+                // then ends.
+                let (tx, rx) = sync_channel(1);
+                let _ = tx.send(Made::Done(Err(Error::Internal(format!(
+                    "cannot start the thread {name}: {e}"
+                )))));
+                Self { rx, thread: None }
+            }
         }
-        Self { rx }
     }
 }
 
@@ -85,6 +96,17 @@ impl Iterator for OwnThread {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.rx.recv().ok().map(Made::wait)
+        match self.rx.recv() {
+            Ok(made) => Some(made.wait()),
+            Err(_) => {
+                // The thread has dropped its sender, its last act: joining costs nothing,
+                // and its memory is given back (its heap at its exit) before the stream's
+                // end is passed on, as the pipeline thread's is (see `BatchReceiver`).
+                if let Some(thread) = self.thread.take() {
+                    let _ = thread.join();
+                }
+                None
+            }
+        }
     }
 }

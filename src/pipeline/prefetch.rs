@@ -27,6 +27,10 @@ pub enum Received {
 struct Queued {
     batches: usize,
     bytes: u64,
+    /// Whether the producer waits for room. A notify is a system call whether or not a
+    /// thread waits (std's condition variable does not count its waiters), and the
+    /// consumer gives room back at every batch, on the serial path.
+    producer_waits: bool,
 }
 
 /// What may wait for the consumer. The producer waits for room, except when nothing is
@@ -47,12 +51,14 @@ impl Budget {
                 || queued.bytes + bytes > self.tuning.prefetch_bytes)
             && !cancel.load(Ordering::Relaxed)
         {
+            queued.producer_waits = true;
             queued = self
                 .freed
                 .wait_timeout(queued, Duration::from_millis(100))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+        queued.producer_waits = false;
         queued.batches += 1;
         queued.bytes += bytes;
     }
@@ -61,7 +67,9 @@ impl Budget {
         let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
         queued.batches = queued.batches.saturating_sub(1);
         queued.bytes = queued.bytes.saturating_sub(bytes);
-        self.freed.notify_all();
+        if queued.producer_waits {
+            self.freed.notify_all();
+        }
     }
 }
 
@@ -167,8 +175,19 @@ fn run(
 impl BatchReceiver {
     /// Waits up to `timeout` for the next batch, counting the wait in the stats.
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Received> {
+        Ok(self.receive(Some(timeout))?.unwrap_or(Received::Timeout))
+    }
+
+    /// The next batch (or the end) if it is there, without waiting; `None` if not yet.
+    /// The consumer asks first with the GIL held, and lets go of the GIL only to wait.
+    pub fn try_recv(&mut self) -> Result<Option<Received>> {
+        self.receive(None)
+    }
+
+    /// The next batch, waiting up to `wait` for it (not at all with `None`).
+    fn receive(&mut self, wait: Option<Duration>) -> Result<Option<Received>> {
         if self.ended {
-            return Ok(Received::End);
+            return Ok(Some(Received::End));
         }
         let start = Instant::now();
         let rx = self.rx.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -176,6 +195,9 @@ impl BatchReceiver {
             Ok(item) => Ok(item),
             Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
             Err(TryRecvError::Empty) => {
+                let Some(timeout) = wait else {
+                    return Ok(None);
+                };
                 if self.started && !std::mem::replace(&mut self.waiting, true) {
                     self.stats.consumer_waits.fetch_add(1, Ordering::Relaxed);
                     self.budget.tuning.consumer_waited();
@@ -196,13 +218,13 @@ impl BatchReceiver {
                 self.stats
                     .rows
                     .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-                Ok(Received::Batch(batch))
+                Ok(Some(Received::Batch(batch)))
             }
             Ok(Err(e)) => {
                 self.ended = true;
                 Err(e)
             }
-            Err(RecvTimeoutError::Timeout) => Ok(Received::Timeout),
+            Err(RecvTimeoutError::Timeout) => Ok(Some(Received::Timeout)),
             Err(RecvTimeoutError::Disconnected) => {
                 self.ended = true;
                 // The thread has dropped its sender, its last act: joining costs nothing and
@@ -212,7 +234,7 @@ impl BatchReceiver {
                 if let Some(thread) = self.thread.take() {
                     let _ = thread.join();
                 }
-                Ok(Received::End)
+                Ok(Some(Received::End))
             }
         }
     }

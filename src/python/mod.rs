@@ -24,7 +24,13 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 /// Waits for the next batch with the GIL released, raising KeyboardInterrupt promptly.
 fn next_batch(py: Python<'_>, receiver: &mut BatchReceiver) -> PyResult<Option<RecordBatch>> {
     loop {
-        match py.detach(|| receiver.recv_timeout(SIGNAL_CHECK))? {
+        // A batch that is ready is taken with the GIL held: letting go of the GIL and
+        // taking it back cost the consumer's thread (the serial path) at every batch.
+        let received = match receiver.try_recv()? {
+            Some(received) => received,
+            None => py.detach(|| receiver.recv_timeout(SIGNAL_CHECK))?,
+        };
+        match received {
             Received::Batch(batch) => {
                 if let Some(rows) = receiver.stats().take_shuffle_bound_report() {
                     let message = format!(
