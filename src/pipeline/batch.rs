@@ -32,6 +32,9 @@ pub struct Rebatch {
     batch_rows: usize,
     drop_last: bool,
     queued: VecDeque<RecordBatch>,
+    /// Rows of the front queued batch already taken. (Slicing off what is left at each
+    /// batch was a second slice per batch, and its allocations, on the pipeline thread.)
+    front_taken: usize,
     queued_rows: usize,
     upstream_done: bool,
     buffers: Arc<BufferPool>,
@@ -46,6 +49,7 @@ impl Rebatch {
             batch_rows: batch_rows.max(1),
             drop_last,
             queued: VecDeque::new(),
+            front_taken: 0,
             queued_rows: 0,
             upstream_done: false,
             buffers: Arc::default(),
@@ -73,6 +77,7 @@ impl Rebatch {
                     // The stream ends with its error: rows queued before it are no batch.
                     self.upstream_done = true;
                     self.queued.clear();
+                    self.front_taken = 0;
                     self.queued_rows = 0;
                     return Some(Err(e));
                 }
@@ -91,16 +96,19 @@ impl Rebatch {
         let mut parts = Vec::new();
         let mut need = rows;
         while need > 0 {
-            let Some(front) = self.queued.pop_front() else {
-                return Err(Error::Internal("re-batching ran out of queued rows".into()));
-            };
-            if front.num_rows() <= need {
-                need -= front.num_rows();
-                parts.push(front);
+            let ran_out = || Error::Internal("re-batching ran out of queued rows".into());
+            let left = self.queued.front().ok_or_else(ran_out)?.num_rows() - self.front_taken;
+            if left <= need {
+                need -= left;
+                let front = self.queued.pop_front().ok_or_else(ran_out)?;
+                parts.push(match std::mem::take(&mut self.front_taken) {
+                    0 => front,
+                    taken => front.slice(taken, left),
+                });
             } else {
-                parts.push(front.slice(0, need));
-                self.queued
-                    .push_front(front.slice(need, front.num_rows() - need));
+                let front = self.queued.front().ok_or_else(ran_out)?;
+                parts.push(front.slice(self.front_taken, need));
+                self.front_taken += need;
                 need = 0;
             }
         }
