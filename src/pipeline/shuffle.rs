@@ -121,19 +121,6 @@ pub struct ShuffleBuffer {
     held_rows: usize,
     /// Rows handed out so far (see `fill_target`).
     emitted: usize,
-    /// Each output's draws, kept from one to the next (a fresh allocation of each, per
-    /// output, was a tenth of the draws' thread).
-    scratch: Scratch,
-}
-
-#[derive(Default)]
-struct Scratch {
-    /// The places drawn in `rows`.
-    places: Vec<usize>,
-    /// The rows at those places, as (slot, row).
-    picks: Vec<(usize, usize)>,
-    /// Each slot's place among an output's batches (`usize::MAX`: none yet).
-    slot_places: Vec<usize>,
 }
 
 impl ShuffleBuffer {
@@ -154,7 +141,6 @@ impl ShuffleBuffer {
             rows: Vec::with_capacity(capacity),
             held_rows: 0,
             emitted: 0,
-            scratch: Scratch::default(),
         }
     }
 
@@ -254,9 +240,7 @@ impl ShuffleBuffer {
         let mut used: Vec<usize> = Vec::new();
         // Each slot's place in `used` (by slot: a search of `used` per pick cost the
         // pipeline thread more than the draws).
-        let mut place = std::mem::take(&mut self.scratch.slot_places);
-        place.clear();
-        place.resize(self.slots.len(), usize::MAX);
+        let mut place = vec![usize::MAX; self.slots.len()];
         let mut indices = Vec::with_capacity(picks.len());
         for &(slot, row) in picks {
             if place[slot] == usize::MAX {
@@ -265,7 +249,6 @@ impl ShuffleBuffer {
             }
             indices.push((place[slot], row));
         }
-        self.scratch.slot_places = place;
         let batches: Vec<Held> = used
             .iter()
             .filter_map(|&slot| self.slots[slot].as_ref().map(|s| s.batch.clone()))
@@ -357,13 +340,8 @@ impl ShuffleBuffer {
         // draws before its turn. Each draw is a random read of the buffer, which the
         // decode threads' streaming evicts between chunks: waiting for those reads one at
         // a time was over half of the shuffle thread's CPU.
-        let (mut places, mut picks) = (
-            std::mem::take(&mut self.scratch.places),
-            std::mem::take(&mut self.scratch.picks),
-        );
-        places.clear();
-        places.extend((0..k).map(|j| self.rng.below(n - j)));
-        picks.clear();
+        let places: Vec<usize> = (0..k).map(|j| self.rng.below(n - j)).collect();
+        let mut picks = Vec::with_capacity(k);
         for (j, &i) in places.iter().enumerate() {
             // Below the count left now (`n - j`), as it was drawn below an even smaller one.
             if let Some(&ahead) = places.get(j + FETCH_AHEAD) {
@@ -371,16 +349,18 @@ impl ShuffleBuffer {
             }
             picks.push(self.rows.swap_remove(i));
         }
-        let gather = self.take(&picks);
-        self.scratch = Scratch {
-            places,
-            picks,
-            ..std::mem::take(&mut self.scratch)
-        };
-        let gather = gather?;
+        let gather = self.take(&picks)?;
         self.emitted += k;
         self.compact_if_sparse()?;
         Ok(Some(gather))
+    }
+
+    /// The next output as a copy to make (on a loader's batch threads: see
+    /// `OwnThread`); `None` at the end.
+    pub fn next_step(&mut self) -> Option<Result<Step>> {
+        self.next_gather()
+            .transpose()
+            .map(|g| g.map(|g| Step::Make(Box::new(move || g.run()))))
     }
 }
 
@@ -400,16 +380,6 @@ impl Gather {
         let batches: Vec<&RecordBatch> = batches.iter().collect();
         super::interleave_rows(&batches, &self.indices)
             .map_err(|e| Error::Internal(format!("shuffle gather failed: {e}")))
-    }
-}
-
-impl ShuffleBuffer {
-    /// The next output as a copy to make (on a loader's batch threads: see
-    /// `OwnThread`); `None` at the end.
-    pub fn next_step(&mut self) -> Option<Result<Step>> {
-        self.next_gather()
-            .transpose()
-            .map(|g| g.map(|g| Step::Make(Box::new(move || g.run()))))
     }
 }
 
