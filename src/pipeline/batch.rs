@@ -119,9 +119,13 @@ impl Rebatch {
 
 /// `parts` as one batch: the one part itself, or the parts' rows copied into one batch
 /// (large columns into pooled buffers).
-fn join(buffers: &Arc<BufferPool>, parts: &[RecordBatch]) -> Result<RecordBatch> {
-    if let [single] = parts {
-        return Ok(single.clone());
+fn join(buffers: &Arc<BufferPool>, mut parts: Vec<RecordBatch>) -> Result<RecordBatch> {
+    if parts.len() == 1 {
+        // Moved out, not cloned: a clone is another column list to allocate on the
+        // pipeline thread, for the consumer's thread to free.
+        return parts
+            .pop()
+            .ok_or_else(|| Error::Internal("no parts to join".into()));
     }
     let mut pooled = 0;
     let columns = (0..parts[0].num_columns())
@@ -268,7 +272,7 @@ impl Iterator for Rebatch {
         let Some(mut joins) = self.joins.take() else {
             return self
                 .next_parts()
-                .map(|parts| parts.and_then(|parts| join(&self.buffers, &parts)));
+                .map(|parts| parts.and_then(|parts| join(&self.buffers, parts)));
         };
         let batch = joins.next(|| {
             let parts = match self.next_parts()? {
@@ -277,10 +281,10 @@ impl Iterator for Rebatch {
             };
             let inline = || INLINE_JOINS.contains(&parts.iter().map(super::batch_bytes).sum());
             Some(if parts.len() == 1 || inline() {
-                join(&self.buffers, &parts).map(Step::Ready)
+                join(&self.buffers, parts).map(Step::Ready)
             } else {
                 let buffers = self.buffers.clone();
-                Ok(Step::Make(Box::new(move || join(&buffers, &parts))))
+                Ok(Step::Make(Box::new(move || join(&buffers, parts))))
             })
         });
         self.joins = Some(joins);

@@ -24,15 +24,18 @@ use crate::source::{self, Io, ShardMeta, Source};
 /// What a unit's fetcher sends, in order.
 enum Feed {
     Task(DecodeTask),
+    /// The unit's one task (its rows are all decoded by it), then `Done`.
+    Whole(DecodeTask),
     Failed(Error),
     /// Sent last; a feed that closes without it lost its fetcher to a panic.
     Done,
 }
 
-/// What a decode task sends: its batches as it makes them (see `BatchSink`), then its end.
+/// What a decode task sends: its batches as it makes them (see `BatchSink`), then its end,
+/// with its slice's state when the task cut its own batches (see `Cutter`).
 enum Decoding {
     Batch(RecordBatch),
-    End(Result<Decoded>),
+    End(Result<Decoded>, Option<SliceState>),
 }
 
 /// A decode queued or running, or a marker kept in order with them; `slice` indexes
@@ -44,6 +47,8 @@ enum Pending {
         /// Batches received and not handed out yet: under `on_error="skip"` a task's
         /// batches wait for its end, so that a unit that fails half-way is skipped whole.
         held: Vec<RecordBatch>,
+        /// The task clips, numbers and cuts its batches itself (see `Cutter`).
+        cut: bool,
     },
     Failed {
         slice: usize,
@@ -69,11 +74,15 @@ pub struct UnitSlice {
 }
 
 /// A slice being read: its rows seen so far, to clip its batches and number its rows.
+#[derive(Debug, Clone, Copy)]
 struct SliceState {
     slice: UnitSlice,
     seen: u64,
     /// Rows handed out so far.
     kept: u64,
+    /// Rows of the decoder's stream before this slice's, when every earlier slice's rows
+    /// are known: where the slice stands against the batch grid (see `Cutter`).
+    after: Option<u64>,
 }
 
 impl SliceState {
@@ -100,6 +109,41 @@ impl SliceState {
         };
         self.kept += hi - lo;
         Ok(Some(batch))
+    }
+}
+
+/// Cuts a slice's batches at the loader's batch boundaries, on the decode thread that
+/// made them, after clipping them to the slice and numbering their rows as the pipeline
+/// thread would. Re-batching then hands each whole batch on as it is, where it sliced
+/// one out of every decoded batch on the pipeline thread (the serial path): a column
+/// list and an array per column allocated there, per batch, for the consumer's thread to
+/// free. Only a unit's single task knows where its first row stands; a unit decoded in
+/// several tasks is cut by re-batching as before.
+struct Cutter {
+    state: SliceState,
+    /// Rows of the stream before the slice's.
+    after: u64,
+    batch_rows: u64,
+}
+
+impl Cutter {
+    fn cut(&mut self, batch: RecordBatch, out: &mut impl FnMut(RecordBatch)) -> Result<()> {
+        let Some(batch) = self.state.clip(batch)? else {
+            return Ok(());
+        };
+        let rows = batch.num_rows() as u64;
+        let first = self.after + self.state.kept - rows;
+        let mut at = 0;
+        while at < rows {
+            let len = (self.batch_rows - (first + at) % self.batch_rows).min(rows - at);
+            if len == rows {
+                out(batch);
+                return Ok(());
+            }
+            out(batch.slice(at as usize, len as usize));
+            at += len;
+        }
+        Ok(())
     }
 }
 
@@ -176,6 +220,9 @@ pub struct UnitDecoder {
     tuning: Arc<Tuning>,
     /// Bytes the open units will fetch, bounded by the tuning's read-ahead bytes.
     open_bytes: u64,
+    /// The rows of the loader's batches, when this decoder's batches go straight to its
+    /// re-batching: decode tasks cut their batches at its boundaries (see `Cutter`).
+    batch_rows: Option<usize>,
     finished: bool,
 }
 
@@ -194,17 +241,26 @@ impl UnitDecoder {
             .thread_name(|i| format!("shardflow-decode-{i}"))
             .build()
             .map_err(|e| Error::Internal(format!("cannot start decode threads: {e}")))?;
-        Ok(Self {
-            prepared,
-            order: (0..slices.len()).collect(),
-            slices: slices
-                .into_iter()
-                .map(|slice| SliceState {
+        let slices: Vec<SliceState> = slices
+            .into_iter()
+            .scan(Some(0), |after, slice| {
+                let state = SliceState {
                     slice,
                     seen: 0,
                     kept: 0,
-                })
-                .collect(),
+                    after: *after,
+                };
+                let rows = prepared.units[slice.unit].rows;
+                *after = after
+                    .zip(slice.take.or(rows.map(|r| r.saturating_sub(slice.skip))))
+                    .map(|(a, r)| a + r);
+                Some(state)
+            })
+            .collect();
+        Ok(Self {
+            prepared,
+            order: (0..slices.len()).collect(),
+            slices,
             open: VecDeque::new(),
             pending: VecDeque::new(),
             ready: VecDeque::new(),
@@ -222,8 +278,16 @@ impl UnitDecoder {
             on_error,
             tuning,
             open_bytes: 0,
+            batch_rows: None,
             finished: false,
         })
+    }
+
+    /// Has decode tasks cut their batches at the boundaries of batches of `batch_rows`,
+    /// when the decoder's batches go straight to a re-batching to that size.
+    pub fn cutting_at(mut self, batch_rows: Option<usize>) -> Self {
+        self.batch_rows = batch_rows;
+        self
     }
 
     /// Starts fetching the next units until the read-ahead is reached, in units or in
@@ -301,7 +365,7 @@ impl UnitDecoder {
                     let fetched = fetch_ranges(source, known_size, ranges).await;
                     let feed = match fetched {
                         Ok(set) => {
-                            Feed::Task(Box::new(move |sink: &mut BatchSink| decode(set, sink)))
+                            Feed::Whole(Box::new(move |sink: &mut BatchSink| decode(set, sink)))
                         }
                         Err(e) => Feed::Failed(e),
                     };
@@ -373,7 +437,8 @@ impl UnitDecoder {
                 }
             };
             match feed {
-                Some(Feed::Task(task)) => self.spawn_decode(slice, task),
+                Some(Feed::Task(task)) => self.spawn_decode(slice, task, false),
+                Some(Feed::Whole(task)) => self.spawn_decode(slice, task, true),
                 Some(Feed::Failed(error)) => {
                     self.close_front();
                     self.pending.push_back(Pending::Failed { slice, error });
@@ -401,23 +466,42 @@ impl UnitDecoder {
         Ok(())
     }
 
-    fn spawn_decode(&mut self, slice: usize, task: DecodeTask) {
+    /// Runs `task`, a task of `slice`; `whole` when it is the unit's only task.
+    fn spawn_decode(&mut self, slice: usize, task: DecodeTask, whole: bool) {
         // Unbounded, so that a task never waits for the consumer while it holds a decode
         // thread that an earlier unit's task needs; it holds what `Decoded` held before.
         let (tx, rx) = std_mpsc::channel();
         let (stats, cancel) = (self.stats.clone(), self.cancel.clone());
         let url = self.slice_url(slice).to_string();
         let format = self.prepared.format;
+        let state = self.slices[slice];
+        let mut cutter = match (whole, self.batch_rows, state.after) {
+            (true, Some(batch_rows), Some(after)) => Some(Cutter {
+                state,
+                after,
+                batch_rows: batch_rows as u64,
+            }),
+            _ => None,
+        };
+        let cut = cutter.is_some();
         self.pool.spawn(move || {
             if cancel.load(Ordering::Relaxed) {
                 return;
             }
             let start = Instant::now();
-            // Decoders (ours and the parquet crate's) can trip assertions on corrupt
-            // bytes; that is a fault in this unit's data, reported against its file.
-            let mut sink = |batch| {
+            let mut send = |batch| {
                 let _ = tx.send(Decoding::Batch(batch));
             };
+            let mut cut_failed = None;
+            let mut sink = |batch| match &mut cutter {
+                None => send(batch),
+                Some(cutter) if cut_failed.is_none() => {
+                    cut_failed = cutter.cut(batch, &mut send).err();
+                }
+                Some(_) => {}
+            };
+            // Decoders (ours and the parquet crate's) can trip assertions on corrupt
+            // bytes; that is a fault in this unit's data, reported against its file.
             let result =
                 catch_unwind(AssertUnwindSafe(|| task(&mut sink))).unwrap_or_else(|panic| {
                     Err(Error::decode(
@@ -427,13 +511,27 @@ impl UnitDecoder {
                         format!("the decoder failed: {}", panic_message(&*panic)),
                     ))
                 });
+            let result = match cut_failed {
+                Some(error) => Err(error),
+                None => result.and_then(|mut decoded| {
+                    if let Some(cutter) = &mut cutter {
+                        let mut pieces = Vec::with_capacity(decoded.batches.len());
+                        for batch in std::mem::take(&mut decoded.batches) {
+                            cutter.cut(batch, &mut |piece| pieces.push(piece))?;
+                        }
+                        decoded.batches = pieces;
+                    }
+                    Ok(decoded)
+                }),
+            };
             Stats::add_time(&stats.decode_ns, start.elapsed());
-            let _ = tx.send(Decoding::End(result));
+            let _ = tx.send(Decoding::End(result, cutter.map(|c| c.state)));
         });
         self.pending.push_back(Pending::Task {
             slice,
             rx,
             held: Vec::new(),
+            cut,
         });
     }
 
@@ -478,26 +576,35 @@ impl UnitDecoder {
                     slice,
                     rx,
                     mut held,
+                    cut,
                 } => match self.decoded(&rx) {
                     Ok(Decoding::Batch(batch)) => {
                         if self.on_error == OnError::Skip {
                             held.push(batch);
-                        } else if let Err(e) = self.release(slice, batch) {
+                        } else if let Err(e) = self.release(slice, batch, cut) {
                             return Some(Err(e));
                         }
-                        self.pending.push_front(Pending::Task { slice, rx, held });
+                        self.pending.push_front(Pending::Task {
+                            slice,
+                            rx,
+                            held,
+                            cut,
+                        });
                     }
-                    Ok(Decoding::End(Ok(decoded))) => {
+                    Ok(Decoding::End(Ok(decoded), state)) => {
                         self.stats
                             .skipped_records
                             .fetch_add(decoded.skipped, Ordering::Relaxed);
+                        if let Some(state) = state {
+                            self.slices[slice] = state;
+                        }
                         for batch in held.into_iter().chain(decoded.batches) {
-                            if let Err(e) = self.release(slice, batch) {
+                            if let Err(e) = self.release(slice, batch, cut) {
                                 return Some(Err(e));
                             }
                         }
                     }
-                    Ok(Decoding::End(Err(error))) => {
+                    Ok(Decoding::End(Err(error), _)) => {
                         if let Some(error) = self.unit_failed(error) {
                             return Some(Err(error));
                         }
@@ -547,8 +654,13 @@ impl UnitDecoder {
         })
     }
 
-    /// Clips a decoded batch to its slice's rows and queues what is left for the consumer.
-    fn release(&mut self, slice: usize, batch: RecordBatch) -> Result<()> {
+    /// Clips a decoded batch to its slice's rows and queues what is left for the consumer
+    /// (a task that `cut` its batches clipped them itself).
+    fn release(&mut self, slice: usize, batch: RecordBatch, cut: bool) -> Result<()> {
+        if cut {
+            self.ready.push_back(batch);
+            return Ok(());
+        }
         let batch = self.slices[slice].clip(batch)?;
         self.ready.extend(batch);
         Ok(())
@@ -619,7 +731,7 @@ fn recv_unless_stopped(
 /// Feeds a unit that is one task with nothing to fetch first. The unit's channel holds
 /// two: the task and the end of the unit.
 fn queue_whole_unit(tx: &mpsc::Sender<Feed>, task: DecodeTask) {
-    let _ = tx.try_send(Feed::Task(task));
+    let _ = tx.try_send(Feed::Whole(task));
     let _ = tx.try_send(Feed::Done);
 }
 
@@ -658,4 +770,59 @@ async fn fetch_ranges(
         set.insert(range.start, bytes);
     }
     Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int64Type, UInt64Type};
+    use arrow_array::{ArrayRef, Int64Array};
+
+    fn ids(rows: std::ops::Range<i64>) -> RecordBatch {
+        let column = Arc::new(Int64Array::from_iter_values(rows)) as ArrayRef;
+        RecordBatch::try_from_iter([("id", column)]).unwrap()
+    }
+
+    #[test]
+    fn cut_batches_end_at_the_batch_boundaries_with_the_slices_rows_and_positions() {
+        // Rows 5..95 of a unit of 100, numbered from 1000, after 37 rows of the stream,
+        // for batches of 16; decoded as batches of 40, 40 and 20 rows.
+        let slice = UnitSlice {
+            unit: 0,
+            skip: 5,
+            take: Some(90),
+            position: Some(1000),
+        };
+        let state = SliceState {
+            slice,
+            seen: 0,
+            kept: 0,
+            after: Some(37),
+        };
+        let mut cutter = Cutter {
+            state,
+            after: 37,
+            batch_rows: 16,
+        };
+        let mut pieces = Vec::new();
+        for rows in [0..40, 40..80, 80..100] {
+            cutter.cut(ids(rows), &mut |p| pieces.push(p)).unwrap();
+        }
+        // Stream rows 37..127: cut at 48, 64, 80, 96 and 112, and where the decoded
+        // batches end (72, 112).
+        let sizes: Vec<usize> = pieces.iter().map(|p| p.num_rows()).collect();
+        assert_eq!(sizes, [11, 16, 8, 8, 16, 16, 15]);
+        let kept: Vec<i64> = pieces
+            .iter()
+            .flat_map(|p| p.column(0).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+        assert_eq!(kept, (5..95).collect::<Vec<_>>());
+        let positions: Vec<u64> = pieces
+            .iter()
+            .flat_map(|p| p.column(1).as_primitive::<UInt64Type>().values().to_vec())
+            .collect();
+        assert_eq!(positions, (1000..1090).collect::<Vec<_>>());
+        assert_eq!((cutter.state.seen, cutter.state.kept), (100, 90));
+    }
 }

@@ -1255,12 +1255,15 @@ impl Dataset {
     }
 
     /// The head's rows for part `run.part` of `run.parts`.
+    /// `batch_rows`: the rows of the loader's batches, when the head's batches go to its
+    /// re-batching unchanged (the decode tasks then cut them at its boundaries).
     fn head_stream(
         &self,
         head: &Head,
         split: &Split,
         run: &RunOptions,
         stats: &Arc<Stats>,
+        batch_rows: Option<usize>,
     ) -> Result<BatchIter> {
         let leaf = run.track.then_some(run.leaf);
         Ok(match &head.kind {
@@ -1313,7 +1316,8 @@ impl Dataset {
                     io,
                     stats.clone(),
                     run.cancel.clone(),
-                )?;
+                )?
+                .cutting_at(batch_rows);
                 Box::new(ops::Padding::new(Box::new(decoder), share, stats.clone()))
             }
             HeadKind::Indexed(access) => {
@@ -1367,9 +1371,20 @@ impl Dataset {
                     track: indexed,
                     ..run.whole()
                 };
-                self.head_stream(&head, &split, &whole, &stats)?
+                self.head_stream(&head, &split, &whole, &stats, None)?
             }
-            Split::Units | Split::Window { .. } => self.head_stream(&head, &split, run, &stats)?,
+            Split::Units | Split::Window { .. } => {
+                // The head's batches go straight to re-batching when every op after the
+                // head is a take/skip that the head's plan already applied.
+                let applied = |i: usize, op: &Op| {
+                    matches!(split, Split::Window { after, .. } if i < after)
+                        && matches!(op, Op::Take(_) | Op::Skip(_))
+                };
+                let direct =
+                    run.skip_rows == 0 && ops.iter().enumerate().all(|(i, op)| applied(i, op));
+                let batch_rows = run.batch_rows.filter(|_| direct);
+                self.head_stream(&head, &split, run, &stats, batch_rows)?
+            }
         };
         let batch_threads =
             assemble::BatchThreads::new(run.tuning.threads, stats.clone(), run.cancel.clone());
@@ -1924,18 +1939,57 @@ const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a shuf
     first, or use a full shuffle, to resume on another)";
 
 /// Bytes of `batch`'s values: the slices it covers, not the whole buffers it may share
-/// with other batches.
+/// with other batches (arrow's `get_slice_memory_size`).
 pub fn batch_bytes(batch: &RecordBatch) -> u64 {
-    use arrow_array::Array;
     batch
         .columns()
         .iter()
-        .map(|c| {
-            let data = c.to_data();
+        .map(|c| column_bytes(c.as_ref()))
+        .sum()
+}
+
+/// One column's `get_slice_memory_size`, read off the array itself for the common types.
+/// `to_data` builds an `ArrayData` (with its buffer list) only to be measured: for every
+/// batch, on the pipeline thread, that was allocations the consumer's thread then freed.
+fn column_bytes(column: &dyn arrow_array::Array) -> u64 {
+    use arrow_array::cast::AsArray;
+    use arrow_schema::DataType;
+    let rows = column.len();
+    // As `ArrayData`, which drops a null buffer without nulls (a slice's may have none).
+    let nulls = if column.null_count() > 0 {
+        rows.div_ceil(8)
+    } else {
+        0
+    };
+    let values = match column.data_type() {
+        DataType::Binary => Some(byte_span(column.as_binary::<i32>().value_offsets(), 4)),
+        DataType::Utf8 => Some(byte_span(column.as_string::<i32>().value_offsets(), 4)),
+        DataType::LargeBinary => Some(byte_span(column.as_binary::<i64>().value_offsets(), 8)),
+        DataType::LargeUtf8 => Some(byte_span(column.as_string::<i64>().value_offsets(), 8)),
+        DataType::FixedSizeList(_, _) => {
+            let values = column.as_fixed_size_list().values();
+            (values.data_type().primitive_width().is_some())
+                .then(|| column_bytes(values.as_ref()) as usize)
+        }
+        other => other.primitive_width().map(|width| rows * width),
+    };
+    match values {
+        Some(values) => (values + nulls) as u64,
+        None => {
+            let data = column.to_data();
             data.get_slice_memory_size()
                 .unwrap_or_else(|_| data.get_buffer_memory_size()) as u64
-        })
-        .sum()
+        }
+    }
+}
+
+/// A byte array's offsets and the values they span.
+fn byte_span<O: arrow_buffer::ArrowNativeType>(offsets: &[O], width: usize) -> usize {
+    let span = match (offsets.first(), offsets.last()) {
+        (Some(first), Some(last)) => last.as_usize() - first.as_usize(),
+        _ => 0,
+    };
+    offsets.len() * width + span
 }
 
 /// One reader's part of an epoch (see [`Dataset::read_plan`]).
@@ -2080,6 +2134,77 @@ fn threads_for_cores(cores: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn batch_bytes_is_arrows_slice_size_for_every_type() {
+        use arrow_array::builder::{ListBuilder, StringBuilder};
+        use arrow_array::{
+            Array, ArrayRef, BinaryArray, BooleanArray, FixedSizeListArray, Float32Array,
+            Int64Array, LargeStringArray, RecordBatch,
+        };
+        use std::sync::Arc;
+        let rows = 300;
+        let mut lists = ListBuilder::new(StringBuilder::new());
+        for i in 0..rows {
+            lists.values().append_value(format!("{i}"));
+            lists.append(i % 3 != 0);
+        }
+        let pixels = Float32Array::from_iter_values((0..rows * 4).map(|v| v as f32));
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            (
+                "int",
+                Arc::new(Int64Array::from_iter(
+                    (0..rows).map(|i| (i % 5 != 0).then_some(i as i64)),
+                )),
+            ),
+            (
+                "bytes",
+                Arc::new(BinaryArray::from_iter_values(
+                    (0..rows).map(|i| vec![1u8; i % 7]),
+                )),
+            ),
+            (
+                "text",
+                Arc::new(LargeStringArray::from_iter(
+                    (0..rows).map(|i| (i % 4 != 0).then(|| "x".repeat(i % 9))),
+                )),
+            ),
+            (
+                "flag",
+                Arc::new(BooleanArray::from_iter((0..rows).map(|i| Some(i % 2 == 0)))),
+            ),
+            (
+                "pixels",
+                Arc::new(
+                    FixedSizeListArray::try_new(
+                        Arc::new(arrow_schema::Field::new(
+                            "item",
+                            arrow_schema::DataType::Float32,
+                            false,
+                        )),
+                        4,
+                        Arc::new(pixels),
+                        None,
+                    )
+                    .unwrap(),
+                ),
+            ),
+            ("list", Arc::new(lists.finish())),
+        ];
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        for (offset, len) in [(0, rows), (17, 100), (299, 1), (50, 0)] {
+            let slice = batch.slice(offset, len);
+            for column in slice.columns() {
+                let data = column.to_data();
+                assert_eq!(
+                    super::column_bytes(column.as_ref()),
+                    data.get_slice_memory_size().unwrap() as u64,
+                    "{} at {offset}+{len}",
+                    column.data_type()
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_default_leaves_two_cores_on_machines_of_more_than_four() {
         let threads: Vec<usize> = [1, 2, 4, 5, 6, 8, 16, 64]

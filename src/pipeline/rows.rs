@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, RecordBatch, UInt64Array};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::{Error, Result};
 
@@ -85,21 +85,43 @@ pub fn attach_run(batch: RecordBatch, start: u64) -> Result<RecordBatch> {
 
 /// `batch` without its positions, and the positions if it had them.
 pub fn detach(batch: RecordBatch) -> (RecordBatch, Option<UInt64Array>) {
-    let schema = batch.schema();
-    let last = schema.fields().len().wrapping_sub(1);
-    match schema.fields().last() {
-        Some(field) if field.name() == POSITION_COLUMN => {
-            let positions = batch
-                .column(last)
-                .as_any()
-                .downcast_ref::<UInt64Array>()
-                .cloned();
-            let mut batch = batch;
-            batch.remove_column(last);
-            (batch, positions)
-        }
-        _ => (batch, None),
+    let schema = batch.schema_ref();
+    if schema.fields().last().map(|f| f.name().as_str()) != Some(POSITION_COLUMN) {
+        return (batch, None);
     }
+    let visible = visible_schema(schema);
+    let (_, mut columns, rows) = batch.into_parts();
+    let positions = columns
+        .pop()
+        .and_then(|c| c.as_any().downcast_ref::<UInt64Array>().cloned());
+    // SAFETY: the columns are the batch's, in its schema's order, less the last, and
+    // `visible` is that schema less its last field.
+    let batch = unsafe { RecordBatch::new_unchecked(visible, columns, rows) };
+    (batch, positions)
+}
+
+thread_local! {
+    /// The last schema whose positions this thread took off, and that schema without
+    /// them. A stream's batches share their schema: building the visible one for each
+    /// batch was a field list, a schema and its metadata allocated per batch on the
+    /// consumer's thread, the serial path.
+    static VISIBLE: std::cell::RefCell<Option<(SchemaRef, SchemaRef)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `schema` without its last field (the positions).
+fn visible_schema(schema: &SchemaRef) -> SchemaRef {
+    VISIBLE.with_borrow_mut(|cached| {
+        if let Some((full, visible)) = cached.as_ref()
+            && (Arc::ptr_eq(full, schema) || full == schema)
+        {
+            return visible.clone();
+        }
+        let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
+        fields.pop();
+        let visible = Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+        *cached = Some((schema.clone(), visible.clone()));
+        visible
+    })
 }
 
 /// Applies `f` to `batch`'s visible columns and puts the positions back on its output.
