@@ -85,6 +85,15 @@ def test_the_serial_path_reports_its_cpu_and_not_its_waits(tmp_path: Path) -> No
     assert stats["wait_seconds"] > wall / 2
     assert stats["consumer_cpu_seconds"] < stats["wait_seconds"] / 4
 
+    # With arrow output the consumer's clock is read at one call in 8 (the first, then
+    # every 8th, each counting for the calls since): still there, and still not its waits.
+    arrow = sf.DataLoader(sf.dataset(pattern).shuffle(seed=1, buffer_size=1000).map(slow), batch_size=50, output="arrow")
+    start = time.perf_counter()
+    assert sum(b.num_rows for b in arrow) == 2000
+    wall = time.perf_counter() - start
+    stats = arrow.stats()
+    assert 0 < stats["consumer_cpu_seconds"] < min(wall, stats["wait_seconds"] / 4)
+
 
 def test_batches_made_on_batch_threads_come_in_the_seeds_order(tmp_path: Path) -> None:
     # Re-batching across units (row groups of 64, batches of 50) and the shuffle buffer's

@@ -742,16 +742,18 @@ pub struct BatchIterator {
     output: Output,
     position: Arc<Mutex<Position>>,
     epoch: u64,
-    /// Calls of `__next__` so far: the consumer's CPU is read at one call in
-    /// `CONSUMER_CPU_SAMPLE` (see `__next__`).
+    /// Calls of `__next__` so far: with arrow output the consumer's CPU is read at one
+    /// call in `ARROW_CPU_SAMPLE` (see `__next__`).
     calls: u64,
 }
 
-/// One call of `__next__` in this many has its CPU time read, and counts for the calls
-/// since the last one read. Reading the thread's CPU clock is a system call (about 0.4
-/// µs here), twice per call: a quarter of the consumer's own work per batch of arrow
-/// output, paid for a statistic.
-const CONSUMER_CPU_SAMPLE: u64 = 8;
+/// With arrow output, one call of `__next__` in this many has its CPU time read, and
+/// counts for the calls since the last one read. Reading the thread's CPU clock is a
+/// system call (about 0.4 µs here), twice per call: a quarter of the consumer's own work
+/// per batch of arrow output, paid for a statistic. Conversion to numpy or torch costs
+/// tens of µs or more per batch, with rare large calls (Python's garbage collection of
+/// the objects it made), which a sample would miss or multiply: those calls are all read.
+const ARROW_CPU_SAMPLE: u64 = 8;
 
 /// What one read of the thread's CPU clock adds to a reading taken around work: the
 /// least of a few back-to-back pairs, read once per process.
@@ -905,10 +907,14 @@ impl BatchIterator {
             return Ok(None);
         };
         // The first call (the epoch's one-off start) counts for itself; later ones read
-        // count for the `CONSUMER_CPU_SAMPLE` calls up to them.
+        // count for the calls since the last one read.
+        let every = match self.output {
+            Output::Arrow => ARROW_CPU_SAMPLE,
+            Output::Numpy | Output::Torch { .. } => 1,
+        };
         let weight = match self.calls {
             0 => 1,
-            n if n.is_multiple_of(CONSUMER_CPU_SAMPLE) => CONSUMER_CPU_SAMPLE,
+            n if n.is_multiple_of(every) => every,
             _ => 0,
         };
         self.calls += 1;
