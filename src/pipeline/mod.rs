@@ -1376,12 +1376,8 @@ impl Dataset {
             Split::Units | Split::Window { .. } => {
                 // The head's batches go straight to re-batching when every op after the
                 // head is a take/skip that the head's plan already applied.
-                let applied = |i: usize, op: &Op| {
-                    matches!(split, Split::Window { after, .. } if i < after)
-                        && matches!(op, Op::Take(_) | Op::Skip(_))
-                };
-                let direct =
-                    run.skip_rows == 0 && ops.iter().enumerate().all(|(i, op)| applied(i, op));
+                let direct = run.skip_rows == 0
+                    && ops.iter().enumerate().all(|(i, op)| split.applies(i, op));
                 let batch_rows = run.batch_rows.filter(|_| direct);
                 self.head_stream(&head, &split, run, &stats, batch_rows)?
             }
@@ -1390,10 +1386,7 @@ impl Dataset {
             assemble::BatchThreads::new(run.tuning.threads, stats.clone(), run.cancel.clone());
         for (i, op) in ops.iter().enumerate() {
             let stage = head.rest + i;
-            if let Split::Window { after, .. } = split
-                && i < after
-                && matches!(op, Op::Take(_) | Op::Skip(_))
-            {
+            if split.applies(i, op) {
                 continue;
             }
             stream = match op {
@@ -1875,6 +1868,15 @@ enum Split {
     Rows { after: usize },
 }
 
+impl Split {
+    /// Whether the `i`-th op after the head is applied by the parts' plan (a take/skip
+    /// within the window), not run on the stream.
+    fn applies(&self, i: usize, op: &Op) -> bool {
+        matches!(self, Split::Window { after, .. } if i < *after)
+            && matches!(op, Op::Take(_) | Op::Skip(_))
+    }
+}
+
 /// Rows left after `ops`, from `rows` in, where that can be known.
 fn rows_through(mut rows: Option<u64>, ops: &[Op]) -> Option<u64> {
     for op in ops {
@@ -1962,10 +1964,10 @@ fn column_bytes(column: &dyn arrow_array::Array) -> u64 {
         0
     };
     let values = match column.data_type() {
-        DataType::Binary => Some(byte_span(column.as_binary::<i32>().value_offsets(), 4)),
-        DataType::Utf8 => Some(byte_span(column.as_string::<i32>().value_offsets(), 4)),
-        DataType::LargeBinary => Some(byte_span(column.as_binary::<i64>().value_offsets(), 8)),
-        DataType::LargeUtf8 => Some(byte_span(column.as_string::<i64>().value_offsets(), 8)),
+        DataType::Binary => Some(byte_span(column.as_binary::<i32>().value_offsets())),
+        DataType::Utf8 => Some(byte_span(column.as_string::<i32>().value_offsets())),
+        DataType::LargeBinary => Some(byte_span(column.as_binary::<i64>().value_offsets())),
+        DataType::LargeUtf8 => Some(byte_span(column.as_string::<i64>().value_offsets())),
         DataType::FixedSizeList(_, _) => {
             let values = column.as_fixed_size_list().values();
             (values.data_type().primitive_width().is_some())
@@ -1984,12 +1986,12 @@ fn column_bytes(column: &dyn arrow_array::Array) -> u64 {
 }
 
 /// A byte array's offsets and the values they span.
-fn byte_span<O: arrow_buffer::ArrowNativeType>(offsets: &[O], width: usize) -> usize {
+fn byte_span<O: arrow_buffer::ArrowNativeType>(offsets: &[O]) -> usize {
     let span = match (offsets.first(), offsets.last()) {
         (Some(first), Some(last)) => last.as_usize() - first.as_usize(),
         _ => 0,
     };
-    offsets.len() * width + span
+    std::mem::size_of_val(offsets) + span
 }
 
 /// One reader's part of an epoch (see [`Dataset::read_plan`]).

@@ -36,8 +36,9 @@ impl OwnThread {
     /// `name`, whose CPU time is counted in `cpu` (a counter of `stats`); the copies the
     /// steps ask for run on `threads`, as many at once as they have threads. The thread
     /// stops at the stage's end or first error, when `cancel` is set, or at its next
-    /// output once this is dropped. It is not joined: a stage waiting for a user's
-    /// function waits for the GIL, which whoever drops this may hold.
+    /// output once this is dropped. It is joined once its end is seen (see `next`), not
+    /// when this is dropped: a stage waiting for a user's function waits for the GIL,
+    /// which whoever drops this may hold.
     pub fn spawn(
         name: &str,
         mut steps: impl FnMut() -> Option<Result<Step>> + Send + 'static,

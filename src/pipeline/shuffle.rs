@@ -383,7 +383,9 @@ impl Gather {
     }
 }
 
-/// Outputs gathered on the calling thread, one at a time.
+/// Outputs gathered on the calling thread, one at a time: the reference the tests hold
+/// the threaded stage (`OwnThread` over `next_step`) to.
+#[cfg(test)]
 impl Iterator for ShuffleBuffer {
     type Item = Result<RecordBatch>;
 

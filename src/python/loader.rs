@@ -755,21 +755,6 @@ pub struct BatchIterator {
 /// the objects it made), which a sample would miss or multiply: those calls are all read.
 const ARROW_CPU_SAMPLE: u64 = 8;
 
-/// What one read of the thread's CPU clock adds to a reading taken around work: the
-/// least of a few back-to-back pairs, read once per process.
-fn clock_read_ns() -> u64 {
-    static COST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *COST.get_or_init(|| {
-        (0..16)
-            .map(|_| {
-                let before = crate::pipeline::stats::thread_cpu_ns();
-                crate::pipeline::stats::thread_cpu_ns().saturating_sub(before)
-            })
-            .min()
-            .unwrap_or(0)
-    })
-}
-
 fn batch_class(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     static BATCH: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     BATCH.import(py, "shardflow._batch", "Batch")
@@ -926,7 +911,7 @@ impl BatchIterator {
         let out = self.next_output(py);
         let used = crate::pipeline::stats::thread_cpu_ns()
             .saturating_sub(cpu)
-            .saturating_sub(clock_read_ns());
+            .saturating_sub(crate::pipeline::stats::clock_read_ns());
         stats
             .consumer_cpu_ns
             .fetch_add(used * weight, std::sync::atomic::Ordering::Relaxed);
