@@ -34,6 +34,8 @@
 
 mod api;
 #[doc(hidden)]
+pub mod batch_bytes;
+#[doc(hidden)]
 pub mod buffers;
 pub mod error;
 #[doc(hidden)]

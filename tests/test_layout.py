@@ -1,18 +1,16 @@
 """The crate's shape (`src/`): files small enough to read, no import circles, and storage
 backends that do not lean on each other. The import graph is
-`scripts/module_graph.py`'s: every `crate::`/`super::` path, and every path through a
+`tests/module_graph.py`'s: every `crate::`/`super::` path, and every path through a
 name a file imports, resolved to the file that defines the item."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+
+import module_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import module_graph  # noqa: E402
 
 # `src/source/` files that each reach one kind of storage (see `source::backend`).
 BACKENDS = {"local.rs", "s3.rs", "http.rs", "hf.rs"}

@@ -36,7 +36,7 @@ impl InMemory {
             .enumerate()
             .map(|(i, batch)| ShardMeta {
                 url: format!("memory:batch-{i}"),
-                size: Some(crate::pipeline::batch_bytes(batch)),
+                size: Some(crate::batch_bytes::batch_bytes(batch)),
                 etag: Some(digest(batch)),
                 rows: None,
             })

@@ -22,7 +22,7 @@ use arrow_data::ArrayData;
 use arrow_schema::DataType;
 use arrow_select::concat::concat;
 
-use super::BatchIter;
+use super::stream::BatchIter;
 use super::assemble::{BatchThreads, InOrder, Step};
 use crate::buffers::BufferPool;
 use crate::error::{Error, Result};
@@ -279,7 +279,7 @@ impl Iterator for Rebatch {
                 Ok(parts) => parts,
                 Err(e) => return Some(Err(e)),
             };
-            let inline = || INLINE_JOINS.contains(&parts.iter().map(super::batch_bytes).sum());
+            let inline = || INLINE_JOINS.contains(&parts.iter().map(crate::batch_bytes::batch_bytes).sum());
             Some(if parts.len() == 1 || inline() {
                 join(&self.buffers, parts).map(Step::Ready)
             } else {
@@ -382,7 +382,7 @@ mod tests {
         let input = parts(&[5, 7, 2, 9, 6, 3, 8, 1, 4]);
         let expected = arrow_select::concat::concat_batches(&input[0].schema(), &input).unwrap();
         // Batches of 8 rows of about 26 KB each: joined on the threads.
-        assert!(super::super::batch_bytes(&expected.slice(0, 8)) < INLINE_JOINS.start);
+        assert!(crate::batch_bytes::batch_bytes(&expected.slice(0, 8)) < INLINE_JOINS.start);
         let stats = Arc::new(super::super::Stats::default());
         let upstream: BatchIter = Box::new(input.into_iter().map(Ok).chain(std::iter::once(Err(
             Error::Internal("upstream broke".into()),

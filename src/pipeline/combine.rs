@@ -1,13 +1,288 @@
 //! Several datasets read as one: one after another (`concatenate`), or mixed row by row
 //! by seeded weighted draws (`interleave`). A part's stream is opened when it is first
-//! needed, so a concatenation of many datasets reads one at a time.
+//! needed, so a concatenation of many datasets reads one at a time. How the parts are
+//! divided between the readers of an epoch is [`Combined::plan`].
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
+use std::sync::Arc;
+
+use super::dataset::{Combined, Dataset, Mix, Stopping};
+use super::ops::{self, Draws};
+use super::plan::RunOptions;
 use super::rng::Rng;
-use super::{BatchIter, Mix, Stopping};
+use super::rows::{self, RowList, Share};
+use super::stats::Stats;
+use super::stream::{BatchIter, conform, interleave_rows};
 use crate::error::{Error, Result};
+
+/// How one reader reads a combined dataset in an epoch (see [`Combined::plan`]).
+pub(super) struct Plan {
+    /// The reader's share of each part.
+    pub(super) shares: Vec<Share>,
+    /// Rows the reader reads from the parts, and rows it delivers after its stream is
+    /// cut or padded to what every reader delivers; `None` when a part's rows are not
+    /// known.
+    pub(super) rows: Option<(u64, u64)>,
+}
+
+impl Combined {
+    /// How part `i` is read within `run` of the combination, whose ops draw as `outer`:
+    /// as `share` of it, its positions numbered from its first leaf, not batched, in the
+    /// epoch the combination's origin draws for.
+    pub(super) fn part_run(&self, i: usize, run: &RunOptions, outer: Draws, share: Share) -> RunOptions {
+        let leaf = run.leaf + self.parts[..i].iter().map(Dataset::leaves).sum::<u64>();
+        RunOptions {
+            leaf,
+            epoch: outer.origin(),
+            batch_rows: None,
+            skip_rows: 0,
+            part: share.part,
+            parts: share.parts,
+            workers: share.workers,
+            drop_last: share.even,
+            pad: share.pad,
+            first: share.first,
+            ..run.clone()
+        }
+    }
+
+    /// Every part's rows in `run`'s epoch (all readers' together), when known.
+    pub(super) fn part_counts(&self, run: &RunOptions, outer: Draws) -> Result<Option<Vec<u64>>> {
+        (0..self.parts.len())
+            .map(|i| self.parts[i].rows_of_run(&self.part_run(i, run, outer, Share::WHOLE)))
+            .collect()
+    }
+
+    /// How `run`'s reader reads the combination. Each part is split between the ranks
+    /// (and a rank's rows between its workers) on its own, but where the rows left over
+    /// by the parts before it stopped, so that every reader reads as many rows of the
+    /// parts together, give or take one (see [`rows::cut`]). Padding and `drop_last`
+    /// then apply once, against the combined total, not to each part. Mixings that
+    /// repeat or leave out rows (`first_exhausted`, `all_exhausted`) are cut to the
+    /// shortest reader's mixing or carried on to the longest's, so that ranks take as
+    /// many steps. Those lengths come from replaying every reader's draws on row counts
+    /// (a pass over the epoch's draws, no data): with `mixed_lengths` false they are
+    /// left out (`rows: None` for such mixings).
+    pub(super) fn plan(&self, run: &RunOptions, outer: Draws, mixed_lengths: bool) -> Result<Plan> {
+        let share = run.share();
+        let Some(counts) = self.part_counts(run, outer)? else {
+            // Rows unknown: every row once, but readers' counts may differ.
+            let plain = Share {
+                pad: false,
+                even: false,
+                ..share
+            };
+            return Ok(Plan {
+                shares: vec![plain; self.parts.len()],
+                rows: None,
+            });
+        };
+        let shares = part_shares(share, &counts);
+        let total: u64 = counts.iter().sum();
+        let rows = match &self.mix {
+            Some(mix) if mix.stopping != Stopping::AllWithoutReplacement && !mixed_lengths => None,
+            Some(mix) if mix.stopping != Stopping::AllWithoutReplacement => {
+                let mixed = (0..share.parts)
+                    .map(|reader| {
+                        let shares = part_shares(
+                            Share {
+                                part: reader,
+                                ..share
+                            },
+                            &counts,
+                        );
+                        let held: Vec<u64> = shares
+                            .iter()
+                            .zip(&counts)
+                            .map(|(s, &n)| s.rows(n))
+                            .collect();
+                        let rng = Rng::new(mix.seed, outer.origin(), reader as u64);
+                        Ok((mixed_rows(&held, mix, rng)?, held))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let lengths = mixed.iter().map(|(rows, _)| *rows);
+                let target = match mix.stopping {
+                    Stopping::FirstExhausted => lengths.min(),
+                    _ => lengths.max(),
+                }
+                .unwrap_or(0);
+                // Readers that cannot reach a length every reader shares: one with no
+                // rows of a part under first_exhausted stops every rank at once; one
+                // with no rows at all cannot carry on under all_exhausted.
+                let drawn = |i: usize| mix.weights.as_ref().is_none_or(|w| w[i] > 0.0);
+                let stuck = mixed.iter().find(|(_, held)| match mix.stopping {
+                    Stopping::FirstExhausted => (0..held.len()).any(|i| held[i] == 0 && drawn(i)),
+                    _ => target > 0 && held.iter().all(|&n| n == 0),
+                });
+                // (One reader's mixing just ends as its strategy says.)
+                if let Some((_, held)) = stuck.filter(|_| share.parts > 1) {
+                    let i = (0..held.len())
+                        .find(|&i| held[i] == 0 && drawn(i))
+                        .unwrap_or(0);
+                    return Err(Error::invalid_argument(format!(
+                        "interleave: dataset {i} has {} rows, too few to give each of the {} \
+                         readers (ranks x workers) one, so the readers cannot take as many \
+                         steps; give it more rows or use fewer ranks or workers",
+                        counts[i], share.parts
+                    )));
+                }
+                Some((mixed[share.part].0, target))
+            }
+            _ => {
+                let (ranks, rank) = (share.ranks(), share.rank());
+                let rank_own = rows::cut_len(total, ranks, rank, share.first.0);
+                let rank_target = if share.even {
+                    total / ranks
+                } else if share.pad {
+                    total.div_ceil(ranks)
+                } else {
+                    rank_own
+                };
+                let of_rank =
+                    |rows| rows::cut_len(rows, share.workers(), share.worker(), share.first.1);
+                Some((of_rank(rank_own), of_rank(rank_target)))
+            }
+        };
+        Ok(Plan { shares, rows })
+    }
+
+    /// The combination's rows for `run`'s reader (see [`Combined::plan`]).
+    pub(super) fn stream(
+        self: &Arc<Self>,
+        run: &RunOptions,
+        outer: Draws,
+        stats: &Arc<Stats>,
+    ) -> Result<BatchIter> {
+        // A single reader's mixing ends as its strategy says: no length to share.
+        let plan = self.plan(run, outer, run.parts > 1)?;
+        let open: Open = {
+            let (c, stats, run, shares) = (
+                self.clone(),
+                stats.clone(),
+                run.clone(),
+                plan.shares.clone(),
+            );
+            Box::new(move |i| {
+                let stream =
+                    c.parts[i].stream(&c.part_run(i, &run, outer, shares[i]), stats.clone())?;
+                let (schema, track) = (c.schema.clone(), run.track);
+                Ok(Box::new(stream.map(move |b| {
+                    let (b, positions) = rows::detach(b?);
+                    let b = conform(b, &schema)?;
+                    // Parts must agree on the hidden column for their rows to mix.
+                    match positions {
+                        Some(positions) => rows::attach(b, positions),
+                        None if track => rows::attach_unknown(b),
+                        None => Ok(b),
+                    }
+                })) as BatchIter)
+            })
+        };
+        let stream: BatchIter = match &self.mix {
+            None => Box::new(Chain::new(open, self.parts.len())),
+            Some(mix) => {
+                // One reader's mixing ends as its strategy says; several share a length.
+                let replaces = mix.stopping != Stopping::AllWithoutReplacement;
+                let target = plan
+                    .rows
+                    .filter(|_| replaces && run.parts > 1)
+                    .map(|(_, target)| target);
+                let mixer = Mixer::new(
+                    open,
+                    self.parts.len(),
+                    mix,
+                    Rng::new(mix.seed, outer.origin(), run.part as u64),
+                    self.schema.clone(),
+                    target,
+                );
+                if replaces {
+                    return Ok(Box::new(mixer));
+                }
+                Box::new(mixer)
+            }
+        };
+        let Some((own, target)) = plan.rows else {
+            return Ok(stream);
+        };
+        Ok(if target < own {
+            Box::new(ops::Take::new(stream, target))
+        } else if target > own {
+            // Padded with the first rows of the whole combination, as a single reader
+            // reads it (again, if it has fewer rows than are missing).
+            let whole = run.whole();
+            let total = self
+                .part_counts(&whole, outer)?
+                .unwrap_or_default()
+                .iter()
+                .sum::<u64>();
+            let rounds = (target - own).div_ceil(total.max(1));
+            let (c, padding_stats) = (self.clone(), stats.clone());
+            let padding = (0..rounds).flat_map(move |_| {
+                c.stream(&whole, outer, &padding_stats)
+                    .unwrap_or_else(|e| Box::new(std::iter::once(Err(e))))
+            });
+            let padded = stream.chain(ops::Take::new(Box::new(padding), target - own));
+            Box::new(ops::Padding::new(Box::new(padded), own, stats.clone()))
+        } else {
+            stream
+        })
+    }
+
+    /// The rows (tagged positions) `run`'s reader reads, padding included (what
+    /// [`Dataset::planned_rows`] says of a combination).
+    pub(super) fn planned_rows(&self, run: &RunOptions, outer: Draws) -> Result<RowList> {
+        let plan = self.plan(run, outer, false)?;
+        let mut all = Vec::new();
+        for i in 0..self.parts.len() {
+            all.extend(self.parts[i].planned_rows(&self.part_run(
+                i,
+                run,
+                outer,
+                plan.shares[i],
+            ))?);
+        }
+        // (A mixing that repeats rows reads from all of them: its length is not needed.)
+        let Some((own, target)) = plan.rows else {
+            return Ok(all);
+        };
+        if target < own {
+            // A mixing's cut row is one of them, but which depends on the draws: all of
+            // them are listed (at most one row more to read after an elastic resume).
+            if self.mix.is_none() {
+                all = rows::sublist(&all, 0, target);
+            }
+        } else if target > own {
+            let whole = self.planned_rows(&run.whole(), outer)?;
+            let mut missing = target - own;
+            while missing > 0 && !whole.is_empty() {
+                let n = missing.min(rows::list_len(&whole));
+                all.extend(rows::sublist(&whole, 0, n));
+                missing -= n;
+            }
+        }
+        Ok(all)
+    }
+}
+
+pub(super) fn part_shares(share: Share, counts: &[u64]) -> Vec<Share> {
+    let (mut first_rank, mut first_worker) = share.first;
+    counts
+        .iter()
+        .map(|&n| {
+            let part = Share {
+                pad: false,
+                even: false,
+                first: (first_rank % share.ranks(), first_worker % share.workers()),
+                ..share
+            };
+            first_rank += n;
+            first_worker += rows::cut_len(n, share.ranks(), share.rank(), part.first.0);
+            part
+        })
+        .collect()
+}
 
 /// Opens part `i`'s stream for this epoch, its batches already in the common schema.
 pub type Open = Box<dyn Fn(usize) -> Result<BatchIter> + Send>;
@@ -336,9 +611,9 @@ impl Iterator for Mixer {
         }
         let sources: Vec<&RecordBatch> = batches.iter().collect();
         Some(
-            super::interleave_rows(&sources, &picks)
+            interleave_rows(&sources, &picks)
                 .map_err(|e| Error::Internal(format!("interleaving rows: {e}")))
-                .and_then(|b| super::rows::around(b, |b| super::conform(b, &self.schema))),
+                .and_then(|b| rows::around(b, |b| conform(b, &self.schema))),
         )
     }
 }

@@ -7,7 +7,8 @@ use arrow_schema::SchemaRef;
 
 use super::batch::Rebatch;
 pub use super::shuffle::BufferBounds;
-use super::{BatchIter, rows};
+use super::rows;
+use super::stream::BatchIter;
 use crate::error::{Error, Result};
 
 /// A user function over batches (filter, map, flat_map). The Python layer implements it;
@@ -396,7 +397,7 @@ pub struct Deal {
     held: Option<(RecordBatch, u64)>,
     /// Rows the rank is padded to (`None`: the largest share of the whole stream, known
     /// at its end).
-    pad_to: Option<(Option<u64>, Arc<super::Stats>)>,
+    pad_to: Option<(Option<u64>, Arc<super::stats::Stats>)>,
     /// The stream's first row, kept for padding.
     first: Option<RecordBatch>,
 }
@@ -435,7 +436,7 @@ impl Deal {
     }
 
     /// Pads the rank to `rank_rows` rows, or (`None`) to the largest share of the stream.
-    pub fn padded_to(mut self, rank_rows: Option<u64>, stats: Arc<super::Stats>) -> Self {
+    pub fn padded_to(mut self, rank_rows: Option<u64>, stats: Arc<super::stats::Stats>) -> Self {
         self.pad_to = Some((rank_rows, stats));
         self
     }
@@ -555,11 +556,11 @@ pub struct Padding {
     upstream: BatchIter,
     /// Rows still to pass before the padding starts.
     share_left: u64,
-    stats: Arc<super::Stats>,
+    stats: Arc<super::stats::Stats>,
 }
 
 impl Padding {
-    pub fn new(upstream: BatchIter, share: u64, stats: Arc<super::Stats>) -> Self {
+    pub fn new(upstream: BatchIter, share: u64, stats: Arc<super::stats::Stats>) -> Self {
         Self {
             upstream,
             share_left: share,

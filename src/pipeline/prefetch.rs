@@ -12,7 +12,8 @@ use arrow_array::RecordBatch;
 
 use super::autotune::Tuning;
 use super::stats::{CpuMeter, Stats};
-use super::{BatchIter, batch_bytes};
+use super::stream::BatchIter;
+use crate::batch_bytes::batch_bytes;
 use crate::error::{Error, Result};
 
 pub enum Received {

@@ -268,7 +268,7 @@ impl RandomAccess {
                 rows_alone,
                 io,
                 open_files: Mutex::new(VecDeque::new()),
-                cache_bytes: (super::DEFAULT_MEMORY_LIMIT / CACHE_SHARE).into(),
+                cache_bytes: (super::autotune::DEFAULT_MEMORY_LIMIT / CACHE_SHARE).into(),
             }),
             maps: Vec::new(),
             len: total,
@@ -614,7 +614,7 @@ fn concat_rows(
     let wanted: Vec<(usize, Vec<u64>)> = wanted.into_iter().collect();
     let fetched: Vec<(usize, RecordBatch)> = in_parallel(&wanted, |(part, rows)| {
         let batch = parts[*part].rows_charged(rows, counters)?;
-        Ok((*part, super::conform(batch, schema)?))
+        Ok((*part, super::stream::conform(batch, schema)?))
     })?;
     let slot: HashMap<usize, usize> = fetched
         .iter()
@@ -634,7 +634,7 @@ fn gather(
     if flat.is_empty() {
         return Ok(RecordBatch::new_empty(schema.clone()));
     }
-    super::interleave_rows(sources, flat)
+    super::stream::interleave_rows(sources, flat)
         .map_err(|e| Error::Internal(format!("gather failed: {e}")))
 }
 
@@ -714,7 +714,7 @@ fn in_parallel<T: Sync, R: Send>(
     if items.len() <= 1 {
         return items.iter().map(&f).collect();
     }
-    let threads = super::default_num_threads().min(items.len());
+    let threads = super::autotune::default_num_threads().min(items.len());
     let next = std::sync::atomic::AtomicUsize::new(0);
     let slots: Vec<Mutex<Option<Result<R>>>> = items.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|scope| {
@@ -879,7 +879,7 @@ impl Files {
                     .collect();
                 let held: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
                 let compact =
-                    held as u64 <= 2 * batches.iter().map(super::batch_bytes).sum::<u64>();
+                    held as u64 <= 2 * batches.iter().map(crate::batch_bytes::batch_bytes).sum::<u64>();
                 return Picked::from(&self.prepared.schema, &batches, &flat, unit, compact);
             }
         }
@@ -905,7 +905,7 @@ impl Files {
     /// Learns the bytes a row takes decoded from `rows` rows just decoded (the bytes their
     /// values take: a few rows decoded from pages sit in buffers much larger).
     fn saw_rows(&self, batches: &[RecordBatch], rows: u64) {
-        let size: u64 = batches.iter().map(super::batch_bytes).sum();
+        let size: u64 = batches.iter().map(crate::batch_bytes::batch_bytes).sum();
         if let Some(per_row) = size.checked_div(rows) {
             self.decoded_row_bytes
                 .store(per_row.max(1), std::sync::atomic::Ordering::Relaxed);
@@ -1193,7 +1193,7 @@ impl GatherSize {
 
     /// Follows the size of the rows of `batch`, the last gather's.
     fn saw(&mut self, batch: &RecordBatch) {
-        if let Some(per_row) = super::batch_bytes(batch).checked_div(batch.num_rows() as u64) {
+        if let Some(per_row) = crate::batch_bytes::batch_bytes(batch).checked_div(batch.num_rows() as u64) {
             self.row_bytes = per_row.max(1);
             self.rows = (self.bytes / self.row_bytes).clamp(1, self.max_rows);
         }
@@ -1430,7 +1430,7 @@ impl IndexStream {
         for group in extra.chunk_by(|a, b| a.0 == b.0) {
             let picks: Vec<(usize, usize)> = (k..k + group.len()).map(|r| (0, r)).collect();
             k += group.len();
-            let rows = match super::interleave_rows(&[&read], &picks) {
+            let rows = match super::stream::interleave_rows(&[&read], &picks) {
                 Ok(rows) => rows,
                 Err(e) => {
                     return Some((start, Err(Error::Internal(format!("gather failed: {e}")))));
@@ -1461,7 +1461,7 @@ impl IndexStream {
         }
         let mut sources = vec![&read];
         sources.extend(held.iter().map(|(_, batch)| batch));
-        let out = super::interleave_rows(&sources, &from)
+        let out = super::stream::interleave_rows(&sources, &from)
             .map_err(|e| Error::Internal(format!("gather failed: {e}")));
         Some((start, out))
     }

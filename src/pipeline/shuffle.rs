@@ -12,7 +12,8 @@ use arrow_array::RecordBatch;
 use super::assemble::Step;
 use super::rng::Rng;
 use super::stats::Stats;
-use super::{BatchIter, batch_bytes};
+use super::stream::BatchIter;
+use crate::batch_bytes::batch_bytes;
 use crate::error::{Error, Result};
 
 /// How much the buffer holds at most: rows, and bytes of those rows' values.
@@ -21,6 +22,15 @@ pub struct BufferBounds {
     pub rows: usize,
     pub bytes: u64,
 }
+
+/// The shuffle buffer when the user gives no `buffer_size` / `buffer_bytes`: 10,000
+/// rows, or 128 MiB of them, whichever is fewer. The rows it holds keep their decoded
+/// batches alive (up to about twice their bytes before the buffer compacts), so this
+/// keeps a plain `DataLoader(ds.shuffle())` over large rows such as images under 1 GiB.
+pub const DEFAULT_SHUFFLE_BUFFER: BufferBounds = BufferBounds {
+    rows: 10_000,
+    bytes: 128 << 20,
+};
 
 /// Bytes per row of `batch`'s values.
 fn row_bytes(batch: &RecordBatch) -> u64 {
@@ -378,7 +388,7 @@ impl Gather {
             .map(Held::batch)
             .collect::<Result<Vec<_>>>()?;
         let batches: Vec<&RecordBatch> = batches.iter().collect();
-        super::interleave_rows(&batches, &self.indices)
+        super::stream::interleave_rows(&batches, &self.indices)
             .map_err(|e| Error::Internal(format!("shuffle gather failed: {e}")))
     }
 }

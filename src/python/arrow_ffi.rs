@@ -130,7 +130,7 @@ pub fn stream_capsule<'py>(
     mut receiver: BatchReceiver,
     fallback_schema: Option<SchemaRef>,
 ) -> PyResult<Bound<'py, PyCapsule>> {
-    let first = super::next_batch(py, &mut receiver)?;
+    let first = super::wait::next_batch(py, &mut receiver)?;
     let schema = match (&first, fallback_schema) {
         (Some(batch), _) => batch.schema(),
         (None, Some(schema)) => schema,

@@ -1,4 +1,5 @@
-//! `shardflow.dataset(...)` and `shardflow.Dataset`.
+//! `shardflow.Dataset`: its verbs (ops, splits, columns), random access, iteration,
+//! writing and pickling. The functions that make one are in `open`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -6,21 +7,18 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyCapsule, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyCapsule, PyDict, PyList, PyString, PyTuple};
 
 use super::arrow_ffi::{batches_from_py, schema_from_py, stream_capsule};
 use super::errors::callback_error;
-use super::from_python::{columns_to_batch, rows_to_batch};
-use super::next_batch;
+use super::args::{DEFAULT_SEED, check_callable, name_list, non_negative, parse_options, source_list};
+use super::wait::next_batch;
 use super::to_python::batch_to_rows;
 use super::transform::{Columns, Kind, PyTransform};
-use crate::format::example::{FeatureSpec, Kind as ExampleKind, Missing, Shape, Values};
-use crate::format::{OnError, ReadOptions};
-use crate::options::{OptionValue, Options};
 use crate::pipeline::{
     self, BatchReceiver, Dataset, Indices, Op, RandomAccess, RunOptions, Stats, Weights,
 };
-use crate::source::{ShardMeta, Storage, StorageOptions};
+use crate::source::{Storage, StorageOptions};
 use crate::write::{ShardFormat, WriteOptions};
 
 /// Rows per call of a batched `map` when the user gives no `batch_size` (as in
@@ -33,389 +31,47 @@ pub struct PyDataset {
     /// How to build this dataset again: `("dataset", kwargs)` then `(method, args)` for
     /// each op, seeds resolved. Pickling sends this (PyTorch's spawned workers rebuild
     /// the dataset from it; the footers are read again there).
-    recipe: Vec<(&'static str, Py<PyAny>)>,
+    pub(super) recipe: Vec<(&'static str, Py<PyAny>)>,
     /// Set up on the first `ds[i]`.
-    access: std::sync::Mutex<Option<(u64, Arc<RandomAccess>)>>,
+    pub(super) access: std::sync::Mutex<Option<(u64, Arc<RandomAccess>)>>,
     /// The epoch that `ds[i]` and `iter(ds)` read (see `set_epoch`).
-    epoch: std::sync::atomic::AtomicU64,
-}
-
-/// Paths given as str, os.PathLike or a list of them.
-fn source_list(source: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
-    let fspath = |item: &Bound<'_, PyAny>| -> PyResult<String> {
-        let os = item.py().import("os")?;
-        os.call_method1("fspath", (item,))?
-            .extract::<String>()
-            .map_err(|_| PyTypeError::new_err("source paths must be str or os.PathLike"))
-    };
-    if source.is_instance_of::<PyString>() || source.hasattr("__fspath__")? {
-        return Ok(vec![fspath(source)?]);
-    }
-    if source.is_instance_of::<PyList>() || source.is_instance_of::<pyo3::types::PyTuple>() {
-        return source.try_iter()?.map(|item| fspath(&item?)).collect();
-    }
-    Err(PyTypeError::new_err(
-        "source must be a path, URL, pattern, or a list of them",
-    ))
-}
-
-/// The seed of a shuffle the user gave none. Fixed, not random, so that every rank and
-/// worker process (each building its own loader) shuffles the same way, as PyTorch's
-/// `DistributedSampler` does with its default `seed=0`; the order still changes with
-/// the epoch.
-pub const DEFAULT_SEED: u64 = 0;
-
-fn non_negative(name: &str, n: i64) -> PyResult<u64> {
-    u64::try_from(n).map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {n}")))
-}
-
-fn check_callable(func: &Bound<'_, PyAny>) -> PyResult<()> {
-    if func.is_callable() {
-        Ok(())
-    } else {
-        Err(PyTypeError::new_err("expected a callable"))
-    }
-}
-
-/// Opens a dataset from paths, `file://` URLs, globs (`data/*.parquet`), brace ranges
-/// (`shard-{000..099}.parquet`) or a list of these.
-#[pyfunction]
-#[pyo3(signature = (source, format=None, *, columns=None, schema=None, features=None, format_options=None, storage_options=None, on_error="raise", _listing=None))]
-#[allow(clippy::too_many_arguments)]
-pub fn dataset(
-    py: Python<'_>,
-    source: &Bound<'_, PyAny>,
-    format: Option<String>,
-    columns: Option<Vec<String>>,
-    schema: Option<&Bound<'_, PyAny>>,
-    features: Option<&Bound<'_, PyDict>>,
-    format_options: Option<&Bound<'_, PyDict>>,
-    storage_options: Option<&Bound<'_, PyDict>>,
-    on_error: &str,
-    _listing: Option<Vec<(String, Option<u64>, Option<String>)>>,
-) -> PyResult<PyDataset> {
-    let specs = source_list(source)?;
-    let listing = _listing.map(|entries| {
-        entries
-            .into_iter()
-            .map(|(url, size, etag)| ShardMeta {
-                url,
-                size,
-                etag,
-                rows: None,
-            })
-            .collect()
-    });
-    let columns_arg = columns.clone();
-    let options = ReadOptions {
-        columns,
-        schema: schema.map(schema_from_py).transpose()?,
-        features: features.map(feature_specs).transpose()?,
-        format_options: format_options
-            .map(parse_options)
-            .transpose()?
-            .unwrap_or_default(),
-        on_error: OnError::parse(on_error)?,
-        images: None,
-    };
-    let storage = storage_from(storage_options)?;
-    let inner =
-        py.detach(|| Dataset::open_listed(&specs, listing, format.as_deref(), options, storage))?;
-    // A remote listing travels with the pickled recipe, so that worker processes (and
-    // every rank's spawned workers) list nothing: listings are what rate limits count.
-    // Not a manifest's (its shards know their rows): the manifest is read again.
-    let shards = inner.shards();
-    let listed_remotely = shards
-        .iter()
-        .all(|s| crate::source::local_path(&s.url).is_none() && s.rows.is_none());
-    let listing = listed_remotely.then(|| {
-        shards
-            .into_iter()
-            .map(|s| (s.url, s.size, s.etag))
-            .collect::<Vec<_>>()
-    });
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("source", source)?;
-    kwargs.set_item("format", format)?;
-    kwargs.set_item("columns", columns_arg)?;
-    kwargs.set_item("schema", schema)?;
-    kwargs.set_item("features", features)?;
-    kwargs.set_item("format_options", format_options)?;
-    kwargs.set_item("storage_options", storage_options)?;
-    kwargs.set_item("on_error", on_error)?;
-    kwargs.set_item("_listing", listing)?;
-    Ok(PyDataset {
-        inner,
-        recipe: vec![("dataset", kwargs.into_any().unbind())],
-        access: Default::default(),
-        epoch: Default::default(),
-    })
-}
-
-fn storage_from(storage_options: Option<&Bound<'_, PyDict>>) -> PyResult<Arc<Storage>> {
-    let options = match storage_options {
-        Some(given) => StorageOptions::parse(&parse_options(given)?)?,
-        None => StorageOptions::default(),
-    };
-    Ok(Storage::new(options)?)
-}
-
-/// The files `source` names, as `dataset(source)` lists them: `(url, size, version)` each
-/// (`load_dataset` resolves a repo's splits from this, and passes it on as `_listing`).
-#[pyfunction]
-#[pyo3(signature = (source, storage_options=None))]
-pub fn _list_files(
-    py: Python<'_>,
-    source: &Bound<'_, PyAny>,
-    storage_options: Option<&Bound<'_, PyDict>>,
-) -> PyResult<Vec<(String, Option<u64>, Option<String>)>> {
-    let specs = source_list(source)?;
-    let storage = storage_from(storage_options)?;
-    let shards = py.detach(|| crate::source::resolve(&specs, &storage))?;
-    Ok(shards
-        .into_iter()
-        .map(|s| (s.url, s.size, s.etag))
-        .collect())
-}
-
-/// The bytes of one file or object (a repo's README.md); `size` as its listing said.
-#[pyfunction]
-#[pyo3(signature = (url, size=None, storage_options=None))]
-pub fn _read_file(
-    py: Python<'_>,
-    url: String,
-    size: Option<u64>,
-    storage_options: Option<&Bound<'_, PyDict>>,
-) -> PyResult<Py<pyo3::types::PyBytes>> {
-    let storage = storage_from(storage_options)?;
-    let shard = ShardMeta {
-        url,
-        size,
-        etag: None,
-        rows: None,
-    };
-    let bytes = py.detach(|| -> crate::error::Result<bytes::Bytes> {
-        let source = crate::source::open(&shard, &storage, Arc::default())?;
-        let size = crate::source::size_blocking(source.as_ref(), size)?;
-        source.read_range_blocking(0..size)
-    })?;
-    Ok(pyo3::types::PyBytes::new(py, &bytes).unbind())
-}
-
-/// A dataset of records in memory; `recipe_step` is how a pickled copy rebuilds it.
-fn in_memory(
-    py: Python<'_>,
-    schema: arrow_schema::SchemaRef,
-    batches: Vec<RecordBatch>,
-    recipe_step: (&'static str, Bound<'_, PyDict>),
-) -> PyDataset {
-    let inner = py.detach(|| Dataset::from_batches(schema, batches, None));
-    PyDataset {
-        inner,
-        recipe: vec![(recipe_step.0, recipe_step.1.into_any().unbind())],
-        access: Default::default(),
-        epoch: Default::default(),
-    }
-}
-
-/// A dataset over Arrow data already in memory: anything exporting the Arrow PyCapsule
-/// interface (a pyarrow Table, RecordBatch or RecordBatchReader, a polars DataFrame), or
-/// a Hugging Face `datasets.Dataset` (its rows as it shows them: a shuffle, select or
-/// filter of it applied). Each batch read is a copy, so writing into it never changes
-/// `data`.
-#[pyfunction]
-pub fn from_arrow(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
-    // An HF Dataset's `.data` is its whole table; its rows are that table through its
-    // indices mapping, which the "arrow" format applies.
-    let (schema, batches) = if data.hasattr("flatten_indices")? && data.hasattr("with_format")? {
-        let table = data
-            .call_method1("with_format", ("arrow",))?
-            .get_item(pyo3::types::PySlice::full(py))?;
-        batches_from_py(&table)?
-    } else {
-        batches_from_py(data)?
-    };
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("data", data)?;
-    Ok(in_memory(py, schema, batches, ("from_arrow", kwargs)))
-}
-
-/// A dataset over a pandas DataFrame's columns (its index left out, as
-/// `datasets.Dataset.from_pandas(df, preserve_index=False)`); needs pyarrow.
-#[pyfunction]
-pub fn from_pandas(py: Python<'_>, df: &Bound<'_, PyAny>) -> PyResult<PyDataset> {
-    let options = PyDict::new(py);
-    options.set_item("preserve_index", false)?;
-    let table = py.import("pyarrow")?.getattr("Table")?.call_method(
-        "from_pandas",
-        (df,),
-        Some(&options),
-    )?;
-    let (schema, batches) = batches_from_py(&table)?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("df", df)?;
-    Ok(in_memory(py, schema, batches, ("from_pandas", kwargs)))
-}
-
-/// A dataset over columns: `{name: list or numpy array}`, all of one length.
-#[pyfunction]
-pub fn from_dict(py: Python<'_>, columns: &Bound<'_, PyDict>) -> PyResult<PyDataset> {
-    let batch = columns_to_batch(py, columns.as_any())?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("columns", columns)?;
-    Ok(in_memory(
-        py,
-        batch.schema(),
-        vec![batch],
-        ("from_dict", kwargs),
-    ))
-}
-
-/// A dataset over rows: a list of dicts with the same keys.
-#[pyfunction]
-pub fn from_list(py: Python<'_>, rows: &Bound<'_, PyList>) -> PyResult<PyDataset> {
-    let items: Vec<Bound<'_, PyAny>> = rows.iter().collect();
-    let batch = rows_to_batch(py, &items)?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("rows", rows)?;
-    Ok(in_memory(
-        py,
-        batch.schema(),
-        vec![batch],
-        ("from_list", kwargs),
-    ))
-}
-
-fn parse_options(options: &Bound<'_, PyDict>) -> PyResult<Options> {
-    fn option_value(key: &str, value: &Bound<'_, PyAny>) -> PyResult<OptionValue> {
-        // bool first: Python's bool is an int.
-        Ok(if value.is_instance_of::<PyBool>() {
-            OptionValue::Bool(value.extract()?)
-        } else if value.is_instance_of::<pyo3::types::PyInt>() {
-            OptionValue::Int(value.extract()?)
-        } else if value.is_instance_of::<pyo3::types::PyFloat>() {
-            OptionValue::Float(value.extract()?)
-        } else if let Ok(s) = value.extract::<String>() {
-            OptionValue::Str(s)
-        } else if let Ok(map) = value.cast::<PyDict>() {
-            OptionValue::Map(parse_options(map)?.0)
-        } else if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
-            OptionValue::List(
-                value
-                    .try_iter()?
-                    .map(|item| option_value(key, &item?))
-                    .collect::<PyResult<_>>()?,
-            )
-        } else {
-            return Err(PyTypeError::new_err(format!(
-                "option {key:?} must be a bool, int, float, str, list or dict"
-            )));
-        })
-    }
-    let mut map = std::collections::BTreeMap::new();
-    for (key, v) in options.iter() {
-        let key: String = key.extract()?;
-        let v = option_value(&key, &v)?;
-        map.insert(key, v);
-    }
-    Ok(Options(map))
-}
-
-fn example_kind(dtype: &Bound<'_, PyAny>) -> PyResult<ExampleKind> {
-    // A string, or a tf.DType (whose .name is the string).
-    let name: String = match dtype.extract() {
-        Ok(name) => name,
-        Err(_) => dtype.getattr("name")?.extract()?,
-    };
-    match name.as_str() {
-        "float32" | "float" => Ok(ExampleKind::Float),
-        "int64" => Ok(ExampleKind::Int64),
-        "bytes" | "string" | "str" => Ok(ExampleKind::Bytes),
-        other => Err(PyValueError::new_err(format!(
-            "a tf.train.Example holds float32, int64 or bytes values, not {other:?}"
-        ))),
-    }
-}
-
-fn default_values(
-    py: Python<'_>,
-    kind: ExampleKind,
-    default: &Bound<'_, PyAny>,
-) -> PyResult<Values> {
-    let flat = py
-        .import("numpy")?
-        .call_method1("ravel", (default,))?
-        .call_method0("tolist")?;
-    Ok(match kind {
-        ExampleKind::Float => Values::Float(flat.extract()?),
-        ExampleKind::Int64 => Values::Int64(flat.extract()?),
-        ExampleKind::Bytes => Values::Bytes(
-            flat.try_iter()?
-                .map(|v| {
-                    let v = v?;
-                    match v.extract::<String>() {
-                        Ok(s) => Ok(s.into_bytes()),
-                        Err(_) => v.extract::<Vec<u8>>(),
-                    }
-                })
-                .collect::<PyResult<_>>()?,
-        ),
-    })
-}
-
-/// `{name: FixedLen | VarLen | tf.io.FixedLenFeature | tf.io.VarLenFeature}`.
-fn feature_specs(features: &Bound<'_, PyDict>) -> PyResult<Vec<FeatureSpec>> {
-    let py = features.py();
-    let mut specs = Vec::with_capacity(features.len());
-    for (name, spec) in features.iter() {
-        let name: String = name.extract()?;
-        let class = spec.get_type().name()?.to_string();
-        let kind = example_kind(&spec.getattr("dtype")?)?;
-        let (shape, missing) = match class.as_str() {
-            "FixedLen" | "FixedLenFeature" => {
-                let dims: Vec<usize> = spec
-                    .getattr("shape")?
-                    .try_iter()?
-                    .map(|d| d?.extract::<usize>())
-                    .collect::<PyResult<_>>()?;
-                // An Arrow tensor holds at most 2^31 - 1 values.
-                let width = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-                if width.is_none_or(|w| i32::try_from(w).is_err()) {
-                    return Err(crate::error::Error::invalid_argument(format!(
-                        "features[{name:?}] shape {dims:?} has more than 2^31 values"
-                    ))
-                    .into());
-                }
-                let default = if spec.hasattr("default_value")? {
-                    spec.getattr("default_value")?
-                } else {
-                    spec.getattr("default")?
-                };
-                let missing = if default.is_none() {
-                    Missing::Error
-                } else {
-                    Missing::Default(default_values(py, kind, &default)?)
-                };
-                (Shape::Fixed(dims), missing)
-            }
-            "VarLen" | "VarLenFeature" => (Shape::Var, Missing::Empty),
-            other => {
-                return Err(PyTypeError::new_err(format!(
-                    "features[{name:?}] is a {other}; use shardflow.FixedLen / VarLen or tf.io.FixedLenFeature / VarLenFeature"
-                )));
-            }
-        };
-        specs.push(FeatureSpec {
-            name,
-            kind,
-            shape,
-            missing,
-        });
-    }
-    Ok(specs)
+    pub(super) epoch: std::sync::atomic::AtomicU64,
 }
 
 impl PyDataset {
+    /// A dataset of records in memory; `recipe_step` is how a pickled copy rebuilds it.
+    pub(super) fn in_memory(
+        py: Python<'_>,
+        schema: arrow_schema::SchemaRef,
+        batches: Vec<RecordBatch>,
+        recipe_step: (&'static str, Bound<'_, PyDict>),
+    ) -> Self {
+        let inner = py.detach(|| Dataset::from_batches(schema, batches, None));
+        Self {
+            inner,
+            recipe: vec![(recipe_step.0, recipe_step.1.into_any().unbind())],
+            access: Default::default(),
+            epoch: Default::default(),
+        }
+    }
+
+    /// `shardflow.from_arrow(data)` (see `open::from_arrow`), which `add_column` uses too.
+    pub(super) fn from_arrow(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        // An HF Dataset's `.data` is its whole table; its rows are that table through its
+        // indices mapping, which the "arrow" format applies.
+        let (schema, batches) = if data.hasattr("flatten_indices")? && data.hasattr("with_format")? {
+            let table = data
+                .call_method1("with_format", ("arrow",))?
+                .get_item(pyo3::types::PySlice::full(py))?;
+            batches_from_py(&table)?
+        } else {
+            batches_from_py(data)?
+        };
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("data", data)?;
+        Ok(Self::in_memory(py, schema, batches, ("from_arrow", kwargs)))
+    }
+
     /// Row numbers from a range or any iterable of non-negative integers.
     fn indices_of(&self, py: Python<'_>, indices: &Bound<'_, PyAny>) -> PyResult<Indices> {
         if let Ok(range) = indices.cast::<pyo3::types::PyRange>() {
@@ -1105,7 +761,7 @@ impl PyDataset {
                 "add_column: {given} values for {rows} rows"
             )));
         }
-        from_arrow(py, &table.call_method1("append_column", (name, values))?)
+        Self::from_arrow(py, &table.call_method1("append_column", (name, values))?)
     }
 
     /// `fn(sample) -> iterable of samples`; the schema as for `map`.
@@ -1644,75 +1300,6 @@ fn calling<'py>(
     }
     let call = function.py().import("shardflow._calls")?.getattr("Call")?;
     Ok(Some(call.call1((function, columns, kwargs))?))
-}
-
-fn name_list(names: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
-    if let Ok(one) = names.extract::<String>() {
-        return Ok(vec![one]);
-    }
-    names.extract()
-}
-
-/// `sf.concatenate([a, b, ...])`: the rows of each dataset in turn, as one schema
-/// (equal, or columns that widen: see the README).
-#[pyfunction]
-pub fn concatenate(py: Python<'_>, datasets: Vec<Bound<'_, PyDataset>>) -> PyResult<PyDataset> {
-    let parts: Vec<Dataset> = datasets.iter().map(|d| d.get().inner.clone()).collect();
-    let inner = py.detach(|| Dataset::combine(parts, None))?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("datasets", PyList::new(py, &datasets)?)?;
-    Ok(PyDataset {
-        inner,
-        recipe: vec![("concatenate", kwargs.into_any().unbind())],
-        access: Default::default(),
-        epoch: Default::default(),
-    })
-}
-
-/// `sf.interleave(datasets, probabilities=None, seed=None, stopping_strategy=...)`:
-/// rows drawn from the datasets by seeded weighted choice (in turn without
-/// `probabilities`), new each epoch. `"first_exhausted"` stops when one runs out;
-/// `"all_exhausted"` starts the ones that run out over until each has run out once;
-/// `"all_exhausted_without_replacement"` stops drawing from the ones that run out, so
-/// every row of every dataset comes exactly once.
-#[pyfunction]
-#[pyo3(signature = (datasets, probabilities=None, seed=None, stopping_strategy="first_exhausted"))]
-pub fn interleave(
-    py: Python<'_>,
-    datasets: Vec<Bound<'_, PyDataset>>,
-    probabilities: Option<Vec<f64>>,
-    seed: Option<u64>,
-    stopping_strategy: &str,
-) -> PyResult<PyDataset> {
-    let stopping = match stopping_strategy {
-        "first_exhausted" => pipeline::Stopping::FirstExhausted,
-        "all_exhausted" => pipeline::Stopping::AllExhausted,
-        "all_exhausted_without_replacement" => pipeline::Stopping::AllWithoutReplacement,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "stopping_strategy must be \"first_exhausted\", \"all_exhausted\" or \"all_exhausted_without_replacement\", not {other:?}"
-            )));
-        }
-    };
-    let seed = seed.unwrap_or(DEFAULT_SEED);
-    let mix = pipeline::Mix {
-        weights: probabilities.clone(),
-        seed,
-        stopping,
-    };
-    let parts: Vec<Dataset> = datasets.iter().map(|d| d.get().inner.clone()).collect();
-    let inner = py.detach(|| Dataset::combine(parts, Some(mix)))?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("datasets", PyList::new(py, &datasets)?)?;
-    kwargs.set_item("probabilities", probabilities)?;
-    kwargs.set_item("seed", seed)?;
-    kwargs.set_item("stopping_strategy", stopping_strategy)?;
-    Ok(PyDataset {
-        inner,
-        recipe: vec![("interleave", kwargs.into_any().unbind())],
-        access: Default::default(),
-        epoch: Default::default(),
-    })
 }
 
 fn column_types<'py>(

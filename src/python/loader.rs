@@ -11,8 +11,9 @@ use pyo3::types::{PyCapsule, PyDict, PyList, PyModule, PyType};
 
 use super::arrow_ffi::stream_capsule;
 use super::batch::PyRecordBatch;
-use super::dataset::{DEFAULT_SEED, PyDataset};
-use super::next_batch;
+use super::args::DEFAULT_SEED;
+use super::dataset::PyDataset;
+use super::wait::next_batch;
 use super::to_python::batch_to_numpy;
 use crate::pipeline::rows::Delivered;
 use crate::pipeline::{self, BatchReceiver, Dataset, Op, RowSet, RunOptions, Stats, Tuning, rows};

@@ -1,6 +1,12 @@
 //! The Python binding: the only module that uses pyo3. Thin wrappers that convert
-//! arguments, call the core with the GIL released, and convert results.
+//! arguments, call the core with the GIL released, and convert results:
+//! - `open` makes datasets and `dataset` holds `shardflow.Dataset`'s verbs; `loader` is
+//!   `DataLoader`; `batch` a batch; `args` converts their arguments;
+//! - `to_python` / `from_python` / `arrow_ffi` convert data (numpy, Python objects,
+//!   the Arrow PyCapsule interface); `transform` runs Python functions as ops;
+//! - `wait` (the consumer's wait), `errors` (exceptions), `fork` (fork handlers).
 
+mod args;
 mod arrow_ffi;
 mod batch;
 mod dataset;
@@ -8,46 +14,12 @@ mod errors;
 mod fork;
 mod from_python;
 mod loader;
+mod open;
 mod to_python;
 mod transform;
+mod wait;
 
-use std::time::Duration;
-
-use arrow_array::RecordBatch;
 use pyo3::prelude::*;
-
-use crate::pipeline::{BatchReceiver, Received};
-
-/// How often a waiting consumer wakes to let Ctrl-C through.
-const SIGNAL_CHECK: Duration = Duration::from_millis(100);
-
-/// Waits for the next batch with the GIL released, raising KeyboardInterrupt promptly.
-fn next_batch(py: Python<'_>, receiver: &mut BatchReceiver) -> PyResult<Option<RecordBatch>> {
-    loop {
-        // A batch that is ready is taken with the GIL held: letting go of the GIL and
-        // taking it back cost the consumer's thread (the serial path) at every batch.
-        let received = match receiver.try_recv()? {
-            Some(received) => received,
-            None => py.detach(|| receiver.recv_timeout(SIGNAL_CHECK))?,
-        };
-        match received {
-            Received::Batch(batch) => {
-                if let Some(rows) = receiver.stats().take_shuffle_bound_report() {
-                    let message = format!(
-                        "the shuffle buffer holds only {rows} rows: its byte bound (buffer_bytes) is reached first, which weakens the shuffle; raise buffer_bytes if memory allows"
-                    );
-                    py.import("warnings")?.call_method1(
-                        "warn",
-                        (message, py.get_type::<pyo3::exceptions::PyUserWarning>()),
-                    )?;
-                }
-                return Ok(Some(batch));
-            }
-            Received::End => return Ok(None),
-            Received::Timeout => py.check_signals()?,
-        }
-    }
-}
 
 /// `text` with the secrets of any URL in it masked, for printing.
 #[pyfunction]
@@ -64,9 +36,11 @@ mod _native {
     #[pymodule_export]
     use super::batch::PyRecordBatch;
     #[pymodule_export]
-    use super::dataset::{
-        _list_files, _read_file, PyDataset, SampleIterator, concatenate, dataset, from_arrow,
-        from_dict, from_list, from_pandas, interleave,
+    use super::dataset::{PyDataset, SampleIterator};
+    #[pymodule_export]
+    use super::open::{
+        _list_files, _read_file, concatenate, dataset, from_arrow, from_dict, from_list,
+        from_pandas, interleave,
     };
     #[pymodule_export]
     use super::loader::{BatchIterator, PyDataLoader};

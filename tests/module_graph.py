@@ -2,7 +2,7 @@
 (in `use` lines and in code), resolved to the file that defines the item it names,
 through the re-exports (`pub use`) and imports of the modules on the way.
 
-`python scripts/module_graph.py` prints the import circles (groups of files that import
+`python tests/module_graph.py` prints the import circles (groups of files that import
 each other, directly or round a loop) and exits 1 if there is one; `--edges` prints
 every edge. tests/test_layout.py holds the crate to it.
 """

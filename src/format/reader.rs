@@ -1,0 +1,137 @@
+//! What every format implements ([`Format`]), the options a dataset is read with
+//! ([`ReadOptions`]), and what preparing shards gives the pipeline ([`PreparedShards`]:
+//! the schema, the work units and the jobs that decode them).
+
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+
+use super::example::FeatureSpec;
+use super::image_spec::ImageSpec;
+use super::records::{RecordAccess, RecordCodec};
+use super::unit::{OnError, UnitJob, WorkUnit};
+use crate::error::Result;
+use crate::source::{Io, ShardMeta};
+
+/// Options for reading a dataset. Formats reject the ones they cannot use.
+#[derive(Debug, Clone, Default)]
+pub struct ReadOptions {
+    /// Column projection, in the order the user wants them.
+    pub columns: Option<Vec<String>>,
+    /// A schema given by the user instead of one inferred from the data.
+    pub schema: Option<SchemaRef>,
+    /// A `tf.io.parse_example`-style spec for TFRecord Examples.
+    pub features: Option<Vec<FeatureSpec>>,
+    /// Format-specific settings.
+    pub format_options: crate::options::Options,
+    pub on_error: OnError,
+    /// Image columns to decode, taken out of `format_options` (see `image_spec`).
+    pub images: Option<ImageSpec>,
+}
+
+/// Makes each work unit's job for one prepared dataset: the format-specific part.
+pub trait UnitJobs: Send + Sync {
+    fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob;
+    /// A job that decodes only the unit's rows at `rows` (ascending, distinct offsets in
+    /// the unit), in that order, where the format can pass over the rest without
+    /// decoding it (Parquet skips the pages that hold none of them); `None` where it
+    /// cannot, and the whole unit is decoded. Reads it makes itself go through `io`.
+    fn rows_job(
+        &self,
+        _unit: &WorkUnit,
+        _shard: &ShardMeta,
+        _rows: &[u64],
+        _io: &Io,
+    ) -> Option<UnitJob> {
+        None
+    }
+    /// Whether a job for some of the unit's rows (`rows_job`) reads about those rows'
+    /// bytes, not the whole unit's: a random-access reader then asks for a unit's rows as
+    /// they are wanted, never for the whole unit, and does not read ahead.
+    fn reads_rows_alone(&self, _unit: &WorkUnit, _shard: &ShardMeta, _io: &Io) -> Result<bool> {
+        Ok(false)
+    }
+    /// How a stream format finds and decodes single records, for its record index.
+    fn record_codec(&self) -> Option<Arc<dyn RecordCodec>> {
+        None
+    }
+    /// Per-record reads, once the dataset is indexed.
+    fn record_access(&self) -> Option<RecordAccess> {
+        None
+    }
+}
+
+/// Shards a format has looked at (footers read, schema known), ready to be read.
+pub struct PreparedShards {
+    /// The format's name as shown in errors ("Parquet", "JSON").
+    pub format: &'static str,
+    /// The schema of every batch (after projection).
+    pub schema: SchemaRef,
+    /// The shards that are read; units refer to them by index.
+    pub shards: Vec<ShardMeta>,
+    pub units: Vec<WorkUnit>,
+    /// Shards dropped while preparing because they were unreadable and `on_error="skip"`.
+    pub skipped_shards: u64,
+    pub(super) jobs: Box<dyn UnitJobs>,
+}
+
+impl PreparedShards {
+    pub fn new(
+        format: &'static str,
+        schema: SchemaRef,
+        shards: Vec<ShardMeta>,
+        units: Vec<WorkUnit>,
+        jobs: impl UnitJobs + 'static,
+    ) -> Self {
+        Self {
+            format,
+            schema,
+            shards,
+            units,
+            skipped_shards: 0,
+            jobs: Box::new(jobs),
+        }
+    }
+
+    pub fn with_skipped_shards(self, skipped_shards: u64) -> Self {
+        Self {
+            skipped_shards,
+            ..self
+        }
+    }
+
+    pub fn job(&self, unit: &WorkUnit) -> UnitJob {
+        self.jobs.job(unit, &self.shards[unit.shard])
+    }
+
+    /// See [`UnitJobs::reads_rows_alone`].
+    pub fn reads_rows_alone(&self, unit: &WorkUnit, io: &Io) -> Result<bool> {
+        self.jobs
+            .reads_rows_alone(unit, &self.shards[unit.shard], io)
+    }
+
+    /// See [`UnitJobs::rows_job`].
+    pub fn rows_job(&self, unit: &WorkUnit, rows: &[u64], io: &Io) -> Option<UnitJob> {
+        self.jobs.rows_job(unit, &self.shards[unit.shard], rows, io)
+    }
+
+    pub fn record_codec(&self) -> Option<Arc<dyn RecordCodec>> {
+        self.jobs.record_codec()
+    }
+
+    pub fn record_access(&self) -> Option<RecordAccess> {
+        self.jobs.record_access()
+    }
+}
+
+pub trait Format: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Reads what is needed up front (Parquet footers, a JSON schema sample) and splits
+    /// the shards into work units.
+    fn prepare(
+        &self,
+        shards: Vec<ShardMeta>,
+        options: &ReadOptions,
+        io: &Io,
+    ) -> Result<PreparedShards>;
+}

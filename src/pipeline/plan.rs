@@ -1,0 +1,575 @@
+//! How an epoch is divided: where its rows start (the head: units, rows fetched by
+//! index, or combined parts), where it is split between the parts that read it (ranks x
+//! workers), each part's rows and padding, and how many rows each delivers. Nothing
+//! here reads rows; `run` reads what this plans.
+//!
+//! The rules, as the executable model in `tests/model/__init__.py` states them (each
+//! names the model function that holds it):
+//! - **Global ops first.** Every op up to the last take/skip, and everything that reads
+//!   rows by index (`select`, `shard`, a full shuffle, a weighted sample), runs on the
+//!   whole dataset before the epoch is divided: a take/skip counts rows of the whole
+//!   dataset, never of a part (`anatomy`, `parts`). Here: [`Head`] (the index ops) and
+//!   [`Split`] (the take/skips).
+//! - **Contiguous runs.** When every op up to the last take/skip keeps rows in place,
+//!   the epoch's rows are cut into contiguous runs, one per rank, and each rank's run
+//!   between its workers (`contiguous`): [`Split::Window`] and [`Split::Units`], cut by
+//!   [`Share`] (`rows::cut`, the model's `cut`).
+//! - **Dealing after filters.** When a filter, flat_map, buffered shuffle or combination
+//!   comes before the last take/skip, every part reads that stream whole and keeps
+//!   every `parts`-th row (`dealt`): [`Split::Rows`], dealt by `ops::Deal`.
+//! - **Padding.** Without `drop_last`, on several ranks, a rank short of `ceil(T/R)`
+//!   rows gets the epoch's first rows again (`contiguous`, `dealt`); with `drop_last`
+//!   every rank gets `T // R` (`part_rows`, `RunOptions::pad`).
+//! - **Combined datasets split once.** A concatenate or interleave read as it is is
+//!   divided part by part, each part's left-over rows going on where the previous
+//!   part's stopped, then padded or cut once against the combined total
+//!   (`combined_parts`, `shares`, `balanced`): `combine`'s `Combined::plan`.
+//! - **Splits freeze the order before them.** Every op before the last pick draws as in
+//!   epoch 0; ops after it draw anew each epoch (`draw_epoch`): [`Draws`].
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use super::autotune::Tuning;
+use super::dataset::{Dataset, Origin, Combined};
+use super::decode::UnitSlice;
+use super::ops::Op;
+use super::random_access::RandomAccess;
+use super::rng::Rng;
+use super::rows::{self, RowList, RowSet, Share};
+use crate::error::{Error, Result};
+use crate::format::PreparedShards;
+
+/// How one epoch is run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub epoch: u64,
+    /// This reader's share of the data: part `part` of `parts` (rank and worker combined:
+    /// part = rank x workers + worker), see [`Share`].
+    pub part: usize,
+    pub parts: usize,
+    pub workers: usize,
+    /// Where left-over rows start between ranks and between workers (see [`Share`]).
+    pub first: (u64, u64),
+    /// Re-batch to exactly this many rows; `None` passes decoded batches through.
+    pub batch_rows: Option<usize>,
+    /// Drop a last short batch; across several parts, also give every part the same
+    /// number of rows.
+    pub drop_last: bool,
+    /// Decode threads, how far to read and decode ahead, and the memory that may take;
+    /// shared by a loader's epochs, which go on from the depths the last one reached.
+    pub tuning: Arc<Tuning>,
+    /// Rows of this part's stream to pass over first (resuming mid-epoch).
+    pub skip_rows: u64,
+    /// With `drop_last` off, give shorter parts the first rows again so that every part
+    /// reads as many rows (see [`Share`]); padding rows are counted in the stats.
+    pub pad: bool,
+    /// Read stream formats through their record index, so that every unit's rows are
+    /// known: parts then get exact, equal shares, and rows have positions.
+    pub count_rows: bool,
+    /// Attach each row's position (see [`rows`]) as a hidden last column.
+    pub track: bool,
+    /// Resuming on another number of parts: the rows (tagged positions) still to read
+    /// this epoch, divided between the parts instead of the whole epoch.
+    pub remaining: Option<Arc<RowSet>>,
+    /// Number of this dataset's first leaf (a part of a combined dataset starts after
+    /// its predecessors' leaves).
+    pub leaf: u64,
+    /// Set when the consumer is gone (`break`, Ctrl-C, a dropped iterator): the run's
+    /// decoders stop waiting for fetches and drop the requests in flight.
+    pub cancel: Arc<AtomicBool>,
+}
+
+impl RunOptions {
+    /// How a loader reads epoch `epoch` as part `part` of `parts`, in batches of
+    /// `batch_rows`. Rows are counted exactly (stream formats through their index), so
+    /// parts get equal shares and every row has a position for an elastic resume.
+    pub fn loader(
+        epoch: u64,
+        (part, parts, workers): (usize, usize, usize),
+        batch_rows: usize,
+        drop_last: bool,
+        pad: bool,
+        tuning: Arc<Tuning>,
+    ) -> Self {
+        Self {
+            epoch,
+            part,
+            parts,
+            workers,
+            batch_rows: Some(batch_rows),
+            drop_last,
+            pad,
+            tuning,
+            count_rows: true,
+            ..Self::default()
+        }
+    }
+
+    pub fn share(&self) -> Share {
+        Share {
+            part: self.part,
+            parts: self.parts,
+            workers: self.workers,
+            even: self.drop_last,
+            pad: self.pad,
+            first: self.first,
+        }
+    }
+
+    /// This run as a single reader reads it: every row once, no padding.
+    pub fn whole(&self) -> RunOptions {
+        RunOptions {
+            part: 0,
+            parts: 1,
+            workers: 1,
+            first: (0, 0),
+            drop_last: false,
+            pad: false,
+            skip_rows: 0,
+            batch_rows: None,
+            ..self.clone()
+        }
+    }
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            epoch: 0,
+            part: 0,
+            parts: 1,
+            workers: 1,
+            first: (0, 0),
+            batch_rows: None,
+            drop_last: false,
+            tuning: Arc::default(),
+            skip_rows: 0,
+            pad: false,
+            count_rows: false,
+            track: false,
+            remaining: None,
+            leaf: 0,
+            cancel: Arc::default(),
+        }
+    }
+}
+
+/// Where an epoch's rows start: the source's units, or (for `select` and a
+/// full-permutation `shuffle`) rows fetched by index; `rest` is where the ops run as a
+/// stream begin.
+pub(super) struct Head {
+    pub(super) kind: HeadKind,
+    pub(super) rows: Option<u64>,
+    pub(super) rest: usize,
+}
+
+pub(super) enum HeadKind {
+    Units(Arc<PreparedShards>),
+    Indexed(Arc<RandomAccess>),
+    Combined(Arc<Combined>),
+}
+
+/// How an epoch is divided between the parts (ranks x workers) that read it, so that
+/// take/skip count rows of the whole dataset, never of each part.
+pub(super) enum Split {
+    /// No take/skip: each part reads its share of the units (or of their rows) and runs
+    /// every op on it.
+    Units,
+    /// Row counts are known and every op up to the last take/skip keeps rows in place:
+    /// those take/skips become the window of rows that the parts share.
+    Window { rows: Range<u64>, after: usize },
+    /// Otherwise every part runs the ops before `after` over the whole epoch and keeps
+    /// every `parts`-th row of the result, starting at its own.
+    Rows { after: usize },
+}
+
+impl Split {
+    /// Whether the `i`-th op after the head is applied by the parts' plan (a take/skip
+    /// within the window), not run on the stream.
+    pub(super) fn applies(&self, i: usize, op: &Op) -> bool {
+        matches!(self, Split::Window { after, .. } if i < *after)
+            && matches!(op, Op::Take(_) | Op::Skip(_))
+    }
+}
+
+/// Where the epoch is split between parts (see [`Split`]), for `ops` run as a stream
+/// after `head`.
+pub(super) fn split(head: &Head, ops: &[Op]) -> Split {
+    let Some(last) = ops.iter().rposition(Op::counts_rows) else {
+        return Split::Units;
+    };
+    let in_place = ops[..=last].iter().all(|op| match op {
+        Op::Take(_) | Op::Skip(_) => true,
+        Op::Transform(t) => t.preserves_rows(),
+        Op::Shuffle { .. } | Op::Permute { .. } | Op::Select(_) | Op::Sample { .. } => false,
+    });
+    // Only units and indexed rows can start at a row number.
+    let windows = !matches!(head.kind, HeadKind::Combined(_));
+    match head.rows {
+        Some(total) if in_place && windows => {
+            let (mut start, mut len) = (0u64, total);
+            for op in &ops[..=last] {
+                match op {
+                    Op::Skip(n) => {
+                        let n = (*n).min(len);
+                        start += n;
+                        len -= n;
+                    }
+                    Op::Take(n) => len = len.min(*n),
+                    _ => {}
+                }
+            }
+            Split::Window {
+                rows: start..start + len,
+                after: last + 1,
+            }
+        }
+        _ => Split::Rows { after: last + 1 },
+    }
+}
+
+/// Rows left after `ops`, from `rows` in, where that can be known.
+pub(super) fn rows_through(mut rows: Option<u64>, ops: &[Op]) -> Option<u64> {
+    for op in ops {
+        rows = match op {
+            Op::Shuffle { .. } | Op::Permute { .. } => rows,
+            Op::Select(indices) => Some(indices.len()),
+            Op::Sample { num_samples, .. } => num_samples.or(rows),
+            Op::Take(n) => rows.map(|r| r.min(*n)),
+            Op::Skip(n) => rows.map(|r| r.saturating_sub(*n)),
+            Op::Transform(t) if t.preserves_rows() => rows,
+            Op::Transform(_) => None,
+        };
+    }
+    rows
+}
+
+impl Dataset {
+    /// Number of rows, when metadata and the ops make it known (stream formats are not
+    /// indexed for it).
+    pub fn num_rows(&self) -> Result<Option<u64>> {
+        self.rows_of_part(Share::WHOLE, false)
+    }
+
+    /// Number of rows, indexing stream formats to count them where needed; `None` when
+    /// a filter or flat_map decides them.
+    pub fn len(&self) -> Result<Option<u64>> {
+        self.rows_of_part(Share::WHOLE, true)
+    }
+
+    /// Where this epoch's rows come from (see [`Head`]). With `counted`, a stream
+    /// format's units come from its record index, so their rows are known.
+    pub(super) fn head(&self, epoch: u64, counted: bool) -> Result<Head> {
+        if let Some(last) = self.ops.iter().rposition(Op::needs_index) {
+            let prefix = Dataset {
+                origin: self.origin.clone(),
+                ops: self.ops[..=last].to_vec(),
+            };
+            let access = prefix.random_access_with(self.draws(epoch))?;
+            return Ok(Head {
+                rows: Some(access.len()),
+                kind: HeadKind::Indexed(Arc::new(access)),
+                rest: last + 1,
+            });
+        }
+        Ok(match &self.origin {
+            Origin::Files(_) => {
+                let mut prepared = self.prepared()?;
+                // Formats with a record codec count their rows by indexing; others
+                // either know them or leave them unknown.
+                if counted && prepared.record_codec().is_some() {
+                    prepared = self.indexed()?;
+                }
+                Head {
+                    rows: prepared.units.iter().map(|u| u.rows).sum(),
+                    kind: HeadKind::Units(prepared),
+                    rest: 0,
+                }
+            }
+            Origin::Combined(c) => Head {
+                rows: match c.mix {
+                    None => c
+                        .parts
+                        .iter()
+                        .map(|p| if counted { p.len() } else { p.num_rows() })
+                        .sum::<Result<Option<u64>>>()?,
+                    Some(_) => None,
+                },
+                kind: HeadKind::Combined(c.clone()),
+                rest: 0,
+            },
+        })
+    }
+
+    /// Rows one part of an epoch delivers after the ops, when that is known.
+    pub fn rows_of_part(&self, share: Share, count_rows: bool) -> Result<Option<u64>> {
+        let run = RunOptions {
+            part: share.part,
+            parts: share.parts,
+            workers: share.workers,
+            drop_last: share.even,
+            pad: share.pad,
+            first: share.first,
+            count_rows,
+            ..RunOptions::default()
+        };
+        self.rows_of_run(&run)
+    }
+
+    /// Rows part `run.part` delivers after the ops in `run`'s epoch, when known.
+    pub fn rows_of_run(&self, run: &RunOptions) -> Result<Option<u64>> {
+        let head = self.head(run.epoch, run.count_rows)?;
+        let ops = &self.ops[head.rest..];
+        let split = split(&head, ops);
+        let (rows, rest) = match &split {
+            Split::Rows { after } => {
+                let global = rows_through(head.rows, &ops[..*after]);
+                (global.map(|t| run.share().rows(t)), *after)
+            }
+            Split::Units | Split::Window { .. } => {
+                let rest = match split {
+                    Split::Window { after, .. } => after,
+                    _ => 0,
+                };
+                let rows = match &head.kind {
+                    HeadKind::Combined(c) => c
+                        .plan(run, self.draws(run.epoch), true)?
+                        .rows
+                        .map(|(_, rows)| rows),
+                    _ => self
+                        .part_rows(&head, &split, run)
+                        .map(|(rows, padding)| rows::list_len(&rows) + rows::list_len(&padding)),
+                };
+                (rows, rest)
+            }
+        };
+        Ok(rows_through(rows, &ops[rest..]))
+    }
+
+    /// The rows of this dataset's head that part `run.part` reads this epoch, in order,
+    /// as head positions (untagged), and the padding that follows them; `None` when the
+    /// rows are not known. The epoch's rows are the window of a global take/skip, or all
+    /// of them, or (resuming on another number of parts) this leaf's rows still to read.
+    pub(super) fn part_rows(
+        &self,
+        head: &Head,
+        split: &Split,
+        run: &RunOptions,
+    ) -> Option<(RowList, RowList)> {
+        let all: RowList = match (&run.remaining, split) {
+            (Some(remaining), _) => {
+                let base = rows::tag(run.leaf, 0);
+                remaining
+                    .within(base..rows::tag(run.leaf + 1, 0))
+                    .iter()
+                    .map(|r| r.start - base..r.end - base)
+                    .collect()
+            }
+            (None, Split::Window { rows, .. }) => vec![rows.clone()],
+            (None, _) => vec![0..head.rows?],
+        };
+        Some(run.share().of(&all))
+    }
+
+    /// The units in this epoch's order: permuted when a shuffle comes first.
+    pub(super) fn unit_order(&self, prepared: &PreparedShards, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..prepared.units.len()).collect();
+        if let Some((stage, seed)) = unit_shuffle_seed(&self.ops) {
+            let epoch = self.draws(epoch).stage(stage);
+            Rng::new(seed, epoch, 0).shuffle(&mut order);
+        }
+        order
+    }
+
+    /// How `parallelism` readers (at most one per unit) would divide one epoch, for
+    /// engines that schedule the reading themselves (Ray Data): each reader's rows after
+    /// the ops, the files it opens and the bytes of them it reads (in proportion to its
+    /// rows of each file), where known.
+    pub fn read_plan(&self, parallelism: usize) -> Result<Vec<PartPlan>> {
+        let head = self.head(0, true)?;
+        let ops = &self.ops[head.rest..];
+        let split = split(&head, ops);
+        let units = match &head.kind {
+            HeadKind::Units(prepared) => prepared.units.len(),
+            _ => parallelism,
+        };
+        let parts = parallelism.min(units).max(1);
+        let order = match &head.kind {
+            HeadKind::Units(prepared) => Some(self.unit_order(prepared, 0)),
+            _ => None,
+        };
+        let mut plans = Vec::with_capacity(parts);
+        for part in 0..parts {
+            let run = RunOptions {
+                part,
+                parts,
+                count_rows: true,
+                ..RunOptions::default()
+            };
+            let rows = self.rows_of_run(&run)?;
+            let reads = match (&head.kind, &order) {
+                (HeadKind::Units(prepared), Some(order)) => {
+                    self.part_rows(&head, &split, &run).and_then(|(r, _)| {
+                        unit_slices(prepared, order, &r, None)
+                            .map(|slices| (prepared.clone(), slices))
+                    })
+                }
+                _ => None,
+            };
+            let plan = match reads {
+                Some((prepared, slices)) => {
+                    let mut shard_rows: Vec<u64> = vec![0; prepared.shards.len()];
+                    for unit in &prepared.units {
+                        shard_rows[unit.shard] += unit.rows.unwrap_or(0);
+                    }
+                    let mut read: std::collections::BTreeMap<usize, u64> = Default::default();
+                    for slice in &slices {
+                        let unit = &prepared.units[slice.unit];
+                        let n = slice.take.unwrap_or(unit.rows.unwrap_or(0) - slice.skip);
+                        *read.entry(unit.shard).or_default() += n;
+                    }
+                    let bytes = read
+                        .iter()
+                        .map(|(&shard, &n)| {
+                            let size = prepared.shards[shard].size?;
+                            Some(size * n / shard_rows[shard].max(1))
+                        })
+                        .sum();
+                    PartPlan {
+                        rows,
+                        files: read
+                            .keys()
+                            .map(|&s| prepared.shards[s].url.clone())
+                            .collect(),
+                        bytes,
+                    }
+                }
+                None => PartPlan {
+                    rows,
+                    files: self.shards().into_iter().map(|s| s.url).collect(),
+                    bytes: None,
+                },
+            };
+            plans.push(plan);
+        }
+        Ok(plans)
+    }
+
+    /// Whether a part's delivered rows are always the first rows of its share, in order
+    /// (no shuffle buffer, filter or mixing after the split), so that one part's count
+    /// of rows delivered tells what every part has delivered.
+    pub fn lockstep(&self, count_rows: bool) -> Result<bool> {
+        let head = self.head(0, count_rows)?;
+        let ops = &self.ops[head.rest..];
+        Ok(!matches!(head.kind, HeadKind::Combined(_))
+            && head.rows.is_some()
+            && !matches!(split(&head, ops), Split::Rows { .. })
+            && ops.iter().all(|op| match op {
+                Op::Take(_) | Op::Skip(_) => true,
+                Op::Transform(t) => t.preserves_rows(),
+                Op::Shuffle { .. } | Op::Permute { .. } | Op::Select(_) | Op::Sample { .. } => {
+                    false
+                }
+            }))
+    }
+
+    /// The rows (tagged positions) part `run.part` reads this epoch, padding included,
+    /// in order: what an epoch's rows are made of, for elastic resume.
+    pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
+        let head = self.head(run.epoch, run.count_rows)?;
+        let ops = &self.ops[head.rest..];
+        let split = split(&head, ops);
+        if matches!(split, Split::Rows { .. }) {
+            return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
+        }
+        if let HeadKind::Combined(c) = &head.kind {
+            return c.planned_rows(run, self.draws(run.epoch));
+        }
+        let (rows, padding) = self.part_rows(&head, &split, run).ok_or_else(|| {
+            Error::invalid_argument(
+                "the rows of this dataset are not known, so its epoch cannot be divided anew",
+            )
+        })?;
+        let base = rows::tag(run.leaf, 0);
+        Ok(rows
+            .into_iter()
+            .chain(padding)
+            .map(|r| base + r.start..base + r.end)
+            .collect())
+    }
+}
+
+
+/// The stage and seed of the shuffle that permutes unit order: the first shuffle's, unless
+/// a take/skip comes before it (then *which* rows are taken must not depend on the seed).
+pub(super) fn unit_shuffle_seed(ops: &[Op]) -> Option<(usize, u64)> {
+    for (stage, op) in ops.iter().enumerate() {
+        match op {
+            Op::Shuffle { seed, .. } => return Some((stage, *seed)),
+            Op::Take(_) | Op::Skip(_) | Op::Select(_) | Op::Permute { .. } | Op::Sample { .. } => {
+                return None;
+            }
+            Op::Transform(_) => {}
+        }
+    }
+    None
+}
+
+/// The slices of units (taken in `order`) that hold `rows` (head positions), in the
+/// order of `rows`, each numbered with its position under `leaf` when given; `None`
+/// when some unit's rows are not known.
+pub(super) fn unit_slices(
+    prepared: &PreparedShards,
+    order: &[usize],
+    rows: &[Range<u64>],
+    leaf: Option<u64>,
+) -> Option<Vec<UnitSlice>> {
+    let mut starts = Vec::with_capacity(order.len() + 1);
+    let mut total = 0u64;
+    for &unit in order {
+        starts.push(total);
+        total += prepared.units[unit].rows?;
+    }
+    starts.push(total);
+    let mut slices = Vec::new();
+    for range in rows {
+        let mut at = range.start;
+        // The first unit that ends after `at`.
+        let mut i = starts[1..].partition_point(|&end| end <= at);
+        while at < range.end && i < order.len() {
+            let (lo, hi) = (starts[i], starts[i + 1]);
+            if hi > at {
+                let end = hi.min(range.end);
+                let whole = at == lo && end == hi;
+                slices.push(UnitSlice {
+                    unit: order[i],
+                    skip: at - lo,
+                    take: (!whole).then_some(end - at),
+                    position: leaf.map(|leaf| rows::tag(leaf, at)),
+                });
+                at = end;
+            }
+            i += 1;
+        }
+    }
+    Some(slices)
+}
+
+/// Why a pipeline whose take/skip come after a shuffle buffer, filter or flat_map can
+/// only resume on the world size that saved it.
+pub(super) const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a shuffle buffer, \
+    filter or flat_map, so every rank reads the whole stream and keeps its own rows of it; \
+    such an epoch can resume only on the same number of ranks and workers (put take/skip \
+    first, or use a full shuffle, to resume on another)";
+
+/// Bytes of `batch`'s values: the slices it covers, not the whole buffers it may share
+
+/// One reader's part of an epoch (see [`Dataset::read_plan`]).
+#[derive(Debug, Clone)]
+pub struct PartPlan {
+    pub rows: Option<u64>,
+    pub files: Vec<String>,
+    pub bytes: Option<u64>,
+}
