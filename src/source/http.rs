@@ -17,7 +17,7 @@ use super::storage::Storage;
 use crate::error::{Error, Result};
 
 pub fn client(storage: &Storage) -> Result<reqwest::Client> {
-    storage.http.get_or_try_init(|| {
+    storage.client(|| {
         reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .pool_max_idle_per_host(storage.options.max_concurrency)

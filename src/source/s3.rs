@@ -141,7 +141,7 @@ pub fn client(storage: &Storage) -> Result<aws_sdk_s3::Client> {
 /// from anywhere, runtime tasks included: the first use in a forked child is often a
 /// read inside a task.
 pub fn clients(storage: &Storage) -> Result<S3Clients> {
-    storage.s3.get_or_try_init(|| {
+    storage.client(|| {
         let options = &storage.options;
         let rt = super::runtime()?;
         let config = super::runtime::block_on_outside(rt, async {
