@@ -22,10 +22,14 @@ use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_enco
 use reqwest::header::{AUTHORIZATION, HeaderMap, LINK};
 use serde_json::Value;
 
-use super::http::{HttpBackend, client, status_failure, transport};
+use super::backend::Backend;
+use super::object::{IoCounters, ShardMeta, Source};
 use super::pattern::is_glob;
+use super::remote::open_shard;
 use super::retry::{Failure, retrying};
-use super::{ShardMeta, Storage, runtime};
+use super::runtime::runtime;
+use super::storage::Storage;
+use super::transport::{HttpObject, client, status_failure, transport_failure};
 use crate::error::{Error, Position, Result};
 
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -179,12 +183,12 @@ impl Hub {
             if let Some(token) = &self.token {
                 request = request.header(AUTHORIZATION, format!("Bearer {token}"));
             }
-            let response = request.send().await.map_err(transport)?;
+            let response = request.send().await.map_err(transport_failure)?;
             if !response.status().is_success() {
-                return Err(status_failure(name, &response));
+                return Err(status_failure(name, &response, Some(not_found)));
             }
             let next = next_page(response.headers());
-            let body = response.bytes().await.map_err(transport)?;
+            let body = response.bytes().await.map_err(transport_failure)?;
             let value = serde_json::from_slice(&body).map_err(|e| {
                 Failure::Permanent(Error::decode(
                     name,
@@ -359,8 +363,30 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
     Ok(shards)
 }
 
-/// A reader of one file of a repo.
-pub fn backend(url: &str, storage: &Arc<Storage>) -> Result<HttpBackend> {
+/// `hf://datasets/...` URLs.
+pub struct Hf;
+
+impl Backend for Hf {
+    fn list(&self, spec: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
+        list(spec, storage)
+    }
+
+    fn open(
+        &self,
+        shard: &ShardMeta,
+        storage: &Arc<Storage>,
+        counters: Arc<IoCounters>,
+    ) -> Result<Arc<dyn Source>> {
+        let object = object(&shard.url, storage)?;
+        Ok(open_shard(shard, Box::new(object), storage, counters))
+    }
+}
+
+/// The requests of one file of a repo: range GETs of its `resolve` URL, named by its
+/// `hf://` URL, with the token. Its ETag is not pinned (the URL names a commit, so the
+/// bytes never change, and the redirects land on a storage host whose ETags are not the
+/// Hub's); a refusal's `X-Error-Code` says what is missing.
+fn object(url: &str, storage: &Arc<Storage>) -> Result<HttpObject> {
     let target = RepoPath::parse(url)?;
     if target.path.is_empty() || is_glob(&target.path) {
         return Err(Error::invalid_argument(format!(
@@ -375,7 +401,11 @@ pub fn backend(url: &str, storage: &Arc<Storage>) -> Result<HttpBackend> {
         utf8_percent_encode(target.revision(), SEGMENT),
         utf8_percent_encode(&target.path, PATH)
     );
-    HttpBackend::hub(resolve, url.to_string(), hub.token.as_deref(), storage)
+    Ok(HttpObject::new(&resolve, storage)?
+        .named(url.to_string())
+        .authorization(hub.token.as_deref().map(|t| format!("Bearer {t}")))
+        .unpinned()
+        .error_codes(not_found))
 }
 
 /// The error for a refusal whose `X-Error-Code` says what the Hub did not find; `None`

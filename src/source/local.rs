@@ -8,9 +8,34 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use super::backend::Backend;
+use super::object::{BoxFuture, CountingReader, IoCounters, ShardMeta, Source};
 use super::pattern::is_glob;
-use super::{BoxFuture, CountingReader, IoCounters, ShardMeta, Source};
+use super::storage::Storage;
 use crate::error::{Error, Position, Result};
+
+/// Local paths and `file://` URLs.
+pub struct Local;
+
+impl Backend for Local {
+    fn list(&self, spec: &str, _storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
+        list(self.local_path(spec).unwrap_or(spec))
+    }
+
+    fn open(
+        &self,
+        shard: &ShardMeta,
+        _storage: &Arc<Storage>,
+        counters: Arc<IoCounters>,
+    ) -> Result<Arc<dyn Source>> {
+        let path = self.local_path(&shard.url).unwrap_or(&shard.url);
+        Ok(Arc::new(LocalSource::new(path, counters)))
+    }
+
+    fn local_path<'a>(&self, url: &'a str) -> Option<&'a str> {
+        Some(url.strip_prefix("file://").unwrap_or(url))
+    }
+}
 
 #[derive(Debug)]
 pub struct LocalSource {
@@ -88,7 +113,6 @@ impl Source for LocalSource {
     }
 }
 
-/// Lists one brace-expanded local pattern: a glob, a directory (recursively) or a file.
 /// Reads exactly `range` of `file`; a file shorter than the range is an error at its start.
 fn read_at(file: &File, url: &str, counters: &IoCounters, range: Range<u64>) -> Result<Bytes> {
     let mut buf = Vec::new();
@@ -158,6 +182,7 @@ fn append_at(
     Ok(())
 }
 
+/// Lists one brace-expanded local pattern: a glob, a directory (recursively) or a file.
 pub fn list(pattern: &str) -> Result<Vec<ShardMeta>> {
     let mut paths = if is_glob(pattern) {
         let matches = glob::glob(pattern)
@@ -227,41 +252,4 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::source::resolve;
-
-    #[test]
-    fn globs_dirs_and_ranges_resolve_sorted() {
-        let dir = tempfile::tempdir().unwrap();
-        for name in ["b-001.txt", "a-000.txt", "c-002.txt", ".hidden", "_SUCCESS"] {
-            std::fs::write(dir.path().join(name), b"x").unwrap();
-        }
-        let d = dir.path().to_str().unwrap();
-        let storage = crate::source::Storage::local_only();
-        let urls = |specs: &[String]| -> Vec<String> {
-            resolve(specs, &storage)
-                .unwrap()
-                .into_iter()
-                .map(|s| s.url)
-                .collect()
-        };
-        let all = urls(&[format!("{d}/*.txt")]);
-        assert_eq!(all.len(), 3);
-        assert!(all.windows(2).all(|w| w[0] < w[1]));
-        assert_eq!(urls(&[d.to_string()]), all);
-        assert_eq!(urls(&[format!("file://{d}")]), all);
-        assert_eq!(urls(&[format!("{d}/{{a-000,b-001}}.txt")]), all[..2]);
-        assert!(matches!(
-            resolve(&[format!("{d}/*.parquet")], &storage),
-            Err(Error::NoMatch { .. })
-        ));
-        assert!(matches!(
-            resolve(&[format!("{d}/missing-{{0..1}}.txt")], &storage),
-            Err(Error::NotFound { .. })
-        ));
-    }
 }

@@ -16,9 +16,10 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 
 use super::cache::DiskCache;
+use super::object::{BoxFuture, IoCounters, ShardMeta, Source};
 use super::retry::Failure;
+use super::runtime::runtime;
 use super::storage::Storage;
-use super::{BoxFuture, IoCounters, Source};
 use crate::error::{Error, Position, Result};
 
 /// Size and version of an object.
@@ -54,8 +55,8 @@ pub struct Response {
     pub object_size: Option<u64>,
 }
 
-/// One protocol's requests.
-pub trait Backend: Send + Sync + 'static {
+/// One object's requests, as its protocol makes them (S3's, plain HTTP's).
+pub trait ObjectRequests: Send + Sync + 'static {
     fn head(&self) -> BoxFuture<'_, std::result::Result<ObjectInfo, Failure>>;
     fn get(
         &self,
@@ -69,7 +70,7 @@ const READ_AHEAD: usize = 4;
 
 struct Inner {
     url: String,
-    backend: Box<dyn Backend>,
+    requests: Box<dyn ObjectRequests>,
     storage: Arc<Storage>,
     counters: Arc<IoCounters>,
     /// Known from the listing, or learnt on first use.
@@ -88,19 +89,41 @@ impl std::fmt::Debug for RemoteSource {
 impl RemoteSource {
     pub fn new(
         url: String,
-        backend: Box<dyn Backend>,
+        requests: Box<dyn ObjectRequests>,
         info: Option<ObjectInfo>,
         storage: Arc<Storage>,
         counters: Arc<IoCounters>,
     ) -> Self {
         Self(Arc::new(Inner {
             url,
-            backend,
+            requests,
             storage,
             counters,
             info: Mutex::new(info),
         }))
     }
+}
+
+/// `shard`, read with `requests`: what its listing knew (size, ETag) is used, not asked
+/// for again.
+pub fn open_shard(
+    shard: &ShardMeta,
+    requests: Box<dyn ObjectRequests>,
+    storage: &Arc<Storage>,
+    counters: Arc<IoCounters>,
+) -> Arc<dyn Source> {
+    let info = shard.size.map(|size| ObjectInfo {
+        size,
+        etag: shard.etag.clone(),
+    });
+    counters.add_file();
+    Arc::new(RemoteSource::new(
+        shard.url.clone(),
+        requests,
+        info,
+        storage.clone(),
+        counters,
+    ))
 }
 
 impl Inner {
@@ -109,7 +132,7 @@ impl Inner {
             return Ok(info);
         }
         let info = self
-            .retrying(0, "HEAD", || async { self.backend.head().await })
+            .retrying(0, "HEAD", || async { self.requests.head().await })
             .await?;
         *self.info.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.clone());
         Ok(info)
@@ -179,7 +202,8 @@ impl Inner {
                 let _permit = self.storage.limit().acquire_owned().await;
                 self.counters.requests.fetch_add(1, Relaxed);
                 let request = Request::Range(from..range.end);
-                match tokio::time::timeout(timeout, self.backend.get(request, etag.clone())).await {
+                match tokio::time::timeout(timeout, self.requests.get(request, etag.clone())).await
+                {
                     Err(_) => format!("no response within {timeout:?}"),
                     Ok(Err(Failure::Permanent(e))) => return Err(e),
                     Ok(Err(Failure::Transient(cause))) => cause,
@@ -434,7 +458,7 @@ impl Source for RemoteSource {
     }
 
     fn open_stream(&self) -> Result<Box<dyn Read + Send>> {
-        let rt = super::runtime()?;
+        let rt = runtime()?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(READ_AHEAD);
         let inner = self.0.clone();
         rt.spawn(async move {

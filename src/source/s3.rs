@@ -11,11 +11,18 @@ use aws_config::retry::RetryConfig;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use bytes::Bytes;
 
-use super::remote::{Backend, Body, ObjectInfo, Request, Response};
+use super::backend::Backend;
+use super::object::{BoxFuture, IoCounters, ShardMeta, Source};
+use super::pattern;
+use super::remote::{Body, ObjectInfo, ObjectRequests, Request, Response, open_shard};
 use super::retry::{Failure, transient_status};
+use super::runtime::{self, runtime};
 use super::sigv4::{Scope, Signer, encode_key};
 use super::storage::Storage;
-use super::{BoxFuture, ShardMeta, pattern};
+use super::transport::{
+    changed, range_response, short_cause, size_from_content_range, status_failure,
+    transport_failure,
+};
 use crate::error::{Error, Result};
 
 /// `s3://bucket/key` split in two.
@@ -141,10 +148,10 @@ pub fn client(storage: &Storage) -> Result<aws_sdk_s3::Client> {
 /// from anywhere, runtime tasks included: the first use in a forked child is often a
 /// read inside a task.
 pub fn clients(storage: &Storage) -> Result<S3Clients> {
-    storage.s3.get_or_try_init(|| {
+    storage.client(|| {
         let options = &storage.options;
-        let rt = super::runtime()?;
-        let config = super::runtime::block_on_outside(rt, async {
+        let rt = runtime()?;
+        let config = runtime::block_on_outside(rt, async {
             // Retries are ours (see `remote`), so they count attempts and resume bodies.
             let mut loader = aws_config::defaults(BehaviorVersion::latest())
                 .retry_config(RetryConfig::disabled());
@@ -188,7 +195,7 @@ pub fn clients(storage: &Storage) -> Result<S3Clients> {
         }
         Ok(S3Clients(Arc::new(Clients {
             sdk: aws_sdk_s3::Client::from_conf(builder.build()),
-            http: super::http::client(storage)?,
+            http: super::transport::client(storage)?,
             signer: config.credentials_provider().map(Signer::new),
             endpoint: EndpointInputs {
                 region,
@@ -255,28 +262,8 @@ pub(crate) fn failure<E: ProvideErrorMetadata + std::error::Error + 'static>(
     }
 }
 
-/// The innermost cause of a transport failure, e.g. "connection reset by peer".
-pub(crate) fn short_cause(err: &dyn std::error::Error) -> String {
-    let mut cause = err.to_string();
-    let mut source = err.source();
-    while let Some(inner) = source {
-        cause = inner.to_string();
-        source = inner.source();
-    }
-    cause
-}
-
-pub fn changed(url: &str) -> Error {
-    Error::Io {
-        url: url.into(),
-        position: crate::error::Position::Unknown,
-        source: std::io::Error::other(
-            "the object changed while it was being read (its ETag no longer matches)",
-        ),
-    }
-}
-
-pub struct S3Backend {
+/// The requests of one object.
+pub struct S3Object {
     url: String,
     bucket: String,
     key: String,
@@ -286,7 +273,7 @@ pub struct S3Backend {
     clients: S3Clients,
 }
 
-impl S3Backend {
+impl S3Object {
     pub fn new(url: &str, storage: &Arc<Storage>) -> Result<Self> {
         let (bucket, key) = split(url)?;
         let plain = !key.is_empty() && !key.split('/').any(|s| s == "." || s == "..");
@@ -329,11 +316,11 @@ impl S3Backend {
         if let Some(etag) = if_match {
             builder = builder.header(IF_MATCH, etag);
         }
-        let response = builder.send().await.map_err(super::http::transport)?;
+        let response = builder.send().await.map_err(transport_failure)?;
         if !response.status().is_success() {
             return Err(self.refusal(response).await);
         }
-        super::http::range_response(&self.url, response, range.start)
+        range_response(&self.url, response, range.start, None)
     }
 
     /// An S3 error reply: expired credentials are fetched again, and a clock S3 finds off
@@ -342,7 +329,7 @@ impl S3Backend {
     async fn refusal(&self, response: reqwest::Response) -> Failure {
         let status = response.status().as_u16();
         if !matches!(status, 400 | 403) {
-            return super::http::status_failure(&self.url, &response);
+            return status_failure(&self.url, &response, None);
         }
         let server_date = response
             .headers()
@@ -393,12 +380,7 @@ impl Body for S3Body {
     }
 }
 
-/// `bytes 0-9/100` -> 100.
-pub fn size_from_content_range(value: &str) -> Option<u64> {
-    value.rsplit_once('/')?.1.trim().parse().ok()
-}
-
-impl Backend for S3Backend {
+impl ObjectRequests for S3Object {
     fn head(&self) -> BoxFuture<'_, std::result::Result<ObjectInfo, Failure>> {
         Box::pin(async move {
             let out = self
@@ -448,17 +430,36 @@ impl Backend for S3Backend {
     }
 }
 
+/// `s3://bucket/key` URLs.
+pub struct S3;
+
+impl Backend for S3 {
+    fn list(&self, spec: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
+        list(spec, storage)
+    }
+
+    fn open(
+        &self,
+        shard: &ShardMeta,
+        storage: &Arc<Storage>,
+        counters: Arc<IoCounters>,
+    ) -> Result<Arc<dyn Source>> {
+        let object = S3Object::new(&shard.url, storage)?;
+        Ok(open_shard(shard, Box::new(object), storage, counters))
+    }
+}
+
 /// Lists `s3://bucket/prefix...`: a glob's matches, everything below a prefix ending in
 /// `/`, or the one object named. Sizes and ETags come from the listing.
 pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
     let (bucket, key) = split(url)?;
     let client = client(storage)?;
-    let rt = super::runtime()?;
+    let rt = runtime()?;
     let glob = pattern::is_glob(key);
     if !glob && !key.is_empty() && !key.ends_with('/') {
         // One object: HEAD it, so a missing one fails now.
-        let backend = S3Backend::new(url, storage)?;
-        let info = rt.block_on(backend.head()).map_err(|f| match f {
+        let object = S3Object::new(url, storage)?;
+        let info = rt.block_on(object.head()).map_err(|f| match f {
             Failure::Permanent(e) => e,
             Failure::Transient(cause) | Failure::Throttled(cause, _) => Error::Io {
                 url: url.into(),
@@ -544,11 +545,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_and_content_ranges() {
+    fn urls_split_into_bucket_and_key() {
         assert_eq!(split("s3://b/k/x.parquet").unwrap(), ("b", "k/x.parquet"));
         assert_eq!(split("s3://b").unwrap(), ("b", ""));
         assert!(split("s3:///k").is_err());
-        assert_eq!(size_from_content_range("bytes 0-9/100"), Some(100));
-        assert_eq!(size_from_content_range("bytes */100"), Some(100));
     }
 }

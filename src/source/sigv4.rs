@@ -189,7 +189,7 @@ impl Signer {
 /// may answer next time; no credentials, or a broken configuration, will not.
 fn credentials_failure(err: aws_credential_types::provider::error::CredentialsError) -> Failure {
     use aws_credential_types::provider::error::CredentialsError as E;
-    let cause = super::s3::short_cause(&err);
+    let cause = super::transport::short_cause(&err);
     match err {
         E::ProviderTimedOut(_) | E::ProviderError(_) => {
             Failure::Transient(format!("cannot load AWS credentials: {cause}"))

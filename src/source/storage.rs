@@ -2,6 +2,8 @@
 //! retries, cache), and the per-dataset state built from them: the request limit every
 //! reader of the dataset shares, the disk cache, and clients rebuilt after `fork()`.
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -200,8 +202,31 @@ pub struct Storage {
     /// not have, which would never give them back.
     limit: PerProcess<Arc<Semaphore>>,
     pub cache: Option<DiskCache>,
-    pub s3: PerProcess<super::s3::S3Clients>,
-    pub http: PerProcess<reqwest::Client>,
+    /// Each backend's clients (see [`Storage::client`]).
+    clients: Clients,
+}
+
+/// This process's clients, one per type: each backend keeps its own here (the HTTP
+/// transport its reqwest client, S3 its SDK client and signer), so that storage names
+/// none of them.
+#[derive(Default)]
+struct Clients {
+    /// A [`PerProcess`] slot per type, made on first use. The slots themselves carry no
+    /// process state, so a forked child keeps using them: their values are what
+    /// `PerProcess` rebuilds.
+    slots: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl Clients {
+    fn slot<T: Clone + Send + Sync + 'static>(&self) -> Arc<PerProcess<T>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = slots
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(PerProcess::<T>::default()))
+            .clone();
+        slot.downcast::<PerProcess<T>>()
+            .unwrap_or_else(|_| unreachable!("the slot of a type holds that type"))
+    }
 }
 
 impl Storage {
@@ -214,8 +239,7 @@ impl Storage {
             limit: PerProcess::default(),
             cache,
             options,
-            s3: PerProcess::default(),
-            http: PerProcess::default(),
+            clients: Clients::default(),
         }))
     }
 
@@ -224,8 +248,7 @@ impl Storage {
             limit: PerProcess::default(),
             cache: None,
             options: StorageOptions::default(),
-            s3: PerProcess::default(),
-            http: PerProcess::default(),
+            clients: Clients::default(),
         })
     }
 
@@ -233,5 +256,36 @@ impl Storage {
     pub fn limit(&self) -> Arc<Semaphore> {
         self.limit
             .get_or_init(|| Arc::new(Semaphore::new(self.options.max_concurrency)))
+    }
+
+    /// This process's client of type `T` for the dataset, made by `make` on first use
+    /// here (and again in a forked child), as [`PerProcess::get_or_try_init`] makes it:
+    /// no lock is held while `make` runs, so `make` may ask for another client.
+    pub fn client<T: Clone + Send + Sync + 'static>(
+        &self,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.clients.slot::<T>().get_or_try_init(make)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_are_kept_one_per_type() {
+        let storage = Storage::local_only();
+        assert_eq!(storage.client(|| Ok(7u32)).unwrap(), 7);
+        assert_eq!(storage.client::<u32>(|| unreachable!()).unwrap(), 7);
+        // `make` may ask for another client: no lock is held while it runs.
+        let made = storage.client(|| Ok(format!("{}", storage.client::<u32>(|| unreachable!())?)));
+        assert_eq!(made.unwrap(), "7");
+        assert!(
+            storage
+                .client::<u64>(|| Err(crate::error::Error::Internal("no".into())))
+                .is_err()
+        );
+        assert_eq!(storage.client(|| Ok(8u64)).unwrap(), 8);
     }
 }
