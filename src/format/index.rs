@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-
 pub use super::records::{RecordAccess, RecordCodec, ShardIndex};
 use super::{BatchSink, PreparedShards, UnitJob, UnitJobs, WorkUnit};
 use crate::error::{Error, Position, Result};

@@ -99,7 +99,6 @@ impl ShardIndex {
     }
 }
 
-
 /// What a stream format offers for indexing: finding its records, and decoding a run of
 /// whole records read by range.
 pub trait RecordCodec: Send + Sync {
@@ -140,4 +139,3 @@ impl RecordAccess {
             .then(|| self.parts[unit.shard][unit.part].0)
     }
 }
-

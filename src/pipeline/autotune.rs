@@ -143,9 +143,7 @@ impl Tuning {
         memory_limit: Option<u64>,
     ) -> Self {
         let memory_limit = memory_limit.unwrap_or(DEFAULT_MEMORY_LIMIT).max(1);
-        let threads = num_threads
-            .unwrap_or_else(default_num_threads)
-            .max(1);
+        let threads = num_threads.unwrap_or_else(default_num_threads).max(1);
         Self {
             memory_limit,
             prefetch_bytes: prefetch_bytes.unwrap_or((memory_limit / 2).max(1)),

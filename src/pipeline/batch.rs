@@ -22,8 +22,8 @@ use arrow_data::ArrayData;
 use arrow_schema::DataType;
 use arrow_select::concat::concat;
 
-use super::stream::BatchIter;
 use super::assemble::{BatchThreads, InOrder, Step};
+use super::stream::BatchIter;
 use crate::buffers::BufferPool;
 use crate::error::{Error, Result};
 
@@ -279,7 +279,8 @@ impl Iterator for Rebatch {
                 Ok(parts) => parts,
                 Err(e) => return Some(Err(e)),
             };
-            let inline = || INLINE_JOINS.contains(&parts.iter().map(crate::batch_bytes::batch_bytes).sum());
+            let inline =
+                || INLINE_JOINS.contains(&parts.iter().map(crate::batch_bytes::batch_bytes).sum());
             Some(if parts.len() == 1 || inline() {
                 join(&self.buffers, parts).map(Step::Ready)
             } else {

@@ -31,7 +31,13 @@ impl Combined {
     /// How part `i` is read within `run` of the combination, whose ops draw as `outer`:
     /// as `share` of it, its positions numbered from its first leaf, not batched, in the
     /// epoch the combination's origin draws for.
-    pub(super) fn part_run(&self, i: usize, run: &RunOptions, outer: Draws, share: Share) -> RunOptions {
+    pub(super) fn part_run(
+        &self,
+        i: usize,
+        run: &RunOptions,
+        outer: Draws,
+        share: Share,
+    ) -> RunOptions {
         let leaf = run.leaf + self.parts[..i].iter().map(Dataset::leaves).sum::<u64>();
         RunOptions {
             leaf,

@@ -534,7 +534,6 @@ impl Dataset {
     }
 }
 
-
 /// `share` of each of the parts of a combination holding `counts` rows: each part's
 /// left-over rows go to the ranks (and workers) after the previous part's.
 /// Reads shards as `write` made them: with the manifest's format options, which say what

@@ -6,8 +6,8 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
 use super::batch::Rebatch;
-pub use super::shuffle::BufferBounds;
 use super::rows;
+pub use super::shuffle::BufferBounds;
 use super::stream::BatchIter;
 use crate::error::{Error, Result};
 

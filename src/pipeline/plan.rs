@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::autotune::Tuning;
-use super::dataset::{Dataset, Origin, Combined};
+use super::dataset::{Combined, Dataset, Origin};
 use super::decode::UnitSlice;
 use super::ops::Op;
 use super::random_access::RandomAccess;
@@ -500,7 +500,6 @@ impl Dataset {
             .collect())
     }
 }
-
 
 /// The stage and seed of the shuffle that permutes unit order: the first shuffle's, unless
 /// a take/skip comes before it (then *which* rows are taken must not depend on the seed).

@@ -878,8 +878,11 @@ impl Files {
                     .map(|o| wanted.binary_search(o).unwrap_or(0) as u64)
                     .collect();
                 let held: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
-                let compact =
-                    held as u64 <= 2 * batches.iter().map(crate::batch_bytes::batch_bytes).sum::<u64>();
+                let compact = held as u64
+                    <= 2 * batches
+                        .iter()
+                        .map(crate::batch_bytes::batch_bytes)
+                        .sum::<u64>();
                 return Picked::from(&self.prepared.schema, &batches, &flat, unit, compact);
             }
         }
@@ -1193,7 +1196,9 @@ impl GatherSize {
 
     /// Follows the size of the rows of `batch`, the last gather's.
     fn saw(&mut self, batch: &RecordBatch) {
-        if let Some(per_row) = crate::batch_bytes::batch_bytes(batch).checked_div(batch.num_rows() as u64) {
+        if let Some(per_row) =
+            crate::batch_bytes::batch_bytes(batch).checked_div(batch.num_rows() as u64)
+        {
             self.row_bytes = per_row.max(1);
             self.rows = (self.bytes / self.row_bytes).clamp(1, self.max_rows);
         }

@@ -377,7 +377,6 @@ impl Dataset {
     }
 }
 
-
 /// Datasets read into memory for random access (see `Dataset::materialized`), by what
 /// they were read from; an entry counts only while the functions it ran live (the key
 /// names them by address).

@@ -9,12 +9,14 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyList, PyString, PyTuple};
 
+use super::args::{
+    DEFAULT_SEED, check_callable, name_list, non_negative, parse_options, source_list,
+};
 use super::arrow_ffi::{batches_from_py, schema_from_py, stream_capsule};
 use super::errors::callback_error;
-use super::args::{DEFAULT_SEED, check_callable, name_list, non_negative, parse_options, source_list};
-use super::wait::next_batch;
 use super::to_python::batch_to_rows;
 use super::transform::{Columns, Kind, PyTransform};
+use super::wait::next_batch;
 use crate::pipeline::{
     self, BatchReceiver, Dataset, Indices, Op, RandomAccess, RunOptions, Stats, Weights,
 };
@@ -59,14 +61,15 @@ impl PyDataset {
     pub(super) fn from_arrow(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Self> {
         // An HF Dataset's `.data` is its whole table; its rows are that table through its
         // indices mapping, which the "arrow" format applies.
-        let (schema, batches) = if data.hasattr("flatten_indices")? && data.hasattr("with_format")? {
-            let table = data
-                .call_method1("with_format", ("arrow",))?
-                .get_item(pyo3::types::PySlice::full(py))?;
-            batches_from_py(&table)?
-        } else {
-            batches_from_py(data)?
-        };
+        let (schema, batches) =
+            if data.hasattr("flatten_indices")? && data.hasattr("with_format")? {
+                let table = data
+                    .call_method1("with_format", ("arrow",))?
+                    .get_item(pyo3::types::PySlice::full(py))?;
+                batches_from_py(&table)?
+            } else {
+                batches_from_py(data)?
+            };
         let kwargs = PyDict::new(py);
         kwargs.set_item("data", data)?;
         Ok(Self::in_memory(py, schema, batches, ("from_arrow", kwargs)))

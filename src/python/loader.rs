@@ -9,12 +9,12 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyCapsule, PyDict, PyList, PyModule, PyType};
 
+use super::args::DEFAULT_SEED;
 use super::arrow_ffi::stream_capsule;
 use super::batch::PyRecordBatch;
-use super::args::DEFAULT_SEED;
 use super::dataset::PyDataset;
-use super::wait::next_batch;
 use super::to_python::batch_to_numpy;
+use super::wait::next_batch;
 use crate::pipeline::rows::Delivered;
 use crate::pipeline::{self, BatchReceiver, Dataset, Op, RowSet, RunOptions, Stats, Tuning, rows};
 

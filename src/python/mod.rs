@@ -38,12 +38,12 @@ mod _native {
     #[pymodule_export]
     use super::dataset::{PyDataset, SampleIterator};
     #[pymodule_export]
+    use super::loader::{BatchIterator, PyDataLoader};
+    #[pymodule_export]
     use super::open::{
         _list_files, _read_file, concatenate, dataset, from_arrow, from_dict, from_list,
         from_pandas, interleave,
     };
-    #[pymodule_export]
-    use super::loader::{BatchIterator, PyDataLoader};
     #[pymodule_export]
     use super::to_python::ArrowBufferOwner;
 

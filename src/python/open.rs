@@ -134,7 +134,6 @@ pub fn _read_file(
     Ok(pyo3::types::PyBytes::new(py, &bytes).unbind())
 }
 
-
 /// A dataset over Arrow data already in memory: anything exporting the Arrow PyCapsule
 /// interface (a pyarrow Table, RecordBatch or RecordBatchReader, a polars DataFrame), or
 /// a Hugging Face `datasets.Dataset` (its rows as it shows them: a shuffle, select or
@@ -159,7 +158,12 @@ pub fn from_pandas(py: Python<'_>, df: &Bound<'_, PyAny>) -> PyResult<PyDataset>
     let (schema, batches) = batches_from_py(&table)?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("df", df)?;
-    Ok(PyDataset::in_memory(py, schema, batches, ("from_pandas", kwargs)))
+    Ok(PyDataset::in_memory(
+        py,
+        schema,
+        batches,
+        ("from_pandas", kwargs),
+    ))
 }
 
 /// A dataset over columns: `{name: list or numpy array}`, all of one length.

@@ -12,7 +12,10 @@ use crate::pipeline::{BatchReceiver, Received};
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 /// Waits for the next batch with the GIL released, raising KeyboardInterrupt promptly.
-pub(super) fn next_batch(py: Python<'_>, receiver: &mut BatchReceiver) -> PyResult<Option<RecordBatch>> {
+pub(super) fn next_batch(
+    py: Python<'_>,
+    receiver: &mut BatchReceiver,
+) -> PyResult<Option<RecordBatch>> {
     loop {
         // A batch that is ready is taken with the GIL held: letting go of the GIL and
         // taking it back cost the consumer's thread (the serial path) at every batch.

@@ -16,8 +16,8 @@ use arrow_schema::SchemaRef;
 
 pub use encode::ShardFormat;
 
-use crate::error::{Error, Result};
 use crate::batch_bytes::batch_bytes;
+use crate::error::{Error, Result};
 use crate::pipeline::{Dataset, RunOptions, Stats, Tuning};
 use crate::source::Storage;
 use crate::source::manifest::{MANIFEST_NAME, Manifest, ManifestShard};
