@@ -67,3 +67,34 @@ def test_no_backend_imports_another_backend() -> None:
         for name in sorted(present)
     }
     assert leaning == {name: [] for name in sorted(present)}
+
+
+def test_data_flows_top_to_bottom() -> None:
+    """source -> format -> pipeline -> write -> python: no file imports from a folder
+    later in that list (the README's Layout)."""
+    order = ["source", "format", "pipeline", "write", "python"]
+    graph = module_graph.Crate().edges()
+
+    def folder(path: Path) -> str:
+        parts = path.relative_to(SRC).parts
+        return parts[0] if len(parts) > 1 else path.stem
+
+    upward = sorted(
+        f"{source.relative_to(ROOT)} -> {target.relative_to(ROOT)}"
+        for source, targets in graph.items()
+        for target in targets
+        if folder(source) in order
+        and folder(target) in order
+        and order.index(folder(target)) > order.index(folder(source))
+    )
+    assert upward == []
+
+
+def test_only_the_binding_uses_pyo3() -> None:
+    users = sorted(
+        str(p.relative_to(ROOT))
+        for p in SRC.rglob("*.rs")
+        if "python" not in p.relative_to(SRC).parts[:1]
+        and any(word in module_graph.strip(p.read_text()) for word in ("pyo3", "numpy::"))
+    )
+    assert users == []

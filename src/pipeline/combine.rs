@@ -3,10 +3,10 @@
 //! needed, so a concatenation of many datasets reads one at a time. How the parts are
 //! divided between the readers of an epoch is [`Combined::plan`].
 
+use std::sync::Arc;
+
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-
-use std::sync::Arc;
 
 use super::dataset::{Combined, Dataset, Mix, Stopping};
 use super::ops::{self, Draws};

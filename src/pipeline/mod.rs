@@ -11,7 +11,7 @@
 //!   transforms, dealing, padding), `shuffle` (the buffer), `batch` (re-batching),
 //!   `assemble` and `own_thread` (the batch threads and a stage's own thread),
 //!   `prefetch` (the bounded queue to the consumer), `autotune` (their depths);
-//! - `random_access` (rows by index), `rows` (row positions, shares), `rng` (seeded
+//! - `random_access` (rows by index) and `index_stream` (a head read by index), `rows` (row positions, shares), `rng` (seeded
 //!   draws), `stream` (the batch stream and schemas shared across datasets), `stats`.
 
 mod assemble;
@@ -20,6 +20,7 @@ mod batch;
 mod combine;
 mod dataset;
 mod decode;
+mod index_stream;
 pub mod ops;
 mod own_thread;
 mod plan;

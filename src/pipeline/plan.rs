@@ -25,7 +25,7 @@
 //!   part's stopped, then padded or cut once against the combined total
 //!   (`combined_parts`, `shares`, `balanced`): `combine`'s `Combined::plan`.
 //! - **Splits freeze the order before them.** Every op before the last pick draws as in
-//!   epoch 0; ops after it draw anew each epoch (`draw_epoch`): [`Draws`].
+//!   epoch 0; ops after it draw anew each epoch (`draw_epoch`): [`Draws`](super::ops::Draws).
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -16,12 +16,12 @@ use super::plan::{
     Head, HeadKind, ROWS_SPLIT_NOT_ELASTIC, RunOptions, Split, rows_through, split, unit_slices,
 };
 use super::prefetch::{self, BatchReceiver};
-use super::random_access::{self, RandomAccess};
+use super::random_access::RandomAccess;
 use super::rng::Rng;
 use super::rows::{self, RowList};
 use super::stats::Stats;
 use super::stream::{BatchIter, conform};
-use super::{assemble, own_thread, shuffle};
+use super::{assemble, index_stream, own_thread, shuffle};
 use crate::error::{Error, Result};
 use crate::source::Io;
 
@@ -252,7 +252,7 @@ impl Dataset {
                 let share = rows::list_len(&rows);
                 let all = rows.into_iter().chain(padding).collect();
                 access.bound_memory(run.tuning.memory_limit);
-                let stream = random_access::IndexStream::new(
+                let stream = index_stream::IndexStream::new(
                     access.clone(),
                     all,
                     leaf,
