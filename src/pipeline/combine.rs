@@ -44,14 +44,9 @@ impl Combined {
             epoch: outer.origin(),
             batch_rows: None,
             skip_rows: 0,
-            part: share.part,
-            parts: share.parts,
-            workers: share.workers,
-            drop_last: share.even,
-            pad: share.pad,
-            first: share.first,
             ..run.clone()
         }
+        .with_share(share)
     }
 
     /// Every part's rows in `run`'s epoch (all readers' together), when known.

@@ -118,6 +118,19 @@ impl RunOptions {
         }
     }
 
+    /// This run read as `share` (the inverse of [`RunOptions::share`]).
+    pub fn with_share(self, share: Share) -> RunOptions {
+        RunOptions {
+            part: share.part,
+            parts: share.parts,
+            workers: share.workers,
+            drop_last: share.even,
+            pad: share.pad,
+            first: share.first,
+            ..self
+        }
+    }
+
     /// This run as a single reader reads it: every row once, no padding.
     pub fn whole(&self) -> RunOptions {
         RunOptions {
@@ -306,15 +319,10 @@ impl Dataset {
     /// Rows one part of an epoch delivers after the ops, when that is known.
     pub fn rows_of_part(&self, share: Share, count_rows: bool) -> Result<Option<u64>> {
         let run = RunOptions {
-            part: share.part,
-            parts: share.parts,
-            workers: share.workers,
-            drop_last: share.even,
-            pad: share.pad,
-            first: share.first,
             count_rows,
             ..RunOptions::default()
-        };
+        }
+        .with_share(share);
         self.rows_of_run(&run)
     }
 
