@@ -3,6 +3,7 @@
 //! - `dataset`: what a dataset is (its origin and ops) and the verbs that build one;
 //! - `plan`: how an epoch divides it between ranks and workers (head, split, shares,
 //!   padding, row counts), in the terms of the executable model in `tests/model`;
+//! - `balance`: equal ranks behind a filter or flat_map (a filter pass, or dealing);
 //! - `combine`: datasets read as one (`concatenate`, `interleave`): how their parts are
 //!   divided, chained and mixed;
 //! - `run`: reading an epoch as a stream of stages on the pipeline thread, the schema
@@ -16,6 +17,7 @@
 
 mod assemble;
 mod autotune;
+mod balance;
 mod batch;
 mod combine;
 mod dataset;

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::autotune::Tuning;
+use super::balance::{Kept, split_for};
 use super::dataset::{Combined, Dataset, Origin};
 use super::decode::UnitSlice;
 use super::ops::Op;
@@ -207,6 +208,26 @@ impl Split {
     }
 }
 
+/// One part's rows of an epoch (see [`Dataset::part_rows`]).
+pub(super) struct PartRows {
+    /// Head positions of its share, in order.
+    pub rows: RowList,
+    /// Head positions of the rows it reads again to be as long as the longest part.
+    pub padding: RowList,
+    /// Behind a filter balanced by a pass over the rows: what it keeps of them.
+    pub kept: Option<Kept>,
+}
+
+impl PartRows {
+    /// Rows the part delivers after the op that `kept` counts after (or the head).
+    pub(super) fn len(&self) -> u64 {
+        match self.kept {
+            Some(kept) => kept.share + kept.padding,
+            None => rows::list_len(&self.rows) + rows::list_len(&self.padding),
+        }
+    }
+}
+
 /// Where the epoch is split between parts (see [`Split`]), for `ops` run as a stream
 /// after `head`.
 pub(super) fn split(head: &Head, ops: &[Op]) -> Split {
@@ -330,28 +351,32 @@ impl Dataset {
     pub fn rows_of_run(&self, run: &RunOptions) -> Result<Option<u64>> {
         let head = self.head(run.epoch, run.count_rows)?;
         let ops = &self.ops[head.rest..];
-        let split = split(&head, ops);
+        let split = split_for(&head, &self.ops[..head.rest], ops, run);
         let (rows, rest) = match &split {
             Split::Rows { after } => {
                 let global = rows_through(head.rows, &ops[..*after]);
                 (global.map(|t| run.share().rows(t)), *after)
             }
-            Split::Units | Split::Window { .. } => {
-                let rest = match split {
-                    Split::Window { after, .. } => after,
-                    _ => 0,
-                };
-                let rows = match &head.kind {
-                    HeadKind::Combined(c) => c
-                        .plan(run, self.draws(run.epoch), true)?
-                        .rows
-                        .map(|(_, rows)| rows),
-                    _ => self
-                        .part_rows(&head, &split, run)
-                        .map(|(rows, padding)| rows::list_len(&rows) + rows::list_len(&padding)),
-                };
-                (rows, rest)
-            }
+            Split::Units | Split::Window { .. } => match &head.kind {
+                HeadKind::Combined(c) => {
+                    let rows = c.plan(run, self.draws(run.epoch), true)?.rows;
+                    (rows.map(|(_, rows)| rows), 0)
+                }
+                _ => {
+                    let rest = match split {
+                        Split::Window { after, .. } => after,
+                        _ => 0,
+                    };
+                    match self.part_rows(&head, &split, run)? {
+                        // Counted where the filters' pass counted them.
+                        Some(part) if part.kept.is_some() => {
+                            let after = part.kept.map_or(0, |k| k.after);
+                            (Some(part.len()), after + 1)
+                        }
+                        part => (part.map(|p| p.len()), rest),
+                    }
+                }
+            },
         };
         Ok(rows_through(rows, &ops[rest..]))
     }
@@ -359,13 +384,15 @@ impl Dataset {
     /// The rows of this dataset's head that part `run.part` reads this epoch, in order,
     /// as head positions (untagged), and the padding that follows them; `None` when the
     /// rows are not known. The epoch's rows are the window of a global take/skip, or all
-    /// of them, or (resuming on another number of parts) this leaf's rows still to read.
+    /// of them, or (resuming on another number of parts) this leaf's rows still to read;
+    /// behind a filter that ranks must not feel, they are cut by the rows it keeps
+    /// (see [`balance`](super::balance)).
     pub(super) fn part_rows(
         &self,
         head: &Head,
         split: &Split,
         run: &RunOptions,
-    ) -> Option<(RowList, RowList)> {
+    ) -> Result<Option<PartRows>> {
         let all: RowList = match (&run.remaining, split) {
             (Some(remaining), _) => {
                 let base = rows::tag(run.leaf, 0);
@@ -376,9 +403,24 @@ impl Dataset {
                     .collect()
             }
             (None, Split::Window { rows, .. }) => vec![rows.clone()],
-            (None, _) => vec![0..head.rows?],
+            (None, _) => match head.rows {
+                Some(rows) => vec![0..rows],
+                None => return Ok(None),
+            },
         };
-        Some(run.share().of(&all))
+        if let Some((rows, padding, kept)) = self.kept_share(head, split, run, &all)? {
+            return Ok(Some(PartRows {
+                rows,
+                padding,
+                kept: Some(kept),
+            }));
+        }
+        let (rows, padding) = run.share().of(&all);
+        Ok(Some(PartRows {
+            rows,
+            padding,
+            kept: None,
+        }))
     }
 
     /// The units in this epoch's order: permuted when a shuffle comes first.
@@ -419,8 +461,8 @@ impl Dataset {
             let rows = self.rows_of_run(&run)?;
             let reads = match (&head.kind, &order) {
                 (HeadKind::Units(prepared), Some(order)) => {
-                    self.part_rows(&head, &split, &run).and_then(|(r, _)| {
-                        unit_slices(prepared, order, &r, None)
+                    self.part_rows(&head, &split, &run)?.and_then(|part| {
+                        unit_slices(prepared, order, &part.rows, None)
                             .map(|slices| (prepared.clone(), slices))
                     })
                 }
@@ -488,22 +530,23 @@ impl Dataset {
     pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
         let head = self.head(run.epoch, run.count_rows)?;
         let ops = &self.ops[head.rest..];
-        let split = split(&head, ops);
+        let split = split_for(&head, &self.ops[..head.rest], ops, run);
         if matches!(split, Split::Rows { .. }) {
             return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
         }
         if let HeadKind::Combined(c) = &head.kind {
             return c.planned_rows(run, self.draws(run.epoch));
         }
-        let (rows, padding) = self.part_rows(&head, &split, run).ok_or_else(|| {
+        let part = self.part_rows(&head, &split, run)?.ok_or_else(|| {
             Error::invalid_argument(
                 "the rows of this dataset are not known, so its epoch cannot be divided anew",
             )
         })?;
         let base = rows::tag(run.leaf, 0);
-        Ok(rows
+        Ok(part
+            .rows
             .into_iter()
-            .chain(padding)
+            .chain(part.padding)
             .map(|r| base + r.start..base + r.end)
             .collect())
     }

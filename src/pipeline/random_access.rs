@@ -492,8 +492,13 @@ impl RandomAccess {
         self.len == 0
     }
 
+    /// The row of `rows` that each output row is, in output order.
+    pub(super) fn source_rows(&self) -> Vec<u64> {
+        (0..self.len).map(|i| self.source_row(i)).collect()
+    }
+
     /// The row of `rows` that output row `index` (in range) is.
-    fn source_row(&self, index: u64) -> u64 {
+    pub(super) fn source_row(&self, index: u64) -> u64 {
         self.maps.iter().rev().fold(index, |i, map| map.apply(i))
     }
 

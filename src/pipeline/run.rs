@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
 
+use super::balance::split_for;
 use super::batch::Rebatch;
 use super::dataset::{Combined, DataSource, Dataset, Origin};
 use super::decode::{self, UnitSlice};
 use super::ops::{self, BatchTransform, Draws, Op};
 use super::plan::{
-    Head, HeadKind, ROWS_SPLIT_NOT_ELASTIC, RunOptions, Split, rows_through, split, unit_slices,
+    Head, HeadKind, ROWS_SPLIT_NOT_ELASTIC, RunOptions, Split, rows_through, unit_slices,
 };
 use super::prefetch::{self, BatchReceiver};
 use super::random_access::RandomAccess;
@@ -198,13 +199,15 @@ impl Dataset {
                     std::sync::atomic::Ordering::Relaxed,
                 );
                 let order = self.unit_order(prepared, run.epoch);
-                let planned = self
-                    .part_rows(head, split, run)
-                    .and_then(|(rows, padding)| {
-                        let share = rows::list_len(&rows);
-                        let all: RowList = rows.into_iter().chain(padding).collect();
-                        Some((unit_slices(prepared, &order, &all, leaf)?, share))
-                    });
+                let planned = self.part_rows(head, split, run)?.and_then(|part| {
+                    // Behind a balanced filter, padding is counted where it is kept.
+                    let share = match part.kept {
+                        Some(_) => u64::MAX,
+                        None => rows::list_len(&part.rows),
+                    };
+                    let all: RowList = part.rows.into_iter().chain(part.padding).collect();
+                    Some((unit_slices(prepared, &order, &all, leaf)?, share))
+                });
                 let (slices, share) = match planned {
                     Some(planned) => planned,
                     // Rows unknown: whole units dealt round-robin, without positions.
@@ -246,11 +249,15 @@ impl Dataset {
                 Box::new(ops::Padding::new(Box::new(decoder), share, stats.clone()))
             }
             HeadKind::Indexed(access) => {
-                let (rows, padding) = self
-                    .part_rows(head, split, run)
+                let part = self
+                    .part_rows(head, split, run)?
                     .ok_or_else(|| Error::Internal("an indexed head knows its rows".into()))?;
-                let share = rows::list_len(&rows);
-                let all = rows.into_iter().chain(padding).collect();
+                // Behind a balanced filter, padding is counted where it is kept.
+                let share = match part.kept {
+                    Some(_) => u64::MAX,
+                    None => rows::list_len(&part.rows),
+                };
+                let all = part.rows.into_iter().chain(part.padding).collect();
                 access.bound_memory(run.tuning.memory_limit);
                 let stream = index_stream::IndexStream::new(
                     access.clone(),
@@ -283,7 +290,16 @@ impl Dataset {
         let head = self.head(run.epoch, run.count_rows)?;
         let draws = self.draws(run.epoch);
         let ops = &self.ops[head.rest..];
-        let split = split(&head, ops);
+        let split = split_for(&head, &self.ops[..head.rest], ops, run);
+        // Behind a filter balanced by its pass, the rows it keeps past the part's share
+        // are its padding.
+        let kept = match &split {
+            Split::Units | Split::Window { .. } if !matches!(head.kind, HeadKind::Combined(_)) => {
+                self.part_rows(&head, &split, run)?
+                    .and_then(|part| part.kept)
+            }
+            _ => None,
+        };
         let mut stream = match &split {
             Split::Rows { .. } => {
                 if run.remaining.is_some() {
@@ -338,6 +354,11 @@ impl Dataset {
                     return Err(Error::Internal(format!("{op:?} after the indexed head")));
                 }
             };
+            if let Some(kept) = kept
+                && i == kept.after
+            {
+                stream = Box::new(ops::Padding::new(stream, kept.share, stats.clone()));
+            }
             if let Split::Rows { after } = split
                 && i + 1 == after
                 && run.parts > 1

@@ -221,6 +221,7 @@ impl ShardFormat {
             ShardFormat::Jsonl(gz) => ShardEncoder::Jsonl(
                 arrow_json::WriterBuilder::new()
                     .with_explicit_nulls(true)
+                    .with_encoder_factory(Arc::new(ShortestFloats))
                     .build::<_, arrow_json::writer::LineDelimited>(Out::new(sink, gz)),
             ),
             ShardFormat::WebDataset(gz) => {
@@ -239,6 +240,55 @@ impl ShardFormat {
     /// Whether a shard's rows are kept until it ends (so its size is its writer's memory).
     pub fn holds_whole_shards(self) -> bool {
         matches!(self, ShardFormat::Npz(_))
+    }
+}
+
+/// Floats in JSON as Python's `repr` prints them: the shortest digits that read back
+/// to the same value (Ryu). arrow-json's own (lexical) gives a 17th digit to some that
+/// need 16 (-6.182165264425728e19 as -6.1821652644257284e19): the same value, but not
+/// the text Python, pyarrow or `datasets` would write.
+#[derive(Debug)]
+struct ShortestFloats;
+
+struct ShortestFloat<'a, T: arrow_array::ArrowPrimitiveType>(&'a arrow_array::PrimitiveArray<T>);
+
+impl<T> arrow_json::Encoder for ShortestFloat<'_, T>
+where
+    T: arrow_array::ArrowPrimitiveType,
+    T::Native: ryu::Float + Into<f64>,
+{
+    fn encode(&mut self, idx: usize, out: &mut Vec<u8>) {
+        let value = self.0.value(idx);
+        if value.into().is_finite() {
+            out.extend_from_slice(ryu::Buffer::new().format_finite(value).as_bytes());
+        } else {
+            // Refused before it gets here (see `ShardEncoder::append`).
+            out.extend_from_slice(b"null");
+        }
+    }
+}
+
+impl arrow_json::EncoderFactory for ShortestFloats {
+    fn make_default_encoder<'a>(
+        &self,
+        _field: &'a arrow_schema::FieldRef,
+        array: &'a dyn arrow_array::Array,
+        _options: &'a arrow_json::EncoderOptions,
+    ) -> std::result::Result<
+        Option<arrow_json::writer::NullableEncoder<'a>>,
+        arrow_schema::ArrowError,
+    > {
+        let encoder: Box<dyn arrow_json::Encoder + 'a> = match array.data_type() {
+            DataType::Float64 => Box::new(ShortestFloat(
+                array.as_primitive::<arrow_array::types::Float64Type>(),
+            )),
+            DataType::Float32 => Box::new(ShortestFloat(array.as_primitive::<Float32Type>())),
+            _ => return Ok(None),
+        };
+        Ok(Some(arrow_json::writer::NullableEncoder::new(
+            encoder,
+            array.nulls().cloned(),
+        )))
     }
 }
 
