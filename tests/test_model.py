@@ -620,7 +620,7 @@ def test_loader_resumes_the_rest_of_the_epoch(pool: Pool, data: st.DataObject) -
         for key in old.keys():
             assert before[key] + after[key] == whole[key], f"part {key}: {before[key]} then {after[key]}; epoch {whole[key]}"
         return
-    if not m.resumable_elsewhere(ds, delivered=any(before.values())):
+    if not m.resumable_elsewhere(ds, delivered=any(before.values()), divisions=(old, new)):
         with pytest.raises(ValueError, match=STOPPED):
             resume()
         return
@@ -709,7 +709,7 @@ def test_torch_adapter_resumes_the_rest_of_the_epoch(pool: Pool, data: st.DataOb
         return after
 
     same = (new.world_size, new.num_workers) == (old.world_size, old.num_workers)
-    if not same and not m.resumable_elsewhere(sc.model, delivered=True):
+    if not same and not m.resumable_elsewhere(sc.model, delivered=True, divisions=(old, new)):
         with pytest.raises(ValueError, match=STOPPED):
             resume()
         return

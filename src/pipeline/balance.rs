@@ -19,7 +19,7 @@
 
 use std::ops::Range;
 
-use super::dataset::Dataset;
+use super::dataset::{Dataset, Origin};
 use super::ops::Op;
 use super::plan::{Head, HeadKind, RunOptions, Split, split};
 use super::rows::{self, RowList};
@@ -48,9 +48,16 @@ fn last_row_change(ops: &[Op], split: &Split) -> Option<usize> {
 /// split can be balanced by one: every row-preserving function before the last filter
 /// (in the head too: they make the rows the filters see) and the filters after the
 /// split. `None` when something else changes the rows' number, or nothing does.
-fn filter_pass(head: &Head, before: &[Op], ops: &[Op], split: &Split) -> Option<Vec<Op>> {
+fn filter_pass(ds: &Dataset, head: &Head, split: &Split) -> Option<Vec<Op>> {
+    let (before, ops) = ds.ops.split_at(head.rest);
     let last = last_row_change(ops, split)?;
-    if matches!(head.kind, HeadKind::Combined(_)) || head.rows.is_none() {
+    // Rows numbered in the origin's order, the same in every epoch: files, or a
+    // concatenation of datasets read by index (not a mix, which draws anew).
+    let origin = match &ds.origin {
+        Origin::Files(_) => true,
+        Origin::Combined(c) => c.mix.is_none() && c.parts.iter().all(Dataset::addressable),
+    };
+    if !origin || matches!(head.kind, HeadKind::Combined(_)) || head.rows.is_none() {
         return None;
     }
     let mut pass = Vec::new();
@@ -79,15 +86,15 @@ fn filter_pass(head: &Head, before: &[Op], ops: &[Op], split: &Split) -> Option<
 /// Where `run`'s epoch is split between its parts (see [`split`]): where ranks must
 /// stay equal, an op after the split that changes the rows' number and that no filter
 /// pass can balance is dealt (the split moves to just after it).
-pub(super) fn split_for(head: &Head, before: &[Op], ops: &[Op], run: &RunOptions) -> Split {
+pub(super) fn split_for(ds: &Dataset, head: &Head, run: &RunOptions) -> Split {
+    let ops = &ds.ops[head.rest..];
     let split = split(head, ops);
     if !equalizes(run) {
         return split;
     }
     match last_row_change(ops, &split) {
         Some(last)
-            if matches!(split, Split::Rows { .. })
-                || filter_pass(head, before, ops, &split).is_none() =>
+            if matches!(split, Split::Rows { .. }) || filter_pass(ds, head, &split).is_none() =>
         {
             Split::Rows { after: last + 1 }
         }
@@ -118,11 +125,11 @@ impl Dataset {
         run: &RunOptions,
         all: &RowList,
     ) -> Result<Option<(RowList, RowList, Kept)>> {
-        let (before, ops) = self.ops.split_at(head.rest);
+        let ops = &self.ops[head.rest..];
         if !equalizes(run) || matches!(split, Split::Rows { .. }) {
             return Ok(None);
         }
-        let Some(pass) = filter_pass(head, before, ops, split) else {
+        let Some(pass) = filter_pass(self, head, split) else {
             return Ok(None);
         };
         let after = last_row_change(ops, split).expect("a filter pass has a last filter");

@@ -351,7 +351,7 @@ impl Dataset {
     pub fn rows_of_run(&self, run: &RunOptions) -> Result<Option<u64>> {
         let head = self.head(run.epoch, run.count_rows)?;
         let ops = &self.ops[head.rest..];
-        let split = split_for(&head, &self.ops[..head.rest], ops, run);
+        let split = split_for(self, &head, run);
         let (rows, rest) = match &split {
             Split::Rows { after } => {
                 let global = rows_through(head.rows, &ops[..*after]);
@@ -529,8 +529,7 @@ impl Dataset {
     /// in order: what an epoch's rows are made of, for elastic resume.
     pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
         let head = self.head(run.epoch, run.count_rows)?;
-        let ops = &self.ops[head.rest..];
-        let split = split_for(&head, &self.ops[..head.rest], ops, run);
+        let split = split_for(self, &head, run);
         if matches!(split, Split::Rows { .. }) {
             return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
         }
@@ -607,12 +606,13 @@ pub(super) fn unit_slices(
     Some(slices)
 }
 
-/// Why a pipeline whose take/skip come after a shuffle buffer, filter or flat_map can
-/// only resume on the world size that saved it.
+/// Why a pipeline whose rows are dealt (a take/skip after a shuffle buffer, filter or
+/// flat_map; a flat_map on ranks kept equal) can only resume on the world size that
+/// saved it.
 pub(super) const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a shuffle buffer, \
-    filter or flat_map, so every rank reads the whole stream and keeps its own rows of it; \
-    such an epoch can resume only on the same number of ranks and workers (put take/skip \
-    first, or use a full shuffle, to resume on another)";
+    filter or flat_map (or a flat_map on ranks kept equal), so every rank reads the whole stream \
+    and keeps its own rows of it; such an epoch can resume only on the same number of ranks and \
+    workers (put take/skip first, or use a full shuffle, to resume on another)";
 
 /// Bytes of `batch`'s values: the slices it covers, not the whole buffers it may share
 

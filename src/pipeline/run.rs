@@ -290,7 +290,7 @@ impl Dataset {
         let head = self.head(run.epoch, run.count_rows)?;
         let draws = self.draws(run.epoch);
         let ops = &self.ops[head.rest..];
-        let split = split_for(&head, &self.ops[..head.rest], ops, run);
+        let split = split_for(self, &head, run);
         // Behind a filter balanced by its pass, the rows it keeps past the part's share
         // are its padding.
         let kept = match &split {

@@ -729,23 +729,51 @@ def combined_parts(
 @dataclass(frozen=True)
 class Anatomy:
     """Where a dataset's ops divide: ``ds.ops[:global_ops]`` run on the whole epoch,
-    divided by ``how`` ("contiguous", "dealt" or "combined"); the rest run per part."""
+    divided by ``how`` ("contiguous", "dealt", "combined" or "kept"); the rest run per
+    part. "kept": the filters in ``ds.ops[global_ops:through]`` decide the division (it
+    is contiguous over the rows they keep, see :func:`anatomy`)."""
 
     global_ops: int
     how: str
+    through: int = 0
+
+    @property
+    def per_part(self) -> int:
+        """Where the ops begin that change each part's rows after it is divided."""
+        return max(self.global_ops, self.through)
 
 
-def anatomy(ds: Dataset) -> Anatomy:
+def equalizes(div: Division | None) -> bool:
+    """Whether a division gives every rank as many rows (padding or drop_last, on
+    several ranks), so that no rank runs out of steps before the others."""
+    return div is not None and div.world_size > 1 and (div.padded or div.drop_last)
+
+
+def anatomy(ds: Dataset, div: Division | None = None) -> Anatomy:
+    """Where ``ds`` divides; with ``div``, as that division reads it. A division that
+    equalizes its ranks (:func:`equalizes`) cannot let a filter or flat_map after the
+    split decide each part's count as it runs: filters over files (a source, or a
+    concatenation read by index), after nothing else that changes the rows' number,
+    are run once over the epoch and the division is contiguous over the rows they keep
+    ("kept"); anything else is dealt round-robin after the last such op ("dealt")."""
     ops = ds.ops
     indexed = [i for i, op in enumerate(ops) if reads_by_index(op)]
     head = indexed[-1] + 1 if indexed else 0
     combined = not isinstance(ds, Source) and not indexed
     counts = [i for i in range(head, len(ops)) if isinstance(ops[i], (Take, Skip))]
     if not counts:
-        return Anatomy(head, "combined" if combined else "contiguous")
-    last = counts[-1]
-    in_place = all(isinstance(op, (Take, Skip, Map)) for op in ops[head : last + 1])
-    return Anatomy(last + 1, "contiguous" if in_place and not combined else "dealt")
+        base = Anatomy(head, "combined" if combined else "contiguous")
+    else:
+        last = counts[-1]
+        in_place = all(isinstance(op, (Take, Skip, Map)) for op in ops[head : last + 1])
+        base = Anatomy(last + 1, "contiguous" if in_place and not combined else "dealt")
+    changes = [i for i in range(base.global_ops, len(ops)) if isinstance(ops[i], (Filter, FlatMap))]
+    if not equalizes(div) or not changes:
+        return base
+    files = isinstance(ds, Source) or isinstance(ds, Concatenate) and all(addressable(p) for p in ds.parts)
+    if base.how == "contiguous" and files and all(isinstance(ops[i], Filter) for i in changes):
+        return Anatomy(base.global_ops, "kept", changes[-1] + 1)
+    return Anatomy(changes[-1] + 1, "dealt")
 
 
 def parts(
@@ -754,14 +782,24 @@ def parts(
     """The exact rows of every part ``(rank, worker)`` in epoch ``epoch``, before
     batching. Raises :class:`NotExact` where chance decides them per part,
     :class:`Refused` where the engine must raise."""
-    a = anatomy(ds)
+    a = anatomy(ds, div)
     if a.how == "combined":
         assert not isinstance(ds, Source)
         divided = combined_parts(ds, div, epoch, observe)
+    elif a.how == "kept":
+        # The filters' pass: the epoch's rows they keep, cut contiguously; each part
+        # then runs them (and the shuffles between) on its run of the epoch again.
+        kept = rows(prefix(ds, a.global_ops), epoch, observe)
+        for op in ds.ops[a.global_ops : a.through]:
+            if not isinstance(op, Shuffle):
+                kept = per_row(op, kept)
+        divided = contiguous(kept, div)
+        if any(isinstance(op, Shuffle) for op in ds.ops[a.global_ops : a.through]):
+            raise NotExact("a shuffle buffer reorders each part's kept rows by chance")
     else:
         epoch_rows = rows(prefix(ds, a.global_ops), epoch, observe)
         divided = (contiguous if a.how == "contiguous" else dealt)(epoch_rows, div)
-    for op in ds.ops[a.global_ops :]:
+    for op in ds.ops[a.per_part :]:
         if isinstance(op, Shuffle):
             raise NotExact(f"{op} reorders each part's rows by chance")
         divided = {key: per_row(op, part) for key, part in divided.items()}
@@ -813,7 +851,8 @@ class Invariants:
     these; ``counts``: rows per part, where chance cannot change them;
     ``equal_counts``: every part delivers as many rows (the number decided by chance);
     ``orders``: per part, for each dataset of an interleave, the rows that part must
-    take from it, in order (cyclic: starting over) — it takes a prefix of them."""
+    take from it, in order (cyclic: starting over) — it takes a prefix of them;
+    ``whole_batches``: every part delivers a multiple of this many rows."""
 
     rows: Counter | None
     support: set[int]
@@ -824,6 +863,7 @@ class Invariants:
     counts: dict[tuple[int, int], int] | None = None
     equal_counts: bool = False
     orders: dict[tuple[int, int], list[tuple[list[int], bool]]] = field(default_factory=dict)
+    whole_batches: int | None = None
 
     def check(self, delivered: dict[tuple[int, int], list[int]]) -> list[str]:
         """The rules ``delivered`` breaks (empty: none)."""
@@ -846,6 +886,8 @@ class Invariants:
             counts = {key: len(part) for key, part in delivered.items()}
             if counts != self.counts:
                 problems.append(f"rows per part {counts}, expected {self.counts}")
+        if self.whole_batches and any(len(p) % self.whole_batches for p in delivered.values()):
+            problems.append(f"a part delivers a short batch: {[len(p) for p in delivered.values()]}")
         if self.equal_counts and len({len(p) for p in delivered.values()}) > 1:
             problems.append(f"parts differ in rows: {[len(p) for p in delivered.values()]}")
         for key, orders in self.orders.items():
@@ -858,9 +900,9 @@ class Invariants:
         return problems
 
 
-def unshuffled(ds: Dataset) -> Dataset:
+def unshuffled(ds: Dataset, div: Division | None = None) -> Dataset:
     """``ds`` without the shuffles that run per part (they only reorder a part's rows)."""
-    cut_at = anatomy(ds).global_ops
+    cut_at = anatomy(ds, div).global_ops
     kept = ds.ops[:cut_at] + tuple(op for op in ds.ops[cut_at:] if not isinstance(op, Shuffle))
     return replace(ds, ops=kept)
 
@@ -877,26 +919,30 @@ def invariants(
     mixing each part's own shares: without replacement every row comes once and the
     counts are a concatenation's; otherwise every part delivers as many rows and takes
     each dataset's rows of its share in order (all_exhausted: each at least once). After
-    a per-part filter or flat_map, which the order decides the input of, only bounds."""
-    after = ds.ops[anatomy(ds).global_ops :]
-    fans = sum(isinstance(op, FlatMap) for op in after)
-    per_part_rows = any(isinstance(op, (Filter, FlatMap)) for op in after)
+    a per-part filter or flat_map (on a division that does not equalize its ranks):
+    which rows each part gets depends on the order (the loader's shuffle permutes the
+    epoch's units), but every row of the epoch goes to one part, so the rows are exact
+    (nothing missing, nothing padded) and only the counts per part are free; with
+    drop_last each part delivers whole batches and leaves out fewer than a batch."""
+    a = anatomy(ds, div)
+    per_part_rows = any(isinstance(op, (Filter, FlatMap)) for op in ds.ops[a.per_part :])
     try:
         return _from_parts(parts(ds, div, epoch, observe), ds, div, batch_size, epoch, observe)
     except NotExact:
         pass
-    plain = unshuffled(ds)
-    if isinstance(ds, Interleave) and anatomy(ds).how == "combined" and ds.probabilities is not None:
+    plain = unshuffled(ds, div)
+    if isinstance(ds, Interleave) and a.how == "combined" and ds.probabilities is not None:
         if ds.stopping != "all_exhausted_without_replacement":
-            shuffled = any(isinstance(op, Shuffle) for op in after)
+            shuffled = any(isinstance(op, Shuffle) for op in ds.ops[a.global_ops :])
             return _mixed(ds, div, batch_size, epoch, observe, per_part_rows, shuffled)
         plain = Concatenate(ds.parts, ops=plain.ops)  # every row once, counts as concatenated
     inv = _from_parts(parts(plain, div, epoch, observe), plain, div, batch_size, epoch, observe)
     if per_part_rows:
-        parts_n = len(div.keys())
+        assert not equalizes(div) and inv.padding == 0, "padding only on divisions that equalize"
         inv.counts = None
-        inv.padding, inv.padding_max = None, div.world_size * 2**fans
-        inv.dropped, inv.dropped_max = None, (div.world_size * 2**fans) + (batch_size - 1) * parts_n
+        inv.whole_batches = batch_size if div.drop_last else None
+        if div.drop_last:
+            inv.dropped, inv.dropped_max = None, (batch_size - 1) * len(div.keys())
     return inv
 
 
@@ -905,8 +951,17 @@ def _from_parts(
     observe: Observe | None,
 ) -> Invariants:
     delivered = {key: [i for b in batches(p, batch_size, div.drop_last) for i in b] for key, p in divided.items()}
-    flat = Division(div.world_size, div.num_workers, drop_last=False, pad=False)
-    whole = Counter(i for part in parts(ds, flat, epoch, observe).values() for i in part)
+    a = anatomy(ds, div)
+    if a.how in ("kept", "dealt") and equalizes(div):
+        # The epoch's rows through every op: what the division pads or trims.
+        epoch_rows = rows(prefix(ds, a.global_ops), epoch, observe)
+        for op in ds.ops[a.global_ops :]:
+            if not isinstance(op, Shuffle):
+                epoch_rows = per_row(op, epoch_rows)
+        whole = Counter(epoch_rows)
+    else:
+        flat = Division(div.world_size, div.num_workers, drop_last=False, pad=False)
+        whole = Counter(i for part in parts(ds, flat, epoch, observe).values() for i in part)
     got = Counter(i for p in delivered.values() for i in p)
     return Invariants(
         rows=whole,
@@ -930,7 +985,7 @@ def _mixed(
     if ds.stopping == "all_exhausted":
         stranded(own)
     support = {i for s in own.values() for share in s for i in share}
-    for op in ds.ops[anatomy(ds).global_ops :]:
+    for op in ds.ops[anatomy(ds, div).global_ops :]:
         if isinstance(op, (Filter, FlatMap)):
             support = set(per_row(op, sorted(support)))
     inv = Invariants(rows=None, support=support, padding=None, dropped=None, equal_counts=not per_part_rows)
@@ -950,13 +1005,15 @@ def _mixed(
 # Resuming.
 
 
-def resumable_elsewhere(ds: Dataset, delivered: bool = True) -> bool:
+def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence[Division] = ()) -> bool:
     """Whether an epoch can resume on another division (elastic): the rows the old
     parts had not delivered are divided anew and come exactly once. That needs the
     delivered rows' positions in the epoch, which a flat_map's rows lack; and rows
     dealt round-robin (:func:`dealt`: every part read the whole stream up to the last
-    take/skip) resume only on the division that dealt them. An epoch nothing of which
-    was delivered yet resumes anywhere: it starts afresh."""
+    take/skip, or after a flat_map or filter on a division that equalizes its ranks:
+    see :func:`anatomy`; the old and new ``divisions``) resume only on the division
+    that dealt them. An epoch nothing of which was delivered yet resumes anywhere: it
+    starts afresh."""
 
     def has_flat_map(d: Dataset) -> bool:
         return any(isinstance(op, FlatMap) for op in d.ops) or (
@@ -965,7 +1022,8 @@ def resumable_elsewhere(ds: Dataset, delivered: bool = True) -> bool:
 
     if not delivered:
         return True
-    return anatomy(ds).how != "dealt" and not has_flat_map(ds)
+    dealt = any(anatomy(ds, div).how == "dealt" for div in (None, *divisions))
+    return not dealt and not has_flat_map(ds)
 
 
 def epoch_depends_on_division(ds: Dataset) -> bool:
