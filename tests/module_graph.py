@@ -81,7 +81,10 @@ def strip(text: str) -> str:
 
 def expand_use(tree: str) -> list[tuple[list[str], str | None]]:
     """`a::{b, c::{d as e}}` -> [(['a','b'], None), (['a','c','d'], 'e')]."""
-    tree = re.sub(r"\s+", "", tree)
+    # Spaces go but around `as`, which is all that tells `d as e` from a name holding
+    # "as" (`task`).
+    tree = re.sub(r"\s+as\s+", " as ", re.sub(r"\s+", " ", tree))
+    tree = re.sub(r"\s*([{},:])\s*", r"\1", tree).strip()
 
     def parse(s: str, prefix: list[str]) -> list[tuple[list[str], str | None]]:
         out = []
@@ -102,8 +105,8 @@ def expand_use(tree: str) -> list[tuple[list[str], str | None]]:
                 out += parse(rest[:-1], prefix + head_parts)
             else:
                 alias = None
-                if "as" in item and re.search(r"[a-zA-Z0-9_*]as[A-Za-z_]", item):
-                    item, alias = re.split(r"(?<=[A-Za-z0-9_*])as(?=[A-Za-z_])", item, maxsplit=1)
+                if " as " in item:
+                    item, alias = item.split(" as ", 1)
                 out.append((prefix + [p for p in item.split("::") if p], alias))
         return out
 
@@ -231,6 +234,12 @@ class Crate:
                 ):
                     continue
                 target = self.resolve(absolute)
+                if target is not None and target != path:
+                    graph[path].add(target)
+            # Items a top-level `use` names (`use super::plan::{Head, Split}`): the
+            # paths above see only the module part before the braces.
+            for parts in self.imported[module].values():
+                target = self.resolve(parts)
                 if target is not None and target != path:
                     graph[path].add(target)
             for parts in self.use_paths(code, spans, module):

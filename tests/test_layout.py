@@ -55,6 +55,12 @@ def test_the_graph_sees_imports_of_every_kind(tmp_path: Path) -> None:
     (src / "a" / "x.rs").write_text("use crate::b::g;\npub struct Thing;\n")
     found = module_graph.cycles(module_graph.Crate(src).edges())
     assert [sorted(p.name for p in c) for c in found] == [["b.rs", "x.rs", "y.rs"]]
+    # A grouped import of items is an edge to where they are defined, and a name that
+    # holds "as" (`task`) is not an alias.
+    (src / "a" / "x.rs").write_text("pub struct Thing;\npub fn task() {}\n")
+    (src / "b.rs").write_text("use crate::a::x::{Thing, task};\nuse crate::a::y::{f as g};\n")
+    assert module_graph.expand_use("a::{task, b::{c as d}}") == [(["a", "task"], None), (["a", "b", "c"], "d")]
+    assert module_graph.Crate(src).edges()[src / "b.rs"] == {src / "a" / "x.rs", src / "a" / "y.rs"}
 
 
 def test_no_backend_imports_another_backend() -> None:

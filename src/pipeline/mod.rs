@@ -2,8 +2,8 @@
 //!
 //! - `dataset`: what a dataset is (its origin and ops) and the verbs that build one;
 //! - `plan`: how an epoch divides it between ranks and workers (head, split, shares,
-//!   padding, row counts), in the terms of the executable model in `tests/model`;
-//! - `balance`: equal ranks behind a filter or flat_map (a filter pass, or dealing);
+//!   padding, row counts, equal ranks behind a filter or flat_map), in the terms of the
+//!   executable model in `tests/model`;
 //! - `combine`: datasets read as one (`concatenate`, `interleave`): how their parts are
 //!   divided, chained and mixed;
 //! - `run`: reading an epoch as a stream of stages on the pipeline thread, the schema
@@ -17,7 +17,6 @@
 
 mod assemble;
 mod autotune;
-mod balance;
 mod batch;
 mod combine;
 mod dataset;

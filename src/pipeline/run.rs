@@ -8,13 +8,12 @@ use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
 
-use super::balance::split_for;
 use super::batch::Rebatch;
 use super::dataset::{Combined, DataSource, Dataset, Origin};
 use super::decode::{self, UnitSlice};
 use super::ops::{self, BatchTransform, Draws, Op};
 use super::plan::{
-    Head, HeadKind, ROWS_SPLIT_NOT_ELASTIC, RunOptions, Split, rows_through, unit_slices,
+    Head, HeadKind, ROWS_SPLIT_NOT_ELASTIC, RunOptions, Split, rows_through, split_for, unit_slices,
 };
 use super::prefetch::{self, BatchReceiver};
 use super::random_access::RandomAccess;
