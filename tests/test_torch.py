@@ -214,3 +214,44 @@ def test_state_is_taken_when_asked_and_survives_pickling(ids: str) -> None:
     resumed.load_state_dict(state)
     rest = [i for b in resumed for i in b["id"].tolist()]
     assert sorted(sum(seen, []) + rest) == list(range(TOTAL))
+
+
+@pytest.mark.parametrize(
+    ("framework", "supported"), [("accelerate", (1, 0)), ("lightning", (2, 4))]
+)
+def test_framework_classes_are_where_detection_looks(framework: str, supported: tuple[int, int]) -> None:
+    """For the installed version of each supported framework (pyproject's ranges): the
+    classes the adapter finds among its callers are where it looks for them."""
+    module = pytest.importorskip(framework)
+    version = tuple(int(p) for p in module.__version__.split(".")[:2])
+    assert version >= supported, f"{framework} {module.__version__} is older than pyproject allows"
+    classes = shardflow.torch._framework_classes(framework)
+    assert classes and all(isinstance(c, type) for c in classes)
+
+
+def test_a_framework_that_moved_its_classes_fails_loudly(ids: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("accelerate")
+    monkeypatch.setitem(shardflow.torch._FRAMEWORK_CLASSES, "accelerate", ("accelerate.data_loader", ("Renamed",)))
+    adapter = IterableDataset(sf.dataset(ids))
+    with pytest.raises(RuntimeError, match=r"accelerate .* no such class .*divided_by="):
+        adapter.set_epoch(0)
+    # Said explicitly, nothing is looked for.
+    for said in ("shardflow", "accelerate-dispatch"):
+        IterableDataset(sf.dataset(ids), divided_by=said).set_epoch(0)
+
+
+def test_divided_by_says_who_divides_the_epoch(ids: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    everything = sorted(i for b in IterableDataset(sf.dataset(ids), batch_size=7) for i in b["id"].tolist())
+    monkeypatch.setattr(shardflow.torch, "_framework_division", lambda: pytest.fail("detected despite divided_by="))
+    # accelerate divides: this process reads the whole epoch, and a world_size would
+    # divide it twice.
+    whole = IterableDataset(sf.dataset(ids), batch_size=7, divided_by="accelerate-shard")
+    assert sorted(i for b in whole for i in b["id"].tolist()) == everything
+    with pytest.raises(ValueError, match="accelerate .* divides this dataset"):
+        list(IterableDataset(sf.dataset(ids), batch_size=7, world_size=2, rank=0, divided_by="accelerate-dispatch"))
+    # shardflow divides, by rank and world_size.
+    halves = [IterableDataset(sf.dataset(ids), batch_size=7, rank=r, world_size=2, divided_by="shardflow") for r in (0, 1)]
+    got = [i for h in halves for b in h for i in b["id"].tolist()]
+    assert sorted(set(got)) == everything and len(got) <= len(everything) + 1
+    with pytest.raises(ValueError, match="divided_by='accelerate'"):
+        IterableDataset(sf.dataset(ids), divided_by="accelerate")

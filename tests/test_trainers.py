@@ -20,6 +20,7 @@ import pytest
 import torch
 from test_ddp import finish, launch
 from torch.utils.data import DataLoader as TorchLoader
+from trainer_worker_draws import draw as weighted_draw
 
 import shardflow as sf
 from shardflow.torch import IterableDataset
@@ -92,6 +93,24 @@ def test_hf_trainer_on_two_ranks_trains_every_row_and_resumes_exactly(rows300: s
     run(2, tmp_path / "killed", kill_at=25, **spec)
     run(2, tmp_path / "killed", resume=True, **spec)
     check_resumed(tmp_path / "whole", tmp_path / "killed", 2, 25)
+
+
+@pytest.mark.parametrize("framework", ["trainer", "accelerate"])
+def test_a_weighted_map_dataset_draws_anew_each_epoch_under_the_framework(
+    rows300: str, tmp_path: Path, framework: str
+) -> None:
+    # Trainer and accelerate set the epoch of their sampler (accelerate's
+    # SeedableRandomSampler), never the dataset's: the weighted draw repeated itself
+    # every epoch. Each epoch's rows across the ranks must be that epoch's draw.
+    seedable = {"accelerate": {"use_seedable_sampler": True}} if framework == "accelerate" else {}  # Trainer's default
+    run(2, tmp_path, framework=framework, data=rows300, mode="weighted", workers=2, **seedable)
+    logs = [steps(tmp_path, r) for r in range(2)]
+    assert len({len(log) for log in logs}) == 1
+    for epoch in range(EPOCHS):
+        got = collections.Counter(i for log in logs for s in log if s["epoch"] == epoch for i in s["ids"])
+        want = collections.Counter(weighted_draw(rows300, epoch))
+        # The ranks' samplers pad their last round with at most a batch of repeats.
+        assert sum((want - got).values()) <= 2 * BATCH and sum((got - want).values()) <= 2 * BATCH, epoch
 
 
 def test_hf_trainer_with_workers_counts_its_steps_exactly(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ torchrun sets them (one process: no distributed run).
 SPEC: framework ("trainer" | "accelerate" | "lightning"), data (a Parquet path with
 `id` and `input_ids` columns), out (a folder), epochs, batch_size (per rank), workers
 (torch DataLoader workers), mode ("samples": the adapter yields samples and the
-framework batches them; "batches": the adapter batches), shuffle, adapter (extra
+framework batches them; "batches": the adapter batches; "weighted": a MapDataset of a
+weighted_sample, read through the framework's sampler), shuffle, adapter (extra
 keyword arguments of the adapter), kill_at (a global step: save a checkpoint there,
 then exit at once, as a killed run), resume (resume from the checkpoint in out).
 Each rank writes out/log-RANK.jsonl: one line per step, {"epoch", "step", "ids"}.
@@ -60,7 +61,14 @@ class Logged(torch.nn.Module):
         return self.gpt(input_ids=input_ids, labels=labels)
 
 
-def adapter() -> IterableDataset:
+def adapter() -> Any:
+    if SPEC["mode"] == "weighted":
+        # A map-style dataset read through the framework's own sampler.
+        from shardflow.torch import MapDataset
+
+        from trainer_worker_draws import weighted
+
+        return MapDataset(weighted(SPEC["data"]).map(lambda row: {"labels": row["input_ids"]}))
     ds = sf.dataset(SPEC["data"]).rename_column("id", "row_id")
     batch_size = SPEC["batch_size"] if SPEC["mode"] == "batches" else None
     ds = ds.map(lambda row: {"labels": row["input_ids"]})
@@ -126,7 +134,11 @@ def run_accelerate() -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader
     else:
         from torch.utils.data import DataLoader as Loader
-    loader = Loader(adapter(), batch_size=loader_batch_size(), num_workers=SPEC["workers"])
+    # A map-style dataset's rows are batched by transformers' collator, as Trainer's.
+    from transformers import default_data_collator
+
+    shuffled = dict(shuffle=True, collate_fn=default_data_collator) if SPEC["mode"] == "weighted" else {}
+    loader = Loader(adapter(), batch_size=loader_batch_size(), num_workers=SPEC["workers"], **shuffled)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     inner = accelerator.unwrap_model(model)
     saved = OUT / "accelerate-state"
@@ -191,7 +203,11 @@ def run_lightning() -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader
     else:
         from torch.utils.data import DataLoader as Loader
-    loader = Loader(adapter(), batch_size=loader_batch_size(), num_workers=SPEC["workers"])
+    # A map-style dataset's rows are batched by transformers' collator, as Trainer's.
+    from transformers import default_data_collator
+
+    shuffled = dict(shuffle=True, collate_fn=default_data_collator) if SPEC["mode"] == "weighted" else {}
+    loader = Loader(adapter(), batch_size=loader_batch_size(), num_workers=SPEC["workers"], **shuffled)
     trainer.fit(Module(), loader, ckpt_path=str(saved) if SPEC.get("resume") else None)
 
 

@@ -197,6 +197,14 @@ class IterableDataset(_TorchIterableDataset):
 
     ``state_dict()`` / ``load_state_dict()`` save and restore the position of the pass
     in progress, in each worker, as torchdata's ``StatefulDataLoader`` expects.
+
+    ``divided_by`` says who divides the epoch between processes, where detecting it
+    (among the callers, by accelerate's loader classes) is not wanted or cannot work:
+    ``"accelerate-dispatch"`` (accelerate's ``DataLoaderDispatcher``, HF Trainer's
+    default: process 0 reads every batch), ``"accelerate-shard"`` (its
+    ``IterableDatasetShard``, ``dispatch_batches=False``: every process reads everything
+    and keeps its slice), or ``"shardflow"`` (this adapter, by ``rank``/``world_size`` or
+    torch.distributed). ``None`` (the default) detects it.
     """
 
     def __init__(
@@ -212,9 +220,12 @@ class IterableDataset(_TorchIterableDataset):
         world_size: int | None = None,
         num_threads: int | None = None,
         prefetch: int | None = None,
+        divided_by: str | None = None,
     ) -> None:
         if not isinstance(dataset, sf.Dataset):
             raise TypeError("IterableDataset wraps a shardflow.Dataset")
+        if divided_by is not None and divided_by not in _DIVIDED_BY:
+            raise ValueError(f"divided_by={divided_by!r}: use one of {sorted(_DIVIDED_BY)} or None (detect it)")
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -235,8 +246,10 @@ class IterableDataset(_TorchIterableDataset):
         # Set when the resume was loaded in the main process (see _SharedEpoch.new_resume).
         self._resume_token: int | None = None
         self._main_passes = 0
-        # The framework that divides the dataset between its processes, when one does.
-        self._divided_by: str | None = None
+        # The framework that divides the dataset between its processes, when one does
+        # (accelerate's loader class); None: shardflow does.
+        self._divided_by: str | None = _DIVIDED_BY[divided_by] if divided_by else None
+        self._detect_division = divided_by is None
         # Read the shards' metadata (Parquet footers, a JSON sample) here, once: forked
         # workers inherit it instead of each reading every shard's again (on the Hub,
         # files x workers requests against its rate limit).
@@ -276,7 +289,7 @@ class IterableDataset(_TorchIterableDataset):
         """Remembers whether a framework divides this dataset between its processes itself
         (see :func:`_framework_division`); workers forked or spawned later inherit it.
         Follows Lightning's epoch, which it never passes to an iterable dataset."""
-        if self._divided_by is None:
+        if self._divided_by is None and self._detect_division:
             self._divided_by = _framework_division()
         epoch = _lightning_epoch()
         if epoch is not None and epoch != self._epoch.upcoming():
@@ -533,6 +546,41 @@ def _callers(depth: int = 24) -> Iterator[object]:
         frame = frame.f_back
 
 
+#: ``divided_by=`` values: the accelerate loader class each stands for (None: shardflow).
+_DIVIDED_BY: dict[str, str | None] = {
+    "accelerate-dispatch": "DataLoaderDispatcher",
+    "accelerate-shard": "IterableDatasetShard",
+    "shardflow": None,
+}
+
+#: Where the frameworks keep the classes detection looks for among the callers:
+#: (module, class names). A framework version that moved them fails loudly here,
+#: rather than the detection silently finding nothing (see :func:`_framework_classes`).
+_FRAMEWORK_CLASSES = {
+    "accelerate": ("accelerate.data_loader", ("DataLoaderDispatcher", "IterableDatasetShard")),
+    "lightning": ("lightning.pytorch.loops.fit_loop", ("_FitLoop",)),
+    "pytorch_lightning": ("pytorch_lightning.loops.fit_loop", ("_FitLoop",)),
+}
+
+
+def _framework_classes(framework: str) -> tuple[type, ...]:
+    """The classes of ``framework`` (imported) that detection looks for, or an error
+    naming the framework's version and ``divided_by=`` when this version has moved them."""
+    import importlib
+
+    module_name, names = _FRAMEWORK_CLASSES[framework]
+    try:
+        module = importlib.import_module(module_name)
+        return tuple(getattr(module, name) for name in names)
+    except (ImportError, AttributeError) as e:
+        version = getattr(sys.modules.get(framework), "__version__", "?")
+        raise RuntimeError(
+            f"shardflow.torch looks for {framework}'s {', '.join(names)} in {module_name} to tell "
+            f"whether {framework} divides the data between processes, and {framework} {version} has "
+            f"no such class there ({e}); pass IterableDataset(divided_by=...) to say who divides it"
+        ) from e
+
+
 def _framework_division() -> str | None:
     """Which of accelerate's loaders, found among the callers, divides this dataset
     between processes itself: ``DataLoaderDispatcher`` (its default for an iterable
@@ -542,9 +590,10 @@ def _framework_division() -> str | None:
     ``__len__``) before they read it."""
     if "accelerate" not in sys.modules:
         return None
+    classes = _framework_classes("accelerate")
     for owner in _callers():
-        for kind in type(owner).__mro__:
-            if kind.__module__.startswith("accelerate.") and kind.__name__ in ("DataLoaderDispatcher", "IterableDatasetShard"):
+        for kind in classes:
+            if isinstance(owner, kind):
                 return kind.__name__
     return None
 
@@ -553,10 +602,11 @@ def _lightning_epoch() -> int | None:
     """The epoch Lightning's fit loop, found among the callers, is about to train (it
     asks the loader's length, then makes its iterator, when an epoch's data is set up:
     at the start, and on resuming)."""
-    if "lightning" not in sys.modules and "pytorch_lightning" not in sys.modules:
+    loops = tuple(c for f in ("lightning", "pytorch_lightning") if f in sys.modules for c in _framework_classes(f))
+    if not loops:
         return None
     for owner in _callers():
-        if type(owner).__name__ == "_FitLoop" and type(owner).__module__.endswith("loops.fit_loop"):
+        if isinstance(owner, loops):
             return int(owner.epoch_progress.current.processed)
     return None
 
@@ -622,12 +672,39 @@ class MapDataset(_TorchDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch that a full ``shuffle`` or a ``weighted_sample`` of the
-        dataset draws for; call it with ``DistributedSampler.set_epoch``. Workers see it
-        when they start (forked or spawned), so use it with non-persistent workers."""
+        dataset draws for. The sampler reading this dataset calls it too: see
+        :meth:`_follow_sampler`. Workers see it when they start (forked or spawned), so
+        use it with non-persistent workers."""
         self.dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
+        self._follow_sampler()
         return len(self.dataset)
+
+    def _follow_sampler(self) -> None:
+        """Makes the epoch of the sampler (or accelerate loader) reading this dataset its
+        own. HF Trainer and accelerate call the sampler's ``set_epoch``, not the
+        dataset's, when the sampler has one (``DistributedSampler``, accelerate's
+        ``SeedableRandomSampler``), which left a ``weighted_sample`` drawing the same
+        rows every epoch. Samplers ask the dataset's length when they are made and each
+        time they are iterated; the one asking (found among the callers by what it holds
+        and does: this dataset, and a ``set_epoch``) then also sets this dataset's epoch
+        whenever its own is set, before torch starts the epoch's workers."""
+        for owner in _callers():
+            if owner is self or not (getattr(owner, "data_source", None) is self or getattr(owner, "dataset", None) is self):
+                continue
+            set_epoch = getattr(owner, "set_epoch", None)
+            if callable(set_epoch) and not getattr(set_epoch, "_shardflow_follows", False):
+
+                def follow(epoch: int, _own: Callable[[int], Any] = set_epoch) -> Any:
+                    result = _own(epoch)
+                    self.set_epoch(epoch)
+                    return result
+
+                follow._shardflow_follows = True  # type: ignore[attr-defined]
+                owner.set_epoch = follow
+                if isinstance(getattr(owner, "epoch", None), int):
+                    self.set_epoch(owner.epoch)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.dataset[index]

@@ -41,12 +41,20 @@ the epoch the model says the op draws for), checks the draw is one the op may ma
 buffered shuffle after the split, ``DataLoader(shuffle=True)``, an interleave with
 probabilities mixing each part's own shares), :func:`parts` raises :class:`NotExact` and
 :func:`invariants` says what must hold whatever the draws.
+
+**What a seed determines.** A draw is a function of the seed, the epoch it draws for
+(:func:`draw_epoch`) and the rows it draws from, and of nothing else: not the process,
+the thread count, or the division among ranks and workers (each part's rows are cut from
+the one draw that one part reading the whole epoch sees). Another epoch (where the draw
+is new each epoch) or another seed gives another draw, but by chance (for a shuffle of
+``n`` rows, once in ``n!``). tests/test_model.py holds the engine to each.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -245,7 +253,23 @@ class NotExact(Exception):
 
 class Refused(Exception):
     """The engine must refuse this reading with a clear error (``ValueError`` or a
-    ``ShardflowError``), not deliver rows."""
+    ``ShardflowError``), not deliver rows, for the reason ``why`` names: one of
+    :data:`REFUSALS`, whose pattern the engine's message must match."""
+
+    def __init__(self, why: str, detail: str) -> None:
+        super().__init__(f"{why}: {detail}")
+        self.why = why
+        self.match = REFUSALS[why]
+
+
+#: Why the engine refuses a reading, and what its message says (a regular expression):
+#: the model states the reason, the tests hold the engine to saying it.
+REFUSALS: dict[str, str] = {
+    "empty split": r"with \d+ rows these sizes leave the \w+ split empty",
+    "select out of range": r"select: index \d+ is out of range for \d+ rows",
+    "interleave built": r"dataset \d+ (is empty|has probability 0)",
+    "too few rows for the readers": r"interleave: dataset \d+ has \d+ rows, too few to give each of the \d+ readers",
+}
 
 
 class Violation(AssertionError):
@@ -296,7 +320,7 @@ def split_range(n: int, op: TrainTestSplit) -> range:
     size = op.test_size
     test = math.ceil(size * n) if isinstance(size, float) else size
     if not 0 < test < n:
-        raise Refused(f"train_test_split(test_size={size}) of {n} rows leaves a split empty")
+        raise Refused("empty split", f"train_test_split(test_size={size}) of {n} rows")
     train = n - test
     return range(0, train) if op.split == "train" else range(train, n)
 
@@ -321,7 +345,7 @@ def apply(op: Op, rows: list[int]) -> list[int]:
         return rows[op.n :]
     if isinstance(op, Select):
         if any(i >= len(rows) for i in op.indices):
-            raise Refused(f"select: an index is out of range for {len(rows)} rows")
+            raise Refused("select out of range", f"an index past {len(rows)} rows")
         return [rows[i] for i in op.indices]
     if isinstance(op, Shard):
         return [rows[i] for i in shard_range(len(rows), op.num_shards, op.index)]
@@ -412,7 +436,7 @@ def origin_rows(ds: Dataset, epoch: int, observe: Observe | None) -> list[int]:
     if isinstance(ds, Concatenate):
         return [i for part in sources for i in part]
     if (why := construction_error(ds, [len(s) for s in sources])) is not None:
-        raise Refused(why)
+        raise Refused("interleave built", why)
     if ds.probabilities is None:
         return round_robin(sources, ds.stopping)
     if observe is None:
@@ -669,7 +693,7 @@ def starved(ds: Interleave, cuts: dict[tuple[int, int], list[range]]) -> None:
     if len(cuts) > 1 and ds.stopping == "first_exhausted" and any(
         can[i] and len(r) == 0 for parts_cuts in cuts.values() for i, r in enumerate(parts_cuts)
     ):
-        raise Refused("first_exhausted: a part has no rows of a dataset it must draw from")
+        raise Refused("too few rows for the readers", "first_exhausted: a part has no rows of a dataset it must draw from")
 
 
 def stranded(own: dict[tuple[int, int], list[list[int]]]) -> None:
@@ -677,7 +701,7 @@ def stranded(own: dict[tuple[int, int], list[list[int]]]) -> None:
     datasets it can draw from) while others have: it could not be carried on to the
     longest mix. (A dataset a part has no rows of is only left out of its turns.)"""
     if any(not any(s) for s in own.values()) and any(any(s) for s in own.values()):
-        raise Refused("all_exhausted: a part has no rows at all, so it cannot carry on")
+        raise Refused("too few rows for the readers", "all_exhausted: a part has no rows at all, so it cannot carry on")
 
 
 def combined_parts(
@@ -707,7 +731,7 @@ def combined_parts(
             key: balanced([i for s in own[key] for i in s], key, total, rank_rows[key[0]], first, div) for key in own
         }
     if (why := construction_error(ds, sizes)) is not None:
-        raise Refused(why)
+        raise Refused("interleave built", why)
     starved(ds, cuts)
     if ds.probabilities is not None:
         raise NotExact("each part draws its own mix by chance")
@@ -852,7 +876,9 @@ class Invariants:
     ``equal_counts``: every part delivers as many rows (the number decided by chance);
     ``orders``: per part, for each dataset of an interleave, the rows that part must
     take from it, in order (cyclic: starting over) — it takes a prefix of them;
-    ``whole_batches``: every part delivers a multiple of this many rows."""
+    ``whole_batches``: every part delivers a multiple of this many rows; ``ends``: an
+    interleave's stopping strategy and each part's shares of its datasets, one part of
+    which must have run out as the strategy says (see :func:`_mixed`)."""
 
     rows: Counter | None
     support: set[int]
@@ -864,6 +890,7 @@ class Invariants:
     equal_counts: bool = False
     orders: dict[tuple[int, int], list[tuple[list[int], bool]]] = field(default_factory=dict)
     whole_batches: int | None = None
+    ends: tuple[str, dict[tuple[int, int], list[list[int]]]] | None = None
 
     def check(self, delivered: dict[tuple[int, int], list[int]]) -> list[str]:
         """The rules ``delivered`` breaks (empty: none)."""
@@ -886,6 +913,14 @@ class Invariants:
             counts = {key: len(part) for key, part in delivered.items()}
             if counts != self.counts:
                 problems.append(f"rows per part {counts}, expected {self.counts}")
+        if self.ends is not None:
+            stopping, shares = self.ends
+            done = {key: [set(share) <= set(delivered[key]) for share in shares[key]] for key in shares}
+            ended = any(any(d) for d in done.values()) if stopping == "first_exhausted" else any(
+                d and all(d) for d in done.values()
+            )
+            if not ended or not all(delivered.values()):
+                problems.append(f"no part's mix ended as {stopping} says (shares {shares})")
         if self.whole_batches and any(len(p) % self.whole_batches for p in delivered.values()):
             problems.append(f"a part delivers a short batch: {[len(p) for p in delivered.values()]}")
         if self.equal_counts and len({len(p) for p in delivered.values()}) > 1:
@@ -992,10 +1027,18 @@ def _mixed(
     if not per_part_rows and not shuffled:
         cyclic = ds.stopping == "all_exhausted"
         inv.orders = {key: [(s, cyclic) for s in own[key] if s] for key in own}
+    if not per_part_rows and not div.drop_last:
+        # Where the mix ends: every part is cut (first_exhausted) or carried on
+        # (all_exhausted) to the length of one part's own mix, which ended as its
+        # strategy says: first_exhausted once one of its shares ran out, so that part
+        # delivered all of that share (at least one row); all_exhausted once every one
+        # of its shares had, so that part delivered all of each.
+        inv.ends = (ds.stopping, {key: [s for s in own[key] if s] for key in own})
     if ds.stopping == "all_exhausted" and not per_part_rows:
         # Every part takes every row of its shares at least once; repeats continue it.
+        # How far depends on the draw: where the mix ends (``ends``) bounds them.
         inv.rows = Counter(support)
-        inv.padding_max = 1 << 62
+        inv.padding_max = sys.maxsize
         inv.dropped = 0 if not div.drop_last or batch_size == 1 else None
         inv.dropped_max = (batch_size - 1) * len(div.keys())
     return inv
