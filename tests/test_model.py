@@ -39,6 +39,10 @@ import shardflow.torch as sft
 LAYOUTS = [*FORMATS, "memory"]  # the 11 file layouts, and in memory
 
 EXAMPLES = int(os.environ.get("SHARDFLOW_MODEL_EXAMPLES", "400"))
+#: Combinations nested in combinations (SHARDFLOW_MODEL_NESTED=1): the engine divides a
+#: nested combination part by part, the model as one dataset; which is meant is open
+#: (issue 49's note), so they are drawn only when asked for.
+NESTED = os.environ.get("SHARDFLOW_MODEL_NESTED") == "1"
 
 
 def budget(share: float, least: int = 2, most: int | None = None) -> settings:
@@ -290,13 +294,36 @@ class Builder:
             model, engine = self.keep(m.then(model, op), engine_op(engine, op))
         return model, engine
 
-    def combined(self, kind: str) -> tuple[m.Dataset, sf.Dataset] | None:
+    def combined(self, kind: str, nested: bool = True) -> tuple[m.Dataset, sf.Dataset] | None:
+        """A concatenate or interleave of 2-3 datasets: files or (with NESTED, one level
+        deep) another combination, each with up to 2 ops that keep a part's rows
+        addressable, and then perhaps a filter of its own."""
+        stopping = self.draw(st.sampled_from(m.STOPPING), "stopping") if kind == "interleave" else None
         count = self.draw(st.integers(2, 3), "parts")
-        parts = [self.chain(*self.leaf(2), most=2, within_part=True) for _ in range(count)]
+        parts = []
+        for _ in range(count):
+            if nested and NESTED and self.draw(st.integers(0, 4), "nested") == 0:
+                inner = self.combined(self.draw(st.sampled_from(["concatenate", "interleave"]), "nested kind"), nested=False)
+                if inner is None:
+                    return None
+                part = inner
+                event("dataset: nested combination")
+            else:
+                part = self.leaf(2)
+            model, engine = self.chain(*part, most=2, within_part=True)
+            if stopping in (None, "first_exhausted"):
+                # A part's own filter, last (a take/skip after a filter would deal the
+                # part's rows: see NESTED; a map would change one part's columns): the
+                # division cannot know a filtered part's rows (model.plan_known). (The
+                # all_exhausted strategies count every part's rows when built.)
+                if self.draw(st.integers(0, 2), "part's own filter") == 0:
+                    op = m.Filter(self.draw(st.sampled_from(["even", "low", "none"]), "filter"))
+                    model, engine = self.keep(m.then(model, op), engine_op(engine, op))
+            parts.append((model, engine))
         models, engines = tuple(p[0] for p in parts), [p[1] for p in parts]
         if kind == "concatenate":
             return self.keep(m.Concatenate(models), sf.concatenate(engines))
-        stopping = self.draw(st.sampled_from(m.STOPPING), "stopping")
+        assert stopping is not None
         probabilities = None
         if self.seeded and self.draw(st.booleans(), "with probabilities"):
             weight = st.sampled_from([1, 2, 3, 0]) if stopping == "first_exhausted" else st.integers(1, 3) | st.just(0)
@@ -461,7 +488,7 @@ def model_or_refused(compute: Callable[[], Any]) -> Any:
 # mostly discarded fails, rather than passing on the few it checked.
 
 #: Most of a test's examples that may be discarded.
-DISCARDED_SHARE = 0.4
+DISCARDED_SHARE = 0.5
 TALLY: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
 
 
@@ -698,7 +725,9 @@ def test_torch_adapter_resumes_the_rest_of_the_epoch(pool: Pool, data: st.DataOb
     # Stopped at one step of every rank's torch loop: its workers have handed out their
     # batches round-robin, and a worker that has handed out all of its batches has
     # finished its pass (torch reads every worker to its end).
-    steps = data.draw(st.integers(1, 6), label="steps before the stop")
+    # At least a step per worker: torch hands out one batch of each in turn, and a
+    # state saved before a worker read anything cannot be resumed.
+    steps = data.draw(st.integers(max(1, workers), max(1, workers) + 5), label="steps before the stop")
     before, states = {}, []
     for rank in range(world):
         counts = [len(whole[(rank, w)]) for w in range(old.num_workers)]

@@ -350,7 +350,7 @@ impl Dataset {
     pub fn rows_of_run(&self, run: &RunOptions) -> Result<Option<u64>> {
         let head = self.head(run.epoch, run.count_rows)?;
         let ops = &self.ops[head.rest..];
-        let split = split_for(self, &head, run);
+        let split = split_for(self, &head, run)?;
         let (rows, rest) = match &split {
             Split::Rows { after } => {
                 let global = rows_through(head.rows, &ops[..*after]);
@@ -528,7 +528,7 @@ impl Dataset {
     /// in order: what an epoch's rows are made of, for elastic resume.
     pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
         let head = self.head(run.epoch, run.count_rows)?;
-        let split = split_for(self, &head, run);
+        let split = split_for(self, &head, run)?;
         if matches!(split, Split::Rows { .. }) {
             return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
         }
@@ -619,11 +619,11 @@ pub(super) fn unit_slices(
 //   Cost: one extra pass of the filter over the data in each process, and 8 bytes per
 //   kept row.
 // - **Anything else that changes the number of rows** (a flat_map, a batched map, a
-//   filter taking row indices, a filter over a combined dataset, a filter after a take/skip
-//   that follows one) is
-//   dealt: every part reads the epoch through that op and keeps every `parts`-th row of
-//   it, as after a take/skip behind a filter ([`Split::Rows`]). Cost: every part reads
-//   and runs the op over the whole epoch.
+//   filter taking row indices, a filter over a combined dataset, a filter after a
+//   take/skip that follows one) is dealt: every part reads the epoch through that op and
+//   keeps every `parts`-th row of it, as after a take/skip behind a filter
+//   ([`Split::Rows`]); so is a combination whose parts' rows a filter or flat_map within
+//   them decides. Cost: every part reads and runs the op over the whole epoch.
 
 /// Whether `run` makes its ranks equal (padding or trimming them), so that the ops after
 /// the split must not leave ranks with different numbers of rows.
@@ -685,20 +685,30 @@ fn filter_pass(ds: &Dataset, head: &Head, split: &Split) -> Option<Vec<Op>> {
 /// Where `run`'s epoch is split between its parts (see [`split`]): where ranks must
 /// stay equal, an op after the split that changes the rows' number and that no filter
 /// pass can balance is dealt (the split moves to just after it).
-pub(super) fn split_for(ds: &Dataset, head: &Head, run: &RunOptions) -> Split {
+pub(super) fn split_for(ds: &Dataset, head: &Head, run: &RunOptions) -> Result<Split> {
     let ops = &ds.ops[head.rest..];
     let split = split(head, ops);
     if !equalizes(run) {
-        return split;
+        return Ok(split);
     }
-    match last_row_change(ops, &split) {
+    let last = last_row_change(ops, &split);
+    // A combination whose parts' rows are not known (a filter or flat_map within a
+    // part) cannot be cut into equal shares: its stream is dealt.
+    if let (HeadKind::Combined(c), Split::Units) = (&head.kind, &split)
+        && c.part_counts(run, ds.draws(run.epoch))?.is_none()
+    {
+        return Ok(Split::Rows {
+            after: last.map_or(0, |last| last + 1),
+        });
+    }
+    Ok(match last {
         Some(last)
             if matches!(split, Split::Rows { .. }) || filter_pass(ds, head, &split).is_none() =>
         {
             Split::Rows { after: last + 1 }
         }
         _ => split,
-    }
+    })
 }
 
 /// Rows the filters keep of one part's run, where a filter pass balanced them: the

@@ -289,7 +289,7 @@ impl Dataset {
         let head = self.head(run.epoch, run.count_rows)?;
         let draws = self.draws(run.epoch);
         let ops = &self.ops[head.rest..];
-        let split = split_for(self, &head, run);
+        let split = split_for(self, &head, run)?;
         // Behind a filter balanced by its pass, the rows it keeps past the part's share
         // are its padding.
         let kept = match &split {
@@ -322,6 +322,24 @@ impl Dataset {
                 self.head_stream(&head, &split, run, &stats, batch_rows)?
             }
         };
+        // This part's rows of the whole stream so far (`Split::Rows`), of `global` rows
+        // where known.
+        let dealt = |stream: BatchIter, global: Option<u64>| -> BatchIter {
+            if run.parts <= 1 {
+                return stream;
+            }
+            let share = run.share();
+            let mut deal = ops::Deal::new(stream, share);
+            if run.drop_last {
+                deal = deal.whole_rounds(global);
+            } else if run.pad {
+                deal = deal.padded_to(global.map(|rows| share.rank_rows(rows)), stats.clone());
+            }
+            Box::new(deal)
+        };
+        if let Split::Rows { after: 0 } = split {
+            stream = dealt(stream, head.rows);
+        }
         let batch_threads =
             assemble::BatchThreads::new(run.tuning.threads, stats.clone(), run.cancel.clone());
         for (i, op) in ops.iter().enumerate() {
@@ -360,16 +378,8 @@ impl Dataset {
             }
             if let Split::Rows { after } = split
                 && i + 1 == after
-                && run.parts > 1
             {
-                let (global, share) = (rows_through(head.rows, &ops[..after]), run.share());
-                let mut deal = ops::Deal::new(stream, share);
-                if run.drop_last {
-                    deal = deal.whole_rounds(global);
-                } else if run.pad {
-                    deal = deal.padded_to(global.map(|rows| share.rank_rows(rows)), stats.clone());
-                }
-                stream = Box::new(deal);
+                stream = dealt(stream, rows_through(head.rows, &ops[..after]));
             }
         }
         if run.skip_rows > 0 {

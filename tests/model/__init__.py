@@ -233,6 +233,17 @@ def addressable(ds: Dataset) -> bool:
     )
 
 
+def plan_known(ds: Dataset) -> bool:
+    """Whether a division knows the dataset's rows before reading them: no filter or
+    flat_map after its rows are addressed by index decides them (one before a select is
+    run once over the rows, or read into memory), here or in a part. A combination of
+    datasets it does not know cannot be cut into shares that come out equal."""
+    indexed = [i for i, op in enumerate(ds.ops) if reads_by_index(op)]
+    if any(isinstance(op, (Filter, FlatMap)) for op in ds.ops[indexed[-1] + 1 if indexed else 0 :]):
+        return False
+    return bool(indexed) or isinstance(ds, Source) or all(plan_known(p) for p in ds.parts)
+
+
 def seeded(ds: Dataset) -> bool:
     """Whether any draw of chance decides the rows (a shuffle, a weighted draw, an
     interleave with probabilities), here or in a part."""
@@ -717,7 +728,19 @@ def combined_parts(
     to the shortest natural mix of all parts (see :func:`starved`); ``all_exhausted``
     continues every part's mix (datasets starting over as they run out) to the longest
     (see :func:`stranded`); without replacement every row comes once and parts are
-    :func:`balanced` as for a concatenation."""
+    :func:`balanced` as for a concatenation.
+
+    Where a part's rows are not known to the division (:func:`plan_known`; on a division
+    that does not equalize its ranks, or :func:`anatomy` deals them), each part is
+    divided as if read alone, without padding (:func:`unplanned_shares`), and nothing
+    brings the parts' mixes to one length."""
+    if not all(plan_known(p) for p in ds.parts):
+        own = unplanned_shares(ds, div, epoch, observe)
+        if isinstance(ds, Concatenate):
+            return {key: [i for s in own[key] for i in s] for key in own}
+        if ds.probabilities is not None:
+            raise NotExact("each part draws its own mix by chance")
+        return {key: round_robin(own[key], ds.stopping) for key in own}
     e = origin_epoch(ds, epoch)
     sources = [rows(p, e, observe) for p in ds.parts]
     sizes = [len(s) for s in sources]
@@ -744,6 +767,22 @@ def combined_parts(
         longest = max(len(m) for m in natural.values())
         return {key: round_robin(own[key], ds.stopping, length=longest) for key in own}
     return {key: balanced(m, key, total, rank_rows[key[0]], first, div) for key, m in natural.items()}
+
+
+def unplanned_shares(
+    ds: Concatenate | Interleave, div: Division, epoch: int, observe: Observe | None
+) -> dict[tuple[int, int], list[list[int]]]:
+    """Each part's rows of each dataset of a combination whose rows the division does
+    not know: every dataset divided as if read alone (contiguous, no padding, nothing
+    dropped), its ops run on each part's share."""
+    plain = Division(div.world_size, div.num_workers, drop_last=False, pad=False)
+    e = origin_epoch(ds, epoch)
+    own: dict[tuple[int, int], list[list[int]]] = {key: [] for key in div.keys()}
+    for p in ds.parts:
+        divided = parts(p, plain, e, observe)
+        for key in own:
+            own[key].append(divided[key])
+    return own
 
 
 # ---------------------------------------------------------------------------------------
@@ -792,6 +831,9 @@ def anatomy(ds: Dataset, div: Division | None = None) -> Anatomy:
         in_place = all(isinstance(op, (Take, Skip, Map)) for op in ops[head : last + 1])
         base = Anatomy(last + 1, "contiguous" if in_place and not combined else "dealt")
     changes = [i for i in range(base.global_ops, len(ops)) if isinstance(ops[i], (Filter, FlatMap))]
+    if equalizes(div) and base.how == "combined" and not all(plan_known(p) for p in ds.parts):
+        # Shares of parts whose rows are not known cannot come out equal: dealt.
+        return Anatomy(changes[-1] + 1 if changes else 0, "dealt")
     if not equalizes(div) or not changes:
         return base
     files = isinstance(ds, Source) or isinstance(ds, Concatenate) and all(addressable(p) for p in ds.parts)
@@ -891,6 +933,7 @@ class Invariants:
     orders: dict[tuple[int, int], list[tuple[list[int], bool]]] = field(default_factory=dict)
     whole_batches: int | None = None
     ends: tuple[str, dict[tuple[int, int], list[list[int]]]] | None = None
+    ends_each: bool = False
 
     def check(self, delivered: dict[tuple[int, int], list[int]]) -> list[str]:
         """The rules ``delivered`` breaks (empty: none)."""
@@ -916,10 +959,15 @@ class Invariants:
         if self.ends is not None:
             stopping, shares = self.ends
             done = {key: [set(share) <= set(delivered[key]) for share in shares[key]] for key in shares}
-            ended = any(any(d) for d in done.values()) if stopping == "first_exhausted" else any(
-                d and all(d) for d in done.values()
-            )
-            if not ended or not all(delivered.values()):
+            if stopping == "first_exhausted":
+                ended = [any(d) for d in done.values() if d]
+            else:
+                ended = [all(d) for d in done.values() if d]
+            if self.ends_each and not all(ended):
+                problems.append(f"a part's mix did not end as {stopping} says (shares {shares})")
+            # A mix with no empty share to end it at once gives every part a row.
+            nonempty = all(len(share) > 0 for key_shares in shares.values() for share in key_shares)
+            if not self.ends_each and (not any(ended) or nonempty and not all(delivered.values())):
                 problems.append(f"no part's mix ended as {stopping} says (shares {shares})")
         if self.whole_batches and any(len(p) % self.whole_batches for p in delivered.values()):
             problems.append(f"a part delivers a short batch: {[len(p) for p in delivered.values()]}")
@@ -936,9 +984,15 @@ class Invariants:
 
 
 def unshuffled(ds: Dataset, div: Division | None = None) -> Dataset:
-    """``ds`` without the shuffles that run per part (they only reorder a part's rows)."""
-    cut_at = anatomy(ds, div).global_ops
+    """``ds`` without the shuffles that run per part (they only reorder a part's rows):
+    its own, and those of its datasets where each is divided on its own
+    (:func:`unplanned_shares`)."""
+    a = anatomy(ds, div)
+    cut_at = a.global_ops
     kept = ds.ops[:cut_at] + tuple(op for op in ds.ops[cut_at:] if not isinstance(op, Shuffle))
+    if a.how == "combined" and not all(plan_known(p) for p in ds.parts):
+        plain = None if div is None else Division(div.world_size, div.num_workers, drop_last=False, pad=False)
+        return replace(ds, parts=tuple(unshuffled(p, plain) for p in ds.parts), ops=kept)
     return replace(ds, ops=kept)
 
 
@@ -1012,18 +1066,28 @@ def _mixed(
     shuffled: bool,
 ) -> Invariants:
     """first_exhausted / all_exhausted with probabilities, each part mixing its shares."""
-    sources = [rows(p, origin_epoch(ds, epoch), observe) for p in ds.parts]
     can = drawable(ds)
-    cuts = shares([len(s) for s in sources], div)
-    starved(ds, cuts)
-    own = {key: [[sources[i][j] for j in r] if can[i] else [] for i, r in enumerate(cuts[key])] for key in cuts}
-    if ds.stopping == "all_exhausted":
-        stranded(own)
+    planned = all(plan_known(p) for p in ds.parts)
+    if planned:
+        sources = [rows(p, origin_epoch(ds, epoch), observe) for p in ds.parts]
+        cuts = shares([len(s) for s in sources], div)
+        starved(ds, cuts)
+        own = {key: [[sources[i][j] for j in r] if can[i] else [] for i, r in enumerate(cuts[key])] for key in cuts}
+        if ds.stopping == "all_exhausted":
+            stranded(own)
+    else:
+        try:
+            unplanned = unplanned_shares(ds, div, epoch, observe)
+        except NotExact:
+            # Shuffles within the datasets reorder each share: the same rows, in an order
+            # of chance.
+            unplanned, shuffled = unplanned_shares(unshuffled(ds, div), div, epoch, observe), True
+        own = {key: [s if can[i] else [] for i, s in enumerate(shares_)] for key, shares_ in unplanned.items()}
     support = {i for s in own.values() for share in s for i in share}
     for op in ds.ops[anatomy(ds, div).global_ops :]:
         if isinstance(op, (Filter, FlatMap)):
             support = set(per_row(op, sorted(support)))
-    inv = Invariants(rows=None, support=support, padding=None, dropped=None, equal_counts=not per_part_rows)
+    inv = Invariants(rows=None, support=support, padding=None, dropped=None, equal_counts=planned and not per_part_rows)
     if not per_part_rows and not shuffled:
         cyclic = ds.stopping == "all_exhausted"
         inv.orders = {key: [(s, cyclic) for s in own[key] if s] for key in own}
@@ -1033,7 +1097,11 @@ def _mixed(
         # strategy says: first_exhausted once one of its shares ran out, so that part
         # delivered all of that share (at least one row); all_exhausted once every one
         # of its shares had, so that part delivered all of each.
-        inv.ends = (ds.stopping, {key: [s for s in own[key] if s] for key in own})
+        # (A dataset of probability 0 is never drawn, so never runs out; an empty share
+        # has run out from the start.)
+        inv.ends = (ds.stopping, {key: [s for i, s in enumerate(own[key]) if can[i]] for key in own})
+        # Unplanned, nothing brings the mixes to one length: each ends on its own.
+        inv.ends_each = not planned
     if ds.stopping == "all_exhausted" and not per_part_rows:
         # Every part takes every row of its shares at least once; repeats continue it.
         # How far depends on the draw: where the mix ends (``ends``) bounds them.
