@@ -43,6 +43,10 @@ def fan(row: dict) -> list[dict]:
 OPS = {
     "filter": (lambda ds: ds.filter(keep), [i for i in range(ROWS) if keeps(i)]),
     "flat_map": (lambda ds: ds.flat_map(fan, schema=ID_SCHEMA), [j for i in range(ROWS) for j in fans(i)]),
+    "filtered_part": (
+        lambda ds: sf.concatenate([ds.filter(keep), ds]),
+        [i for i in range(ROWS) if keeps(i)] + list(range(ROWS)),
+    ),
     "map_filter": (
         lambda ds: ds.map(lambda r: {"id": r["id"]}, schema=ID_SCHEMA).filter(keep),
         [i for i in range(ROWS) if keeps(i)],
