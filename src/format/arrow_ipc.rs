@@ -400,7 +400,7 @@ impl UnitJobs for PreparedFile {
                     .map_err(|e| corrupt(e.to_string()))?;
                 Ok(Decoded {
                     batches: vec![batch],
-                    skipped: 0,
+                    skipped: Vec::new(),
                 })
             }),
         }
@@ -683,7 +683,7 @@ impl UnitJobs for PreparedStream {
                 if !emit(task(move || {
                     Ok(Decoded {
                         batches: vec![batch],
-                        skipped: 0,
+                        skipped: Vec::new(),
                     })
                 })) {
                     break;

@@ -585,7 +585,7 @@ fn decode_block(
         .map_err(|e| at(e.to_string()))?;
     Ok(Decoded {
         batches: vec![batch],
-        skipped: 0,
+        skipped: Vec::new(),
     })
 }
 

@@ -431,7 +431,7 @@ impl PreparedHdf5 {
             .map_err(|e| bad(url, e))?;
         Ok(Decoded {
             batches: vec![batch],
-            skipped: 0,
+            skipped: Vec::new(),
         })
     }
 }

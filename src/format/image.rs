@@ -405,13 +405,14 @@ impl ImageDecode {
     }
 
     /// Decodes the image columns of `batch` (read from `url`); returns the batch and
-    /// the rows dropped (under `on_error="skip"`, when `may_skip`).
+    /// the rows dropped (under `on_error="skip"`, when `may_skip`), by their place in
+    /// `batch`.
     pub fn apply(
         &self,
         batch: RecordBatch,
         url: &str,
         may_skip: bool,
-    ) -> Result<(RecordBatch, u64)> {
+    ) -> Result<(RecordBatch, Vec<u64>)> {
         let rows = batch.num_rows();
         let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
         let mut bad_rows = vec![false; rows];
@@ -440,13 +441,13 @@ impl ImageDecode {
         let out = RecordBatch::try_new(self.schema.clone(), columns)
             .map_err(|e| Error::Internal(format!("decoded images: {e}")))?;
         let Some(message) = first_error else {
-            return Ok((out, 0));
+            return Ok((out, Vec::new()));
         };
         if self.on_error == OnError::Raise || !may_skip {
             return Err(Error::decode(url, "image", Position::Unknown, message));
         }
         let keep = BooleanArray::new(BooleanBuffer::from_iter(bad_rows.iter().map(|b| !b)), None);
-        let skipped = bad_rows.iter().filter(|b| **b).count() as u64;
+        let skipped = (0..rows as u64).filter(|&r| bad_rows[r as usize]).collect();
         let kept = arrow_select::filter::filter_record_batch(&out, &keep)
             .map_err(|e| Error::Internal(format!("dropping undecodable images: {e}")))?;
         Ok((kept, skipped))
@@ -566,19 +567,23 @@ impl ImageDecode {
     fn wrap_task(self: &Arc<Self>, url: String, task: DecodeTask) -> DecodeTask {
         let images = self.clone();
         Box::new(move |sink: &mut BatchSink| {
-            let mut skipped = 0;
+            // Rows dropped here, by their place among the rows the task decoded.
+            let mut dropped = Vec::new();
+            let mut decoded_rows = 0u64;
             let mut failed = None;
             let mut decoding = |batch: RecordBatch| {
                 if failed.is_some() {
                     return;
                 }
+                let rows = batch.num_rows() as u64;
                 match images.apply(batch, &url, true) {
-                    Ok((batch, n)) => {
-                        skipped += n;
+                    Ok((batch, bad)) => {
+                        dropped.extend(bad.into_iter().map(|r| decoded_rows + r));
                         sink(batch);
                     }
                     Err(e) => failed = Some(e),
                 }
+                decoded_rows += rows;
             };
             let rest = task(&mut decoding)?;
             for batch in rest.batches {
@@ -587,9 +592,26 @@ impl ImageDecode {
             if let Some(e) = failed {
                 return Err(e);
             }
+            // A decoded row's place among the task's records steps over the records the
+            // task itself skipped before it.
+            let mut skipped = rest.skipped;
+            let mut before = skipped.clone();
+            before.sort_unstable();
+            for row in dropped {
+                let mut place = row;
+                for &s in &before {
+                    if s <= place {
+                        place += 1;
+                    } else {
+                        break;
+                    }
+                }
+                skipped.push(place);
+            }
+            skipped.sort_unstable();
             Ok(Decoded {
                 batches: Vec::new(),
-                skipped: rest.skipped + skipped,
+                skipped,
             })
         })
     }

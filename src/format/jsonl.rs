@@ -295,7 +295,7 @@ impl BlockDecoderConfig {
         match self.decode_all(block) {
             Ok(batches) => Ok(Decoded {
                 batches,
-                skipped: 0,
+                skipped: Vec::new(),
             }),
             // Rare path: find the bad line(s) to name them, or to skip them.
             Err(_) => self.decode_line_by_line(url, block, start),
@@ -325,20 +325,23 @@ impl BlockDecoderConfig {
 
     fn decode_line_by_line(&self, url: &str, block: &[u8], start: BlockStart) -> Result<Decoded> {
         let mut good = Vec::with_capacity(block.len());
-        let mut skipped = 0;
+        let mut skipped = Vec::new();
         let mut offset = 0;
+        // Records (non-blank lines) so far: a record's place in the task.
+        let mut record = 0u64;
         for (idx, line) in block.split(|&b| b == b'\n').enumerate() {
             let line_offset = offset;
             offset += line.len() + 1;
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
+            record += 1;
             match self.check_line(line) {
                 Ok(()) => {
                     good.extend_from_slice(line);
                     good.push(b'\n');
                 }
-                Err(_) if self.on_error == OnError::Skip => skipped += 1,
+                Err(_) if self.on_error == OnError::Skip => skipped.push(record - 1),
                 Err(e) => {
                     return Err(Error::decode(
                         url,

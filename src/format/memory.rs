@@ -143,7 +143,7 @@ impl UnitJobs for Jobs {
                 .map_err(|e| Error::Internal(format!("cannot copy an in-memory batch: {e}")))?;
             Ok(Decoded {
                 batches: vec![copy],
-                skipped: 0,
+                skipped: Vec::new(),
             })
         }))
     }

@@ -745,7 +745,7 @@ impl UnitJobs for PreparedNpy {
                     .map_err(|e| corrupt(e.to_string()))?;
                 Ok(Decoded {
                     batches: vec![batch],
-                    skipped: 0,
+                    skipped: Vec::new(),
                 })
             }),
         }

@@ -513,7 +513,7 @@ impl UnitJobs for PreparedNpz {
                         .map_err(|e| Error::Internal(e.to_string()))?;
                     Ok(Decoded {
                         batches: vec![batch],
-                        skipped: 0,
+                        skipped: Vec::new(),
                     })
                 }),
             };
@@ -559,7 +559,7 @@ impl UnitJobs for PreparedNpz {
                 .map_err(|e| Error::Internal(e.to_string()))?;
             Ok(Decoded {
                 batches: vec![batch],
-                skipped: 0,
+                skipped: Vec::new(),
             })
         };
         whole_file_job(shard, decode)

@@ -159,7 +159,7 @@ impl UnitJobs for PreparedRaw {
                 .map_err(|e| Error::Internal(e.to_string()))?;
             Ok(Decoded {
                 batches: vec![batch],
-                skipped: 0,
+                skipped: Vec::new(),
             })
         })
     }

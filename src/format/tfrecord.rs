@@ -430,11 +430,11 @@ impl UnitJobs for PreparedTfRecord {
 }
 
 fn decode_block(config: &Config, url: &str, block: Block) -> Result<Decoded> {
-    let mut skipped = 0;
-    // A bad record is skipped and counted, or fails the block.
-    let mut reject = |meta: &RecordMeta, message: &str| match config.on_error {
+    let mut skipped = Vec::new();
+    // A bad record is skipped and counted (by its place in the block), or fails it.
+    let mut reject = |i: usize, meta: &RecordMeta, message: &str| match config.on_error {
         OnError::Skip => {
-            skipped += 1;
+            skipped.push(i as u64);
             Ok(())
         }
         OnError::Raise => Err(meta.error(url, message)),
@@ -442,7 +442,7 @@ fn decode_block(config: &Config, url: &str, block: Block) -> Result<Decoded> {
     let mut good = Vec::with_capacity(block.records.len());
     for (i, meta) in block.records.iter().enumerate() {
         if config.verify && masked_crc(&block.data[meta.start..meta.end]) != meta.crc {
-            reject(meta, "data checksum mismatch")?;
+            reject(i, meta, "data checksum mismatch")?;
         } else {
             good.push(i);
         }
@@ -454,7 +454,7 @@ fn decode_block(config: &Config, url: &str, block: Block) -> Result<Decoded> {
             for &i in &good {
                 let meta = &block.records[i];
                 if let Err(message) = decoder.add(&block.data[meta.start..meta.end]) {
-                    reject(meta, &message)?;
+                    reject(i, meta, &message)?;
                 }
             }
             decoder
@@ -462,6 +462,8 @@ fn decode_block(config: &Config, url: &str, block: Block) -> Result<Decoded> {
                 .map_err(|e| Error::Internal(format!("{url}: {e}")))?
         }
     };
+    // (Checksum failures first, then records the decoder refused.)
+    skipped.sort_unstable();
     Ok(Decoded {
         batches: vec![batch],
         skipped,

@@ -175,8 +175,10 @@ pub struct WorkUnit {
 #[derive(Debug, Default)]
 pub struct Decoded {
     pub batches: Vec<RecordBatch>,
-    /// Records dropped under `OnError::Skip`.
-    pub skipped: u64,
+    /// Records dropped under `OnError::Skip`, by their place among the task's records
+    /// (ascending): the rows after one keep their own places, so that a part's share of
+    /// a unit, counted in records, still ends where it should.
+    pub skipped: Vec<u64>,
 }
 
 /// Takes batches from a decode task while it runs. A task that makes many batches (a

@@ -458,12 +458,12 @@ impl UnitJobs for PreparedTar {
 /// Turns samples into a batch, checking each field's bytes decode as its type says.
 fn build_batch(config: &Config, url: &str, samples: Vec<Sample>) -> Result<Decoded> {
     let schema = &config.schema;
-    let mut skipped = 0;
+    let mut skipped = Vec::new();
     let mut good: Vec<Sample> = Vec::with_capacity(samples.len());
-    for sample in samples {
+    for (i, sample) in samples.into_iter().enumerate() {
         match check_sample(config, &sample) {
             Ok(()) => good.push(sample),
-            Err(_) if config.on_error == OnError::Skip => skipped += 1,
+            Err(_) if config.on_error == OnError::Skip => skipped.push(i as u64),
             Err(message) => {
                 return Err(Error::decode(
                     url,

@@ -86,6 +86,60 @@ struct SliceState {
 }
 
 impl SliceState {
+    /// A task's decoded rows (`batches`, in order) clipped to the slice, where the task
+    /// skipped the records at `skipped` (places among its records, ascending): a slice
+    /// counts records, not the rows that came of them, so the rows after a skipped
+    /// record keep their places (and positions), and the part whose share it was is the
+    /// one short of a row. Also gives the skipped records within the slice, to count.
+    fn clip_skipping(
+        &mut self,
+        batches: Vec<RecordBatch>,
+        skipped: &[u64],
+    ) -> Result<(Vec<RecordBatch>, u64)> {
+        let decoded: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+        let start = self.seen;
+        let records = decoded + skipped.len() as u64;
+        self.seen += records;
+        // The slice's records within this task, as places in it.
+        let end = self.slice.take.map_or(u64::MAX, |t| self.slice.skip + t);
+        let lo = self.slice.skip.clamp(start, start + records) - start;
+        let hi = end.clamp(start, start + records) - start;
+        let hi = hi.max(lo);
+        let below = |place: u64| skipped.partition_point(|&s| s < place) as u64;
+        // Decoded rows [a, b) are the slice's.
+        let (a, b) = (lo - below(lo), hi - below(hi));
+        let mut places = Vec::with_capacity((b - a) as usize);
+        let mut k = 0;
+        for row in a..b {
+            while k < skipped.len() && skipped[k] <= row + k as u64 {
+                k += 1;
+            }
+            places.push(start + row + k as u64);
+        }
+        let mut out = Vec::new();
+        let mut at = 0u64;
+        for batch in batches {
+            let n = batch.num_rows() as u64;
+            let (from, to) = (a.max(at), b.min(at + n));
+            if from < to {
+                let piece = batch.slice((from - at) as usize, (to - from) as usize);
+                out.push(match self.slice.position {
+                    Some(first) => {
+                        let positions = places[(from - a) as usize..(to - a) as usize]
+                            .iter()
+                            .map(|&place| first + place - self.slice.skip)
+                            .collect();
+                        super::rows::attach(piece, positions)?
+                    }
+                    None => piece,
+                });
+            }
+            at += n;
+        }
+        self.kept += b - a;
+        Ok((out, below(hi) - below(lo)))
+    }
+
     fn clip(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>> {
         let start = self.seen;
         let end = start + batch.num_rows() as u64;
@@ -475,12 +529,15 @@ impl UnitDecoder {
         let url = self.slice_url(slice).to_string();
         let format = self.prepared.format;
         let state = self.slices[slice];
+        // (A task that may skip records is clipped once it ends: see `clip_skipping`.)
         let mut cutter = match (whole, self.batch_rows, state.after) {
-            (true, Some(batch_rows), Some(after)) => Some(Cutter {
-                state,
-                after,
-                batch_rows: batch_rows as u64,
-            }),
+            (true, Some(batch_rows), Some(after)) if self.on_error != OnError::Skip => {
+                Some(Cutter {
+                    state,
+                    after,
+                    batch_rows: batch_rows as u64,
+                })
+            }
             _ => None,
         };
         let cut = cutter.is_some();
@@ -592,15 +649,27 @@ impl UnitDecoder {
                         });
                     }
                     Ok(Decoding::End(Ok(decoded), state)) => {
-                        self.stats
-                            .skipped_records
-                            .fetch_add(decoded.skipped, Ordering::Relaxed);
                         if let Some(state) = state {
                             self.slices[slice] = state;
                         }
-                        for batch in held.into_iter().chain(decoded.batches) {
-                            if let Err(e) = self.release(slice, batch, cut) {
-                                return Some(Err(e));
+                        let batches = held.into_iter().chain(decoded.batches);
+                        if decoded.skipped.is_empty() {
+                            for batch in batches {
+                                if let Err(e) = self.release(slice, batch, cut) {
+                                    return Some(Err(e));
+                                }
+                            }
+                        } else {
+                            match self.slices[slice]
+                                .clip_skipping(batches.collect(), &decoded.skipped)
+                            {
+                                Ok((kept, skipped)) => {
+                                    self.stats
+                                        .skipped_records
+                                        .fetch_add(skipped, Ordering::Relaxed);
+                                    self.ready.extend(kept);
+                                }
+                                Err(e) => return Some(Err(e)),
                             }
                         }
                     }
