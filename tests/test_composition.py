@@ -259,7 +259,8 @@ def test_combined_datasets_pad_and_drop_once_against_the_total(strategy: str | N
         assert [len(batches) for batches in ranks] == [3, 3], args
     ranks = rank_rows(combined(10), 2, pad=False)
     assert [len(batches) for batches in ranks] == [8, 8]
-    # 13 rows on 4 ranks: one rank pads one row, drop_last drops one row in all.
+    # 13 rows on 4 ranks (4 + 3 + 3 + 3): three ranks pad a row each, to 16 rows;
+    # drop_last drops one row in all.
     parts = [sf.from_dict({"id": np.arange(a, b)}) for a, b in ((0, 5), (5, 9), (9, 13))]
     ds = sf.concatenate(parts) if strategy is None else sf.interleave(parts, stopping_strategy=strategy)
     padded = [i for batches in rank_rows(ds, 4, batch_size=4) for b in batches for i in b]
