@@ -646,8 +646,9 @@ fn last_row_change(ops: &[Op], split: &Split) -> Option<usize> {
 /// The ops a filter pass runs over the origin's rows, when the filters after the
 /// split can be balanced by one: every row-preserving function before the last filter
 /// (in the head too: they make the rows the filters see) and the filters after the
-/// split. `None` when something else changes the rows' number, or nothing does.
-fn filter_pass(ds: &Dataset, head: &Head, split: &Split) -> Option<Vec<Op>> {
+/// split, and the index (after the head) of the last filter. `None` when something
+/// else changes the rows' number, or nothing does.
+fn filter_pass(ds: &Dataset, head: &Head, split: &Split) -> Option<(Vec<Op>, usize)> {
     let (before, ops) = ds.ops.split_at(head.rest);
     let last = last_row_change(ops, split)?;
     // Rows numbered in the origin's order, the same in every epoch: files, or a
@@ -679,7 +680,7 @@ fn filter_pass(ds: &Dataset, head: &Head, split: &Split) -> Option<Vec<Op>> {
             _ => return None,
         }
     }
-    Some(pass)
+    Some((pass, last))
 }
 
 /// Where `run`'s epoch is split between its parts (see [`split`]): where ranks must
@@ -734,14 +735,12 @@ impl Dataset {
         run: &RunOptions,
         all: &RowList,
     ) -> Result<Option<(RowList, RowList, Kept)>> {
-        let ops = &self.ops[head.rest..];
         if !equalizes(run) || matches!(split, Split::Rows { .. }) {
             return Ok(None);
         }
-        let Some(pass) = filter_pass(self, head, split) else {
+        let Some((pass, after)) = filter_pass(self, head, split) else {
             return Ok(None);
         };
-        let after = last_row_change(ops, split).expect("a filter pass has a last filter");
         let through = Dataset {
             origin: self.origin.clone(),
             ops: pass,
