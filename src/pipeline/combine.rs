@@ -3,6 +3,7 @@
 //! needed, so a concatenation of many datasets reads one at a time. How the parts are
 //! divided between the readers of an epoch is [`Combined::plan`].
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -10,7 +11,7 @@ use arrow_schema::SchemaRef;
 
 use super::dataset::{Combined, Dataset, Mix, Stopping};
 use super::ops::{self, Draws};
-use super::plan::RunOptions;
+use super::plan::{HeadKind, RunOptions};
 use super::rng::Rng;
 use super::rows::{self, RowList, Share};
 use super::stats::Stats;
@@ -21,6 +22,9 @@ use crate::error::{Error, Result};
 pub(super) struct Plan {
     /// The reader's share of each part.
     pub(super) shares: Vec<Share>,
+    /// For a part that is itself a combination read as it is: the range of its rows,
+    /// as one reader reads them, that this reader reads (see [`Combined::plan`]).
+    pub(super) slices: Vec<Option<Range<u64>>>,
     /// Rows the reader reads from the parts, and rows it delivers after its stream is
     /// cut or padded to what every reader delivers; `None` when a part's rows are not
     /// known.
@@ -49,8 +53,13 @@ impl Combined {
         .with_share(share)
     }
 
-    /// Every part's rows in `run`'s epoch (all readers' together), when known.
+    /// Every part's rows in `run`'s epoch (all readers' together), when all are known.
     pub(super) fn part_counts(&self, run: &RunOptions, outer: Draws) -> Result<Option<Vec<u64>>> {
+        Ok(self.each_part_count(run, outer)?.into_iter().collect())
+    }
+
+    /// Each part's rows in `run`'s epoch (all readers' together), where known.
+    fn each_part_count(&self, run: &RunOptions, outer: Draws) -> Result<Vec<Option<u64>>> {
         (0..self.parts.len())
             .map(|i| self.parts[i].rows_of_run(&self.part_run(i, run, outer, Share::WHOLE)))
             .collect()
@@ -66,21 +75,46 @@ impl Combined {
     /// many steps. Those lengths come from replaying every reader's draws on row counts
     /// (a pass over the epoch's draws, no data): with `mixed_lengths` false they are
     /// left out (`rows: None` for such mixings).
+    ///
+    /// A part that is itself a combination read as it is (a concatenate or interleave
+    /// with no op that reads its rows by index) is one dataset here: read as a single
+    /// reader reads it, and cut like any other part, so the rows it gives do not depend
+    /// on the division (a nested mix is mixed once, not by each reader from its own
+    /// shares). Each reader reads it up to the end of its range.
     pub(super) fn plan(&self, run: &RunOptions, outer: Draws, mixed_lengths: bool) -> Result<Plan> {
         let share = run.share();
-        let Some(counts) = self.part_counts(run, outer)? else {
+        let counts = self.each_part_count(run, outer)?;
+        // A part read as one dataset: the range of its rows this reader reads (a part's
+        // share is never padded: one range, or none).
+        let slices = |shares: &[Share]| -> Result<Vec<Option<Range<u64>>>> {
+            (0..self.parts.len())
+                .map(|i| {
+                    let head = self.parts[i].head(outer.origin(), run.count_rows)?;
+                    Ok(match (&head.kind, counts[i]) {
+                        (HeadKind::Combined(_), Some(n)) => {
+                            Some(shares[i].of(&[0..n]).0.first().cloned().unwrap_or(0..0))
+                        }
+                        _ => None,
+                    })
+                })
+                .collect()
+        };
+        let Some(counts) = counts.iter().copied().collect::<Option<Vec<u64>>>() else {
             // Rows unknown: every row once, but readers' counts may differ.
             let plain = Share {
                 pad: false,
                 even: false,
                 ..share
             };
+            let shares = vec![plain; self.parts.len()];
             return Ok(Plan {
-                shares: vec![plain; self.parts.len()],
+                slices: slices(&shares)?,
+                shares,
                 rows: None,
             });
         };
         let shares = part_shares(share, &counts);
+        let slices = slices(&shares)?;
         let total: u64 = counts.iter().sum();
         let rows = match &self.mix {
             Some(mix) if mix.stopping != Stopping::AllWithoutReplacement && !mixed_lengths => None,
@@ -146,7 +180,11 @@ impl Combined {
                 Some((of_rank(rank_own), of_rank(rank_target)))
             }
         };
-        Ok(Plan { shares, rows })
+        Ok(Plan {
+            shares,
+            slices,
+            rows,
+        })
     }
 
     /// The combination's rows for `run`'s reader (see [`Combined::plan`]).
@@ -159,15 +197,26 @@ impl Combined {
         // A single reader's mixing ends as its strategy says: no length to share.
         let plan = self.plan(run, outer, run.parts > 1)?;
         let open: Open = {
-            let (c, stats, run, shares) = (
+            let (c, stats, run, shares, slices) = (
                 self.clone(),
                 stats.clone(),
                 run.clone(),
                 plan.shares.clone(),
+                plan.slices.clone(),
             );
             Box::new(move |i| {
-                let stream =
-                    c.parts[i].stream(&c.part_run(i, &run, outer, shares[i]), stats.clone())?;
+                let stream = match &slices[i] {
+                    Some(range) => {
+                        let whole = c.part_run(i, &run, outer, Share::WHOLE);
+                        let read =
+                            ops::Skip::new(c.parts[i].stream(&whole, stats.clone())?, range.start);
+                        Box::new(ops::Take::new(Box::new(read), range.end - range.start))
+                            as BatchIter
+                    }
+                    None => {
+                        c.parts[i].stream(&c.part_run(i, &run, outer, shares[i]), stats.clone())?
+                    }
+                };
                 let (schema, track) = (c.schema.clone(), run.track);
                 Ok(Box::new(stream.map(move |b| {
                     let (b, positions) = rows::detach(b?);
@@ -237,12 +286,16 @@ impl Combined {
         let plan = self.plan(run, outer, false)?;
         let mut all = Vec::new();
         for i in 0..self.parts.len() {
-            all.extend(self.parts[i].planned_rows(&self.part_run(
-                i,
-                run,
-                outer,
-                plan.shares[i],
-            ))?);
+            all.extend(match &plan.slices[i] {
+                Some(range) => rows::sublist(
+                    &self.parts[i].planned_rows(&self.part_run(i, run, outer, Share::WHOLE))?,
+                    range.start,
+                    range.end,
+                ),
+                None => {
+                    self.parts[i].planned_rows(&self.part_run(i, run, outer, plan.shares[i]))?
+                }
+            });
         }
         // (A mixing that repeats rows reads from all of them: its length is not needed.)
         let Some((own, target)) = plan.rows else {

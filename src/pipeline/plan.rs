@@ -32,14 +32,14 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::autotune::Tuning;
-use super::dataset::{Combined, Dataset, Origin};
+use super::dataset::{Combined, Dataset, Origin, Stopping};
 use super::decode::UnitSlice;
 use super::ops::Op;
 use super::random_access::RandomAccess;
 use super::rng::Rng;
 use super::rows::{self, RowList, RowSet, Share};
 use crate::error::{Error, Result};
-use crate::format::PreparedShards;
+use crate::format::{OnError, PreparedShards};
 
 /// How one epoch is run.
 #[derive(Debug, Clone)]
@@ -270,6 +270,8 @@ pub(super) fn rows_through(mut rows: Option<u64>, ops: &[Op]) -> Option<u64> {
             Op::Shuffle { .. } | Op::Permute { .. } => rows,
             Op::Select(indices) => Some(indices.len()),
             Op::Sample { num_samples, .. } => num_samples.or(rows),
+            // Nothing taken is known to be nothing, whatever came before.
+            Op::Take(0) => Some(0),
             Op::Take(n) => rows.map(|r| r.min(*n)),
             Op::Skip(n) => rows.map(|r| r.saturating_sub(*n)),
             Op::Transform(t) if t.preserves_rows() => rows,
@@ -353,7 +355,15 @@ impl Dataset {
         let split = split_for(self, &head, run)?;
         let (rows, rest) = match &split {
             Split::Rows { after } => {
-                let global = rows_through(head.rows, &ops[..*after]);
+                let head_rows = match (&head.kind, head.rows) {
+                    // A mixing's length: its draws replayed on the parts' counts.
+                    (HeadKind::Combined(c), None) => c
+                        .plan(&run.whole(), self.draws(run.epoch), true)?
+                        .rows
+                        .map(|(_, rows)| rows),
+                    (_, rows) => rows,
+                };
+                let global = rows_through(head_rows, &ops[..*after]);
                 (global.map(|t| run.share().rows(t)), *after)
             }
             Split::Units | Split::Window { .. } => match &head.kind {
@@ -524,6 +534,35 @@ impl Dataset {
             }))
     }
 
+    /// Whether unreadable records are skipped (`on_error="skip"`), here or in a part.
+    pub(super) fn skips_records(&self) -> bool {
+        match &self.origin {
+            Origin::Files(source) => source.options.on_error == OnError::Skip,
+            Origin::Combined(c) => c.parts.iter().any(Dataset::skips_records),
+        }
+    }
+
+    /// Whether the rest of an epoch would be mixed anew from the rows left: an interleave
+    /// that repeats or leaves out rows (`first_exhausted`, `all_exhausted`), here or in a
+    /// part, read as a stream (not by index, which reads its mix once). Where such a mix
+    /// ends depends on every row it draws from, so the rows it left out of the epoch
+    /// cannot be told apart from rows still to come, and an elastic resume would lose
+    /// or repeat rows: the epoch resumes only on the division that saved it.
+    pub fn remixes(&self) -> bool {
+        if self.ops.iter().any(Op::needs_index) {
+            return false;
+        }
+        match &self.origin {
+            Origin::Combined(c) => {
+                c.mix
+                    .as_ref()
+                    .is_some_and(|m| m.stopping != Stopping::AllWithoutReplacement)
+                    || c.parts.iter().any(Dataset::remixes)
+            }
+            _ => false,
+        }
+    }
+
     /// The rows (tagged positions) part `run.part` reads this epoch, padding included,
     /// in order: what an epoch's rows are made of, for elastic resume.
     pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
@@ -652,11 +691,13 @@ fn filter_pass(ds: &Dataset, head: &Head, split: &Split) -> Option<(Vec<Op>, usi
     let (before, ops) = ds.ops.split_at(head.rest);
     let last = last_row_change(ops, split)?;
     // Rows numbered in the origin's order, the same in every epoch: files, or a
-    // concatenation of datasets read by index (not a mix, which draws anew).
+    // concatenation of datasets read by index (not a mix, which draws anew). Records
+    // skipped as unreadable (`on_error="skip"`) have no row for the pass to run the
+    // filters on: such rows are dealt.
     let origin = match &ds.origin {
         Origin::Files(_) => true,
         Origin::Combined(c) => c.mix.is_none() && c.parts.iter().all(Dataset::addressable),
-    };
+    } && !ds.skips_records();
     if !origin || matches!(head.kind, HeadKind::Combined(_)) || head.rows.is_none() {
         return None;
     }
@@ -745,8 +786,12 @@ impl Dataset {
             origin: self.origin.clone(),
             ops: pass,
         };
-        // The origin's rows the filters keep, ascending.
-        let kept = through.random_access(0)?.source_rows();
+        // The origin's rows the filters keep, ascending, as this epoch draws them: a
+        // part of a concatenation that shuffles after a take numbers its rows anew
+        // each epoch.
+        let kept = through
+            .random_access_with(self.draws(run.epoch))?
+            .source_rows();
         let positions = match &head.kind {
             HeadKind::Units(prepared) => {
                 kept_positions(prepared, &self.unit_order(prepared, run.epoch), &kept)

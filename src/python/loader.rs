@@ -299,6 +299,11 @@ impl PyDataLoader {
                 }
             }
         }
+        if !delivered.is_empty() && dataset.remixes() {
+            return Err(crate::error::Error::invalid_argument(
+                "this pipeline has an interleave that repeats or leaves out rows (stopping_strategy first_exhausted or all_exhausted), whose mix ends where its rows run out, so the rest of an epoch cannot be mixed anew from the rows left; such an epoch can resume only on the same number of ranks and workers (all_exhausted_without_replacement resumes on another)",
+            ));
+        }
         Ok(epoch_rows.difference(&delivered))
     }
 

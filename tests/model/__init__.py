@@ -173,10 +173,14 @@ def reads_by_index(op: Op) -> bool:
 
 @dataclass(frozen=True)
 class Source:
-    """A plain dataset: its shards as listed (sorted), each a tuple of row ids."""
+    """A plain dataset: its shards as listed (sorted), each a tuple of row ids. ``skip``:
+    read with ``on_error="skip"``, ``bad`` the ids whose records cannot be decoded (see
+    :func:`skipping`)."""
 
     shards: tuple[tuple[int, ...], ...]
     ops: tuple[Op, ...] = ()
+    skip: bool = False
+    bad: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,51 @@ def plan_known(ds: Dataset) -> bool:
     if any(isinstance(op, (Filter, FlatMap)) for op in ds.ops[indexed[-1] + 1 if indexed else 0 :]):
         return False
     return bool(indexed) or isinstance(ds, Source) or all(plan_known(p) for p in ds.parts)
+
+
+def nested(ds: Dataset) -> bool:
+    """Whether a part of a combination is itself a combination read as it is (no op
+    that reads its rows by index, which would read them once, as a list). Such a part is
+    one dataset to the combination holding it: read as a single reader reads it (a
+    nested interleave is mixed once, not by each reader from its own shares) and cut
+    like any other part, so its rows do not depend on the division."""
+    return not isinstance(ds, Source) and not any(reads_by_index(op) for op in ds.ops)
+
+
+def remixes(ds: Dataset) -> bool:
+    """Whether the rest of an epoch would be mixed anew from the rows left: an
+    interleave that repeats or leaves out rows (first_exhausted, all_exhausted), here or
+    in a part, read as a stream. Where such a mix ends depends on every row it draws
+    from, so an epoch of it resumes only on the division that saved it."""
+    if isinstance(ds, Source) or any(reads_by_index(op) for op in ds.ops):
+        return False
+    here = isinstance(ds, Interleave) and ds.stopping != "all_exhausted_without_replacement"
+    return here or any(remixes(p) for p in ds.parts)
+
+
+def skipping(ds: Source, div: Division | None = None) -> tuple[Source, str]:
+    """Where records skipped as unreadable (``on_error="skip"``, ids ``ds.bad``) leave
+    the rows: a skipped record has no row, but keeps its place. Where the division cuts
+    record positions (:func:`anatomy` "contiguous": the global take/skip count records,
+    a part's share is a run of records, padding included), each part delivers its share
+    less the skipped records ("in place": ranks can differ by the records they skip).
+    Where every part reads the stream ("dealt"), the stream never holds them: the ops
+    count the rows decoded ("before"). Returns the dataset with its records all readable
+    and which of the two."""
+    readable = replace(ds, skip=False, bad=frozenset())
+    return readable, ("before" if anatomy(ds, div).how == "dealt" else "in place")
+
+
+def skips(ds: Source, div: Division, epoch: int = 0) -> dict[tuple[int, int], int] | None:
+    """How many records each part counts as skipped where they are skipped in place
+    (:func:`skipping`): those of its share, padding included, so each once across the
+    parts but for padding. ``None`` where every part reads the stream (each counts what
+    it read)."""
+    readable, where = skipping(ds, div)
+    if where == "before":
+        return None
+    whole = contiguous(rows(prefix(readable, anatomy(ds, div).global_ops), epoch), div)
+    return {key: sum(i in ds.bad for i in part) for key, part in whole.items()}
 
 
 def seeded(ds: Dataset) -> bool:
@@ -381,6 +430,8 @@ def rows(ds: Dataset, epoch: int = 0, observe: Observe | None = None) -> list[in
     worker): shards in the order listed, rows in file order, parts of a concatenation
     one after another, an interleave mixed from its parts' whole rows, then every op in
     chain order, each drawing for :func:`draw_epoch`."""
+    if isinstance(ds, Source) and ds.skip:
+        return parts(ds, Division(), epoch, observe)[(0, 0)]
     out = origin_rows(ds, origin_epoch(ds, epoch), observe)
     for stage, op in enumerate(ds.ops):
         if isinstance(op, (Shuffle, WeightedSample)):
@@ -721,7 +772,8 @@ def combined_parts(
     """A concatenate or interleave read as it is (no take/skip or index op after it).
 
     concatenate: each part reads its share (:func:`shares`) of dataset 0, then of
-    dataset 1, ..., then is :func:`balanced`.
+    dataset 1, ..., then is :func:`balanced`. A :func:`nested` dataset is one dataset
+    here: its rows as one part reads them, cut like any other's.
 
     interleave: each part mixes its own shares. Round-robin parts are brought to one
     length, so every rank takes as many steps: ``first_exhausted`` cuts every part's mix
@@ -774,12 +826,16 @@ def unplanned_shares(
 ) -> dict[tuple[int, int], list[list[int]]]:
     """Each part's rows of each dataset of a combination whose rows the division does
     not know: every dataset divided as if read alone (contiguous, no padding, nothing
-    dropped), its ops run on each part's share."""
+    dropped), its ops run on each part's share; a :func:`nested` combination whose rows
+    are known, as one dataset."""
     plain = Division(div.world_size, div.num_workers, drop_last=False, pad=False)
     e = origin_epoch(ds, epoch)
     own: dict[tuple[int, int], list[list[int]]] = {key: [] for key in div.keys()}
     for p in ds.parts:
-        divided = parts(p, plain, e, observe)
+        if nested(p) and plan_known(p):
+            divided = contiguous(rows(p, e, observe), plain)
+        else:
+            divided = parts(p, plain, e, observe)
         for key in own:
             own[key].append(divided[key])
     return own
@@ -836,7 +892,8 @@ def anatomy(ds: Dataset, div: Division | None = None) -> Anatomy:
         return Anatomy(changes[-1] + 1 if changes else 0, "dealt")
     if not equalizes(div) or not changes:
         return base
-    files = isinstance(ds, Source) or isinstance(ds, Concatenate) and all(addressable(p) for p in ds.parts)
+    # (Skipped records have no row for the filters' pass to run on: dealt.)
+    files = isinstance(ds, Source) and not ds.skip or isinstance(ds, Concatenate) and all(addressable(p) for p in ds.parts)
     if base.how == "contiguous" and files and all(isinstance(ops[i], Filter) for i in changes):
         return Anatomy(base.global_ops, "kept", changes[-1] + 1)
     return Anatomy(changes[-1] + 1, "dealt")
@@ -849,7 +906,15 @@ def parts(
     batching. Raises :class:`NotExact` where chance decides them per part,
     :class:`Refused` where the engine must raise."""
     a = anatomy(ds, div)
-    if a.how == "combined":
+    if isinstance(ds, Source) and ds.skip:
+        readable, where = skipping(ds, div)
+        if where == "before":
+            good = tuple(tuple(i for i in shard if i not in ds.bad) for shard in ds.shards)
+            divided = dealt(rows(prefix(replace(readable, shards=good), a.global_ops), epoch, observe), div)
+        else:
+            whole = contiguous(rows(prefix(readable, a.global_ops), epoch, observe), div)
+            divided = {key: [i for i in part if i not in ds.bad] for key, part in whole.items()}
+    elif a.how == "combined":
         assert not isinstance(ds, Source)
         divided = combined_parts(ds, div, epoch, observe)
     elif a.how == "kept":
@@ -1123,8 +1188,9 @@ def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence
     dealt round-robin (:func:`dealt`: every part read the whole stream up to the last
     take/skip, or after a flat_map or filter on a division that equalizes its ranks:
     see :func:`anatomy`; the old and new ``divisions``) resume only on the division
-    that dealt them. An epoch nothing of which was delivered yet resumes anywhere: it
-    starts afresh."""
+    that dealt them, and a mix that :func:`remixes` only on the division that mixed
+    it. An epoch nothing of which was delivered yet resumes anywhere: it starts
+    afresh."""
 
     def has_flat_map(d: Dataset) -> bool:
         return any(isinstance(op, FlatMap) for op in d.ops) or (
@@ -1134,19 +1200,7 @@ def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence
     if not delivered:
         return True
     dealt = any(anatomy(ds, div).how == "dealt" for div in (None, *divisions))
-    return not dealt and not has_flat_map(ds)
-
-
-def epoch_depends_on_division(ds: Dataset) -> bool:
-    """Whether the rows an epoch delivers depend on its division: an interleave whose
-    parts mix their own shares to the shortest or the longest mix (first_exhausted,
-    all_exhausted). The semantics do not say what resuming such an epoch on another
-    division gives."""
-    return (
-        isinstance(ds, Interleave)
-        and ds.stopping != "all_exhausted_without_replacement"
-        and anatomy(ds).how == "combined"
-    )
+    return not dealt and not has_flat_map(ds) and not remixes(ds)
 
 
 def check_resumed(
