@@ -350,3 +350,26 @@ def test_hub_ranks_and_torch_workers_list_the_repo_once_per_process(hub: HubServ
     assert len(got[0]) == len(got[1]) == 200 and sorted(got[0] + got[1]) == list(range(400))
     pages = -(-50 // hub.page_size)
     assert hub.counts["info"] == 2 and hub.counts["tree"] == 2 * pages, hub.counts
+
+
+def test_spawned_workers_read_no_footer_the_parent_read(hub: HubServer, hub_env: dict[str, str]) -> None:
+    """A pickled dataset carries the Parquet footers its process read, so 2 spawned torch
+    workers rebuilding it make no more requests for the repo's files than 2 forked ones
+    (which inherit them): without it, each spawned worker read all 50 footers again."""
+    code = (
+        "import sys, torch, shardflow as sf\n"
+        "from shardflow.torch import IterableDataset\n"
+        "ds = sf.load_dataset('org/many', split='train')\n"
+        "it = IterableDataset(ds, batch_size=8)\n"
+        "assert len(ds) == 400  # the parent reads the footers (as a trainer asking len() does)\n"
+        "loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=2, multiprocessing_context=sys.argv[1])\n"
+        "print(sorted(int(i) for b in loader for i in b['id']))\n"
+    )
+    requests = {}
+    for context in ("fork", "spawn"):
+        hub.reset_counts()
+        run = subprocess.run([sys.executable, "-c", code, context], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert json.loads(run.stdout.splitlines()[-1]) == list(range(400))
+        requests[context] = hub.counts["resolve-get"] + hub.counts["storage-get"]  # the files' reads
+    assert 0 < requests["spawn"] <= requests["fork"], requests

@@ -15,6 +15,7 @@ __all__ = [
     "Schema",
     "_ArrowBuffer",
     "__version__",
+    "_give_footers",
     "_list_files",
     "_read_file",
     "_redact",
@@ -32,6 +33,7 @@ _Source = str | PathLike[str] | list[str | PathLike[str]] | tuple[str | PathLike
 __version__: str
 
 def _redact(text: str) -> str: ...
+def _give_footers(footers: list[tuple[str, int, bytes]]) -> None: ...
 
 def dataset(
     source: _Source,
@@ -157,7 +159,7 @@ class Dataset:
     @property
     def column_names(self) -> list[str]: ...
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object: ...
-    def __reduce__(self) -> tuple[Any, tuple[list[tuple[str, Any]]]]: ...
+    def __reduce__(self) -> tuple[Any, tuple[list[tuple[str, Any]], int, list[tuple[str, int, bytes]]]]: ...
     def _column_types(self) -> list[dict[str, Any]]: ...
     def write(
         self,

@@ -19,6 +19,7 @@ pub mod npy;
 pub mod npz;
 pub mod parquet;
 mod parquet_dictionary;
+pub mod parquet_footers;
 pub mod raw;
 mod reader;
 mod records;

@@ -21,6 +21,7 @@ use parquet::file::metadata::{ColumnChunkMetaData, PageIndexPolicy, ParquetMetaD
 use parquet::file::reader::{ChunkReader, Length};
 
 use super::parquet_dictionary::{DictionaryColumn, MIN_DICTIONARY_BYTES};
+use super::parquet_footers;
 use super::{
     BatchSink, Decoded, Format, OnError, PreparedShards, ReadOptions, UnitJob, UnitJobs, WorkUnit,
     per_shard,
@@ -194,15 +195,26 @@ async fn read_metadata(source: &dyn Source, size: u64) -> Result<ArrowReaderMeta
     // rows fetch and decode only their pages. Files that have none, or a broken one, are
     // read without it: a row group's column chunks whole, as before.
     let mut offset_index = PageIndexPolicy::Optional;
+    // A footer carried by a pickled dataset, read by the process that pickled it.
+    let mut given = parquet_footers::given(url, size);
     loop {
-        let tail = source.read_range(size - want..size).await?;
+        let carried = given.take();
+        let tail = match &carried {
+            Some(tail) => tail.clone(),
+            None => source.read_range(size - want..size).await?,
+        };
         let mut reader = ParquetMetaDataReader::new().with_offset_index_policy(offset_index);
         match reader.try_parse_sized(&tail, size) {
             Ok(()) => {
                 let metadata = reader.finish().map_err(corrupt)?;
+                if carried.is_none() {
+                    parquet_footers::remember(url, size, tail);
+                }
                 return ArrowReaderMetadata::try_new(Arc::new(metadata), ArrowReaderOptions::new())
                     .map_err(corrupt);
             }
+            // (A carried footer that does not parse is read from the file instead.)
+            Err(_) if carried.is_some() => {}
             Err(ParquetError::NeedMoreData(needed))
                 if (needed as u64) > want && (needed as u64) <= size =>
             {

@@ -542,12 +542,14 @@ impl Dataset {
         }
     }
 
-    /// Whether the rest of an epoch would be mixed anew from the rows left: an interleave
-    /// that repeats or leaves out rows (`first_exhausted`, `all_exhausted`), here or in a
-    /// part, read as a stream (not by index, which reads its mix once). Where such a mix
-    /// ends depends on every row it draws from, so the rows it left out of the epoch
-    /// cannot be told apart from rows still to come, and an elastic resume would lose
-    /// or repeat rows: the epoch resumes only on the division that saved it.
+    /// Whether the rest of an epoch would be mixed anew from the rows left by an
+    /// interleave that leaves rows out (`first_exhausted`), here or in a part, read as a
+    /// stream (not by index, which reads its mix once). Where such a mix ends depends on
+    /// every row it draws from, so the rows it left out of the epoch cannot be told apart
+    /// from rows still to come, and an elastic resume would lose rows or deliver rows the
+    /// epoch left out: the epoch resumes only on the division that saved it. (An
+    /// `all_exhausted` mix of the rows left still delivers each of them, repeating some,
+    /// as that strategy does.)
     pub fn remixes(&self) -> bool {
         if self.ops.iter().any(Op::needs_index) {
             return false;
@@ -556,7 +558,7 @@ impl Dataset {
             Origin::Combined(c) => {
                 c.mix
                     .as_ref()
-                    .is_some_and(|m| m.stopping != Stopping::AllWithoutReplacement)
+                    .is_some_and(|m| m.stopping == Stopping::FirstExhausted)
                     || c.parts.iter().any(Dataset::remixes)
             }
             _ => false,

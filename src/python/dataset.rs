@@ -801,13 +801,23 @@ impl PyDataset {
     fn __reduce__<'py>(
         &self,
         py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyList>, u64))> {
+    ) -> PyResult<(
+        Bound<'py, PyAny>,
+        (Bound<'py, PyList>, u64, Bound<'py, PyList>),
+    )> {
         let rebuild = py.import("shardflow._recipe")?.getattr("rebuild")?;
         let steps = PyList::empty(py);
         for (method, args) in &self.recipe {
             steps.append((*method, args.bind(py)))?;
         }
-        Ok((rebuild, (steps, self.current_epoch())))
+        // The Parquet footers read of its files travel with it, so that a spawned
+        // worker rebuilding it does not read them again.
+        let urls: Vec<String> = self.inner.shards().into_iter().map(|s| s.url).collect();
+        let footers = PyList::empty(py);
+        for (url, size, tail) in crate::format::parquet_footers::of_files(&urls) {
+            footers.append((url, size, pyo3::types::PyBytes::new(py, &tail)))?;
+        }
+        Ok((rebuild, (steps, self.current_epoch(), footers)))
     }
 
     /// Number of samples; stream formats are indexed to count them. Where an op decides

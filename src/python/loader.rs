@@ -301,7 +301,7 @@ impl PyDataLoader {
         }
         if !delivered.is_empty() && dataset.remixes() {
             return Err(crate::error::Error::invalid_argument(
-                "this pipeline has an interleave that repeats or leaves out rows (stopping_strategy first_exhausted or all_exhausted), whose mix ends where its rows run out, so the rest of an epoch cannot be mixed anew from the rows left; such an epoch can resume only on the same number of ranks and workers (all_exhausted_without_replacement resumes on another)",
+                "this pipeline has an interleave with stopping_strategy=\"first_exhausted\", whose mix ends where one dataset's rows run out, leaving the others' last rows out, so the rest of an epoch cannot be mixed anew from the rows left; such an epoch can resume only on the same number of ranks and workers (the all_exhausted strategies resume on another)",
             ));
         }
         Ok(epoch_rows.difference(&delivered))

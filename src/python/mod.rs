@@ -27,8 +27,22 @@ fn _redact(text: &str) -> String {
     crate::source::redact(text).into_owned()
 }
 
+/// Parquet footers carried by an unpickled dataset (see `Dataset.__reduce__`), used in
+/// place of reading them again.
+#[pyfunction]
+fn _give_footers(footers: Vec<(String, u64, Vec<u8>)>) {
+    crate::format::parquet_footers::give(
+        footers
+            .into_iter()
+            .map(|(url, size, tail)| (url, size, bytes::Bytes::from(tail)))
+            .collect(),
+    );
+}
+
 #[pymodule]
 mod _native {
+    #[pymodule_export]
+    use super::_give_footers;
     #[pymodule_export]
     use super::_redact;
     #[pymodule_export]

@@ -20,7 +20,9 @@ workers; part ``(rank, worker)``. Division, in order of what decides it:
    contiguous runs (:func:`contiguous`), or, when a filter, flat_map, buffered shuffle,
    concatenate or interleave comes before the last take/skip, round-robin
    (:func:`dealt`); a concatenate/interleave read without any take/skip/index op is
-   divided part by part (:func:`combined_parts`).
+   divided part by part (:func:`combined_parts`), a combination nested in it being one
+   dataset there (:func:`nested`). Records skipped as unreadable keep their places
+   (:func:`skipping`).
 3. **Per-part ops.** The ops after that (map, filter, flat_map, a buffered shuffle, the
    loader's own ``shuffle=True``) run on each part's rows, padding included.
 4. **Batching** (:func:`batches`): each part's rows cut into batches; ``drop_last`` drops a
@@ -257,15 +259,16 @@ def nested(ds: Dataset) -> bool:
     return not isinstance(ds, Source) and not any(reads_by_index(op) for op in ds.ops)
 
 
-def remixes(ds: Dataset) -> bool:
-    """Whether the rest of an epoch would be mixed anew from the rows left: an
-    interleave that repeats or leaves out rows (first_exhausted, all_exhausted), here or
-    in a part, read as a stream. Where such a mix ends depends on every row it draws
-    from, so an epoch of it resumes only on the division that saved it."""
+def remixes(ds: Dataset, stopping: str = "first_exhausted") -> bool:
+    """Whether the rest of an epoch would be mixed anew from the rows left by an
+    interleave of this stopping strategy, here or in a part, read as a stream. Where a
+    first_exhausted mix ends depends on every row it draws from, so an epoch of it
+    resumes only on the division that saved it; an all_exhausted mix of the rows left
+    delivers each of them, repeating some."""
     if isinstance(ds, Source) or any(reads_by_index(op) for op in ds.ops):
         return False
-    here = isinstance(ds, Interleave) and ds.stopping != "all_exhausted_without_replacement"
-    return here or any(remixes(p) for p in ds.parts)
+    here = isinstance(ds, Interleave) and ds.stopping == stopping
+    return here or any(remixes(p, stopping) for p in ds.parts)
 
 
 def skipping(ds: Source, div: Division | None = None) -> tuple[Source, str]:
