@@ -215,3 +215,32 @@ def test_empty_file_with_untyped_columns_does_not_veto_the_schema(tmp_path: Path
     assert pa.array([]).type == pa.null()
     ds = sf.dataset(str(tmp_path / "*.parquet"))
     assert list(ds) == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
+
+
+def test_a_pickled_dataset_carries_its_files_footers_and_no_more(tmp_path: Path) -> None:
+    """After its footers are read, a pickled dataset carries them (for spawned workers:
+    tests/test_hub.py counts the requests it saves), each the file's footer and offset
+    index, not the 64 KiB read that found it; rebuilt in a fresh process from them, it
+    reads the same rows."""
+    import pickle
+    import subprocess
+    import sys
+
+    paths = []
+    for i in range(20):
+        path = tmp_path / f"part-{i:02d}.parquet"
+        pq.write_table(pa.table({"id": np.arange(i * 5000, (i + 1) * 5000), "x": np.random.default_rng(i).random(5000)}), path, row_group_size=1000)
+        paths.append(str(path))
+    ds = sf.dataset(paths)
+    bare = len(pickle.dumps(ds))
+    assert len(ds) == 100_000  # reads every footer
+    carried = len(pickle.dumps(ds)) - bare
+    footers = sum(int.from_bytes(Path(p).read_bytes()[-8:-4], "little") + 8 for p in paths)
+    assert footers < carried < 2 * footers + 20 * 1024, (carried, footers)
+    code = (
+        "import pickle, sys, numpy as np, shardflow as sf\n"
+        "ds = pickle.loads(sys.stdin.buffer.read())\n"
+        "print(int(np.concatenate([b['id'] for b in sf.DataLoader(ds, batch_size=4096)]).sum()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(ds), capture_output=True, check=True)
+    assert int(out.stdout) == sum(range(100_000))

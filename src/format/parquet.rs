@@ -17,7 +17,9 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::basic::{Compression, Type as PhysicalType};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{ColumnChunkMetaData, PageIndexPolicy, ParquetMetaDataReader};
+use parquet::file::metadata::{
+    ColumnChunkMetaData, PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader,
+};
 use parquet::file::reader::{ChunkReader, Length};
 
 use super::parquet_dictionary::{DictionaryColumn, MIN_DICTIONARY_BYTES};
@@ -208,7 +210,7 @@ async fn read_metadata(source: &dyn Source, size: u64) -> Result<ArrowReaderMeta
             Ok(()) => {
                 let metadata = reader.finish().map_err(corrupt)?;
                 if carried.is_none() {
-                    parquet_footers::remember(url, size, tail);
+                    parquet_footers::remember(url, size, footer_bytes(&tail, size, &metadata));
                 }
                 return ArrowReaderMetadata::try_new(Arc::new(metadata), ArrowReaderOptions::new())
                     .map_err(corrupt);
@@ -225,6 +227,31 @@ async fn read_metadata(source: &dyn Source, size: u64) -> Result<ArrowReaderMeta
             }
             Err(e) => return Err(corrupt(e)),
         }
+    }
+}
+
+/// The end of `tail` (the last bytes of a file of `size` bytes) that its metadata was
+/// parsed from: the footer and the offset index before it, not the rest of the guess.
+fn footer_bytes(tail: &Bytes, size: u64, metadata: &ParquetMetaData) -> Bytes {
+    let read_from = size - tail.len() as u64;
+    let Some(length) = tail
+        .len()
+        .checked_sub(8)
+        .and_then(|at| tail.get(at..at + 4))
+    else {
+        return tail.clone();
+    };
+    let length = u32::from_le_bytes([length[0], length[1], length[2], length[3]]) as u64;
+    let offset_index = metadata
+        .row_groups()
+        .iter()
+        .flat_map(|group| group.columns())
+        .filter_map(|column| column.offset_index_offset())
+        .filter_map(|offset| u64::try_from(offset).ok());
+    let start = offset_index.fold(size.saturating_sub(length + 8), u64::min);
+    match start.checked_sub(read_from) {
+        Some(skip) if (skip as usize) < tail.len() => tail.slice(skip as usize..),
+        _ => tail.clone(),
     }
 }
 

@@ -1190,20 +1190,26 @@ def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence
     delivered rows' positions in the epoch, which a flat_map's rows lack; and rows
     dealt round-robin (:func:`dealt`: every part read the whole stream up to the last
     take/skip, or after a flat_map or filter on a division that equalizes its ranks:
-    see :func:`anatomy`; the old and new ``divisions``) resume only on the division
-    that dealt them, and a mix that :func:`remixes` only on the division that mixed
-    it. An epoch nothing of which was delivered yet resumes anywhere: it starts
-    afresh."""
+    see :func:`anatomy`; the old and new ``divisions``; or in a :func:`nested` part, a
+    take/skip after a combination) resume only on the division that dealt them, and a
+    mix that :func:`remixes` only on the division that mixed it. An epoch nothing of
+    which was delivered yet resumes anywhere: it starts afresh."""
 
     def has_flat_map(d: Dataset) -> bool:
         return any(isinstance(op, FlatMap) for op in d.ops) or (
             not isinstance(d, Source) and any(has_flat_map(p) for p in d.parts)
         )
 
+    def deals(d: Dataset, divs: Sequence[Division | None]) -> bool:
+        # Here, or in a part read as it is (a take/skip after a combination nested in
+        # one: the part is read whole, as one reader reads it).
+        if any(anatomy(d, div).how == "dealt" for div in divs):
+            return True
+        return nested(d) and any(deals(p, [None]) for p in d.parts)
+
     if not delivered:
         return True
-    dealt = any(anatomy(ds, div).how == "dealt" for div in (None, *divisions))
-    return not dealt and not has_flat_map(ds) and not remixes(ds)
+    return not deals(ds, [None, *divisions]) and not has_flat_map(ds) and not remixes(ds)
 
 
 def check_resumed(
