@@ -11,7 +11,7 @@ use arrow_schema::SchemaRef;
 
 use super::dataset::{Combined, Dataset, Mix, Stopping};
 use super::ops::{self, Draws};
-use super::plan::{HeadKind, RunOptions};
+use super::plan::RunOptions;
 use super::rng::Rng;
 use super::rows::{self, RowList, Share};
 use super::stats::Stats;
@@ -86,16 +86,13 @@ impl Combined {
         let counts = self.each_part_count(run, outer)?;
         // A part read as one dataset: the range of its rows this reader reads (a part's
         // share is never padded: one range, or none).
-        let slices = |shares: &[Share]| -> Result<Vec<Option<Range<u64>>>> {
+        let slices = |shares: &[Share]| -> Vec<Option<Range<u64>>> {
             (0..self.parts.len())
-                .map(|i| {
-                    let head = self.parts[i].head(outer.origin(), run.count_rows)?;
-                    Ok(match (&head.kind, counts[i]) {
-                        (HeadKind::Combined(_), Some(n)) => {
-                            Some(shares[i].of(&[0..n]).0.first().cloned().unwrap_or(0..0))
-                        }
-                        _ => None,
-                    })
+                .map(|i| match counts[i] {
+                    Some(n) if self.parts[i].streamed_combination().is_some() => {
+                        Some(shares[i].of(&[0..n]).0.first().cloned().unwrap_or(0..0))
+                    }
+                    _ => None,
                 })
                 .collect()
         };
@@ -108,13 +105,13 @@ impl Combined {
             };
             let shares = vec![plain; self.parts.len()];
             return Ok(Plan {
-                slices: slices(&shares)?,
+                slices: slices(&shares),
                 shares,
                 rows: None,
             });
         };
         let shares = part_shares(share, &counts);
-        let slices = slices(&shares)?;
+        let slices = slices(&shares);
         let total: u64 = counts.iter().sum();
         let rows = match &self.mix {
             Some(mix) if mix.stopping != Stopping::AllWithoutReplacement && !mixed_lengths => None,

@@ -551,17 +551,21 @@ impl Dataset {
     /// `all_exhausted` mix of the rows left still delivers each of them, repeating some,
     /// as that strategy does.)
     pub fn remixes(&self) -> bool {
-        if self.ops.iter().any(Op::needs_index) {
-            return false;
-        }
+        self.streamed_combination().is_some_and(|c| {
+            c.mix
+                .as_ref()
+                .is_some_and(|m| m.stopping == Stopping::FirstExhausted)
+                || c.parts.iter().any(Dataset::remixes)
+        })
+    }
+
+    /// The combination this dataset reads as a stream (its head is the combination
+    /// itself: no op after it reads rows by index), if it is one. What [`Dataset::head`]
+    /// would make a `HeadKind::Combined`, without building the head.
+    pub(super) fn streamed_combination(&self) -> Option<&Combined> {
         match &self.origin {
-            Origin::Combined(c) => {
-                c.mix
-                    .as_ref()
-                    .is_some_and(|m| m.stopping == Stopping::FirstExhausted)
-                    || c.parts.iter().any(Dataset::remixes)
-            }
-            _ => false,
+            Origin::Combined(c) if !self.ops.iter().any(Op::needs_index) => Some(c),
+            _ => None,
         }
     }
 

@@ -13,7 +13,8 @@ use super::dataset::{Combined, DataSource, Dataset, Origin};
 use super::decode::{self, UnitSlice};
 use super::ops::{self, BatchTransform, Draws, Op};
 use super::plan::{
-    Head, HeadKind, ROWS_SPLIT_NOT_ELASTIC, RunOptions, Split, rows_through, split_for, unit_slices,
+    Head, HeadKind, PartRows, ROWS_SPLIT_NOT_ELASTIC, RunOptions, Split, rows_through, split_for,
+    unit_slices,
 };
 use super::prefetch::{self, BatchReceiver};
 use super::random_access::RandomAccess;
@@ -179,13 +180,13 @@ impl Dataset {
         Ok(read)
     }
 
-    /// The head's rows for part `run.part` of `run.parts`.
-    /// `batch_rows`: the rows of the loader's batches, when the head's batches go to its
+    /// The head's rows for part `run.part` of `run.parts`: `part`, the rows of the head it
+    /// reads ([`Dataset::part_rows`], `None` where they are not known). `batch_rows`: the rows of the loader's batches, when the head's batches go to its
     /// re-batching unchanged (the decode tasks then cut them at its boundaries).
     pub(super) fn head_stream(
         &self,
         head: &Head,
-        split: &Split,
+        part: Option<PartRows>,
         run: &RunOptions,
         stats: &Arc<Stats>,
         batch_rows: Option<usize>,
@@ -198,7 +199,7 @@ impl Dataset {
                     std::sync::atomic::Ordering::Relaxed,
                 );
                 let order = self.unit_order(prepared, run.epoch);
-                let planned = self.part_rows(head, split, run)?.and_then(|part| {
+                let planned = part.and_then(|part| {
                     // Behind a balanced filter, padding is counted where it is kept.
                     let share = match part.kept {
                         Some(_) => u64::MAX,
@@ -248,9 +249,8 @@ impl Dataset {
                 Box::new(ops::Padding::new(Box::new(decoder), share, stats.clone()))
             }
             HeadKind::Indexed(access) => {
-                let part = self
-                    .part_rows(head, split, run)?
-                    .ok_or_else(|| Error::Internal("an indexed head knows its rows".into()))?;
+                let part =
+                    part.ok_or_else(|| Error::Internal("an indexed head knows its rows".into()))?;
                 // Behind a balanced filter, padding is counted where it is kept.
                 let share = match part.kept {
                     Some(_) => u64::MAX,
@@ -290,16 +290,16 @@ impl Dataset {
         let draws = self.draws(run.epoch);
         let ops = &self.ops[head.rest..];
         let split = split_for(self, &head, run)?;
+        // The rows of the head a reader of `run` reads (a combination plans its own).
+        let part_of = |run: &RunOptions| -> Result<Option<PartRows>> {
+            match head.kind {
+                HeadKind::Combined(_) => Ok(None),
+                _ => self.part_rows(&head, &split, run),
+            }
+        };
         // Behind a filter balanced by its pass, the rows it keeps past the part's share
         // are its padding.
-        let kept = match &split {
-            Split::Units | Split::Window { .. } if !matches!(head.kind, HeadKind::Combined(_)) => {
-                self.part_rows(&head, &split, run)?
-                    .and_then(|part| part.kept)
-            }
-            _ => None,
-        };
-        let mut stream = match &split {
+        let (mut stream, kept) = match &split {
             Split::Rows { .. } => {
                 if run.remaining.is_some() {
                     return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
@@ -311,7 +311,10 @@ impl Dataset {
                     track: indexed,
                     ..run.whole()
                 };
-                self.head_stream(&head, &split, &whole, &stats, None)?
+                (
+                    self.head_stream(&head, part_of(&whole)?, &whole, &stats, None)?,
+                    None,
+                )
             }
             Split::Units | Split::Window { .. } => {
                 // The head's batches go straight to re-batching when every op after the
@@ -319,7 +322,12 @@ impl Dataset {
                 let direct = run.skip_rows == 0
                     && ops.iter().enumerate().all(|(i, op)| split.applies(i, op));
                 let batch_rows = run.batch_rows.filter(|_| direct);
-                self.head_stream(&head, &split, run, &stats, batch_rows)?
+                let part = part_of(run)?;
+                let kept = part.as_ref().and_then(|part| part.kept);
+                (
+                    self.head_stream(&head, part, run, &stats, batch_rows)?,
+                    kept,
+                )
             }
         };
         // This part's rows of the whole stream so far (`Split::Rows`), of `global` rows
