@@ -133,6 +133,12 @@ pub enum Error {
     #[error("{}", redact(.0))]
     InvalidArgument(String),
 
+    /// A row a chat template or tokenizer cannot turn into tokens (no messages, content
+    /// of the wrong type, the template's own `raise_exception`): the message names the
+    /// row.
+    #[error("{0}")]
+    Template(String),
+
     /// An error raised by a user function (map/filter/...); carried through unchanged.
     #[error("{0}")]
     Callback(Box<dyn std::error::Error + Send + Sync>),

@@ -48,6 +48,8 @@ pub mod options;
 pub mod pipeline;
 #[doc(hidden)]
 pub mod source;
+
+pub mod text;
 #[doc(hidden)]
 pub mod write;
 

@@ -22,6 +22,7 @@ from shardflow._native import (
     RecordBatch,
     SampleIterator,
     Schema,
+    Tokenizer,
     concatenate,
     dataset,
     from_arrow,
@@ -42,6 +43,7 @@ from shardflow.errors import (
     ReadError,
     SchemaError,
     ShardflowError,
+    TemplateError,
     WriteError,
 )
 
@@ -65,6 +67,8 @@ __all__ = [
     "Schema",
     "SchemaError",
     "ShardflowError",
+    "TemplateError",
+    "Tokenizer",
     "VarLen",
     "WriteError",
     "__version__",

@@ -13,6 +13,7 @@ __all__ = [
     "RecordBatch",
     "SampleIterator",
     "Schema",
+    "Tokenizer",
     "_ArrowBuffer",
     "__version__",
     "_give_footers",
@@ -131,6 +132,31 @@ class Dataset:
         shuffle: bool = True,
     ) -> dict[str, Dataset]: ...
     def batch(self, batch_size: int, drop_last_batch: bool = False) -> Dataset: ...
+    def tokenize(
+        self,
+        tokenizer: Tokenizer,
+        column: str = "text",
+        max_length: int | None = None,
+        truncation: bool = False,
+        add_special_tokens: bool = True,
+    ) -> Dataset: ...
+    def apply_chat_template(
+        self,
+        tokenizer: Tokenizer,
+        column: str = "messages",
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool | str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        max_length: int | None = None,
+        truncation: bool = False,
+        return_assistant_tokens_mask: bool | None = None,
+        labels: bool = False,
+        remove_columns: str | Sequence[str] | None = None,
+        now: Any = None,
+        **template_kwargs: Any,
+    ) -> Dataset: ...
     def select_columns(self, names: str | Sequence[str]) -> Dataset: ...
     def remove_columns(self, names: str | Sequence[str]) -> Dataset: ...
     def rename_columns(self, column_mapping: dict[str, str]) -> Dataset: ...
@@ -176,6 +202,48 @@ class Dataset:
         progress: Callable[[int, int], object] | None = None,
     ) -> dict[str, Any]: ...
     def _shard_table(self) -> list[dict[str, Any]]: ...
+
+@final
+class Tokenizer:
+    @staticmethod
+    def from_texts(
+        tokenizer_json: str, tokenizer_config: str | None = None, chat_template: str | None = None
+    ) -> Tokenizer: ...
+    @staticmethod
+    def from_file(
+        path: str | PathLike[str],
+        chat_template: str | None = None,
+        tokenizer_config: str | PathLike[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> Tokenizer: ...
+    @staticmethod
+    def from_pretrained(
+        path: str | PathLike[str], revision: str | None = None, storage_options: dict[str, Any] | None = None
+    ) -> Tokenizer: ...
+    def encode(
+        self, text: str, add_special_tokens: bool = True, truncation: bool = False, max_length: int | None = None
+    ) -> list[int]: ...
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool | str | None = None,
+        tokenize: bool = True,
+        truncation: bool = False,
+        max_length: int | None = None,
+        return_dict: bool = True,
+        return_assistant_tokens_mask: bool = False,
+        now: Any = None,
+        **kwargs: Any,
+    ) -> Any: ...
+    @property
+    def special_tokens_map(self) -> dict[str, str]: ...
+    @property
+    def chat_template(self) -> str | None: ...
+    def __reduce__(self) -> tuple[Any, tuple[str | None, str | None, str | None]]: ...
 
 @final
 class SampleIterator:

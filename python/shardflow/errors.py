@@ -46,6 +46,12 @@ class DecodeError(ShardflowError):
     """Bytes that are not valid data of the expected format."""
 
 
+class TemplateError(ShardflowError, ValueError):
+    """A row a chat template or tokenizer cannot turn into tokens: no list of messages,
+    content of the wrong type, or the template's own ``raise_exception``. The message
+    names the row."""
+
+
 class SchemaError(ShardflowError):
     """Valid data whose columns do not fit the dataset's schema."""
 
@@ -64,5 +70,6 @@ __all__ = [
     "ReadError",
     "SchemaError",
     "ShardflowError",
+    "TemplateError",
     "WriteError",
 ]

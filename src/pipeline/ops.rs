@@ -45,6 +45,12 @@ pub trait BatchTransform: Send + Sync {
     fn runs_python(&self) -> bool {
         false
     }
+    /// Whether it may run on the batch threads, several batches at once (a
+    /// row-preserving transform that holds no GIL and costs enough to share out, such as
+    /// tokenizing); the others run on the pipeline thread, one batch after another.
+    fn parallel(&self) -> bool {
+        false
+    }
     /// The schema of its output for input of `input`, where that is known without
     /// running it.
     fn output_schema(&self, input: &SchemaRef) -> Option<SchemaRef> {
@@ -632,45 +638,97 @@ impl Iterator for Transformed {
 }
 
 impl Transformed {
-    /// The function sees the batch without its row positions; they are put back on rows
-    /// it keeps in place (a filter's, a per-row map's). After a function that makes or
-    /// reorders rows (flat_map, batched map) rows have no positions any more.
     fn run(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
-        let (batch, positions) = rows::detach(batch);
-        let Some(positions) = positions else {
-            if self.transform.wants_indices() {
-                return Err(Error::Internal(
-                    "a function taking row indices got rows without positions".into(),
-                ));
-            }
-            return self.transform.apply(batch);
-        };
-        // The rows' indices in the dataset the function was added to: their positions
-        // in its indexed head (see `Dataset::with_indices`).
-        let given = |batch: RecordBatch| -> Result<RecordBatch> {
-            if self.transform.wants_indices() {
-                rows::with_index(batch, positions.values().iter().map(|&p| rows::row_of(p)))
-            } else {
-                Ok(batch)
-            }
-        };
-        if let Some(keep) = self.transform.keep(&given(batch.clone())?) {
-            let keep = keep?;
-            let batch = rows::attach(batch, positions)?;
-            return Ok(vec![
-                arrow_select::filter::filter_record_batch(&batch, &keep)
-                    .map_err(|e| Error::Internal(format!("filtering rows: {e}")))?,
-            ]);
-        }
-        let mut out = self.transform.apply(given(batch)?)?;
-        if self.transform.preserves_rows()
-            && let [only] = &mut out[..]
-            && only.num_rows() == positions.len()
-        {
-            *only = rows::attach(only.clone(), positions)?;
-        }
-        Ok(out)
+        run_transform(self.transform.as_ref(), batch)
     }
+}
+
+/// A [`BatchTransform::parallel`] transform run on the batch threads: each batch of
+/// upstream is handed to them as it comes, and the results come back in order.
+pub struct TransformedOnThreads {
+    upstream: BatchIter,
+    transform: Arc<dyn BatchTransform>,
+    made: super::assemble::InOrder,
+}
+
+impl TransformedOnThreads {
+    pub fn new(
+        upstream: BatchIter,
+        transform: Arc<dyn BatchTransform>,
+        threads: Arc<super::assemble::BatchThreads>,
+    ) -> Self {
+        Self {
+            upstream,
+            transform,
+            made: super::assemble::InOrder::new(threads),
+        }
+    }
+}
+
+impl Iterator for TransformedOnThreads {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (upstream, transform) = (&mut self.upstream, &self.transform);
+        self.made.next(|| {
+            let batch = match upstream.next()? {
+                Ok(batch) => batch,
+                Err(e) => return Some(Err(e)),
+            };
+            let transform = transform.clone();
+            Some(Ok(super::assemble::Step::Make(Box::new(move || {
+                let rows = batch.num_rows();
+                match &mut run_transform(transform.as_ref(), batch)?[..] {
+                    [one] => Ok(std::mem::replace(one, RecordBatch::new_empty(one.schema()))),
+                    other => Err(Error::Internal(format!(
+                        "{} gave {} batches for one batch of {rows} rows",
+                        transform.describe(),
+                        other.len()
+                    ))),
+                }
+            }))))
+        })
+    }
+}
+
+/// The function sees the batch without its row positions; they are put back on rows it
+/// keeps in place (a filter's, a per-row map's). After a function that makes or reorders
+/// rows (flat_map, batched map) rows have no positions any more.
+fn run_transform(transform: &dyn BatchTransform, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+    let (batch, positions) = rows::detach(batch);
+    let Some(positions) = positions else {
+        if transform.wants_indices() {
+            return Err(Error::Internal(
+                "a function taking row indices got rows without positions".into(),
+            ));
+        }
+        return transform.apply(batch);
+    };
+    // The rows' indices in the dataset the function was added to: their positions
+    // in its indexed head (see `Dataset::with_indices`).
+    let given = |batch: RecordBatch| -> Result<RecordBatch> {
+        if transform.wants_indices() {
+            rows::with_index(batch, positions.values().iter().map(|&p| rows::row_of(p)))
+        } else {
+            Ok(batch)
+        }
+    };
+    if let Some(keep) = transform.keep(&given(batch.clone())?) {
+        let keep = keep?;
+        let batch = rows::attach(batch, positions)?;
+        return Ok(vec![
+            arrow_select::filter::filter_record_batch(&batch, &keep)
+                .map_err(|e| Error::Internal(format!("filtering rows: {e}")))?,
+        ]);
+    }
+    let mut out = transform.apply(given(batch)?)?;
+    if transform.preserves_rows()
+        && let [only] = &mut out[..]
+        && only.num_rows() == positions.len()
+    {
+        *only = rows::attach(only.clone(), positions)?;
+    }
+    Ok(out)
 }
 
 /// The column verbs: `select_columns`, `remove_columns`, `rename_columns` and `cast`.

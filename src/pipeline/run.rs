@@ -374,6 +374,11 @@ impl Dataset {
                 }
                 Op::Take(n) => Box::new(ops::Take::new(stream, *n)),
                 Op::Skip(n) => Box::new(ops::Skip::new(stream, *n)),
+                Op::Transform(t) if t.parallel() => Box::new(ops::TransformedOnThreads::new(
+                    stream,
+                    t.clone(),
+                    batch_threads.clone(),
+                )),
                 Op::Transform(t) => Box::new(ops::Transformed::new(stream, t.clone())),
                 Op::Permute { .. } | Op::Select(_) | Op::Sample { .. } => {
                     return Err(Error::Internal(format!("{op:?} after the indexed head")));

@@ -15,6 +15,7 @@ use super::args::{
 use super::arrow_ffi::{batches_from_py, schema_from_py, stream_capsule};
 use super::errors::callback_error;
 use super::to_python::batch_to_rows;
+use super::tokenizer::PyTokenizer;
 use super::transform::{Columns, Kind, PyTransform};
 use super::wait::next_batch;
 use crate::pipeline::{
@@ -151,6 +152,22 @@ impl PyDataset {
         }
         let inner = self.inner.with_op(Op::Transform(Arc::new(verb)));
         Ok(self.derived(inner, method, args))
+    }
+
+    /// Checks that `column` exists, where the columns are known without reading.
+    fn check_column(&self, py: Python<'_>, column: &str) -> PyResult<()> {
+        if self.inner.keeps_source_schema() {
+            let schema = py.detach(|| self.inner.source_schema())?;
+            if schema.index_of(column).is_err() {
+                let names: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
+                return Err(crate::error::Error::Schema {
+                    url: String::new(),
+                    message: format!("no column {column:?}; the columns are {names:?}"),
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Random access as in the dataset's current epoch, set up once per epoch. The lock
@@ -480,6 +497,164 @@ impl PyDataset {
             )?;
         }
         Ok(out)
+    }
+
+    /// Adds `input_ids` (`list<int32>`): each text of `column` tokenized by `tokenizer`
+    /// (a `shardflow.Tokenizer`), as `tokenizer(text)["input_ids"]` in transformers,
+    /// truncated to `max_length` with `truncation=True`. Runs on the loader's threads.
+    #[pyo3(signature = (tokenizer, column="text", max_length=None, truncation=false, add_special_tokens=true))]
+    fn tokenize(
+        &self,
+        py: Python<'_>,
+        tokenizer: &Bound<'_, PyTokenizer>,
+        column: &str,
+        max_length: Option<usize>,
+        truncation: bool,
+        add_special_tokens: bool,
+    ) -> PyResult<PyDataset> {
+        let op = crate::text::ops::Tokenize {
+            tokenizer: tokenizer.get().inner.clone(),
+            column: column.to_string(),
+            options: crate::text::EncodeOptions {
+                add_special_tokens,
+                max_length: max_length.filter(|_| truncation),
+            },
+        };
+        self.check_column(py, column)?;
+        let args = PyDict::new(py);
+        args.set_item("tokenizer", tokenizer)?;
+        args.set_item("column", column)?;
+        args.set_item("max_length", max_length)?;
+        args.set_item("truncation", truncation)?;
+        args.set_item("add_special_tokens", add_special_tokens)?;
+        let op = Op::Transform(Arc::new(op));
+        Ok(self.derived(self.inner.with_op(op), "tokenize", args.into_any()))
+    }
+
+    /// Renders each conversation of `column` (a list of messages, or its JSON text)
+    /// through the tokenizer's chat template and tokenizes it, as transformers'
+    /// `apply_chat_template(tokenize=True, return_dict=True,
+    /// return_assistant_tokens_mask=True)`: adds `input_ids`, `assistant_masks` (1 on the
+    /// assistant's tokens: when the template marks them with `{% generation %}`, or
+    /// always with `return_assistant_tokens_mask=True`) and, with `labels=True`,
+    /// `labels` (`-100` off the assistant's tokens, as TRL's `assistant_only_loss`). The
+    /// other columns stay but `remove_columns`. `now` (a datetime or POSIX seconds) is
+    /// what `strftime_now` gives; by default the time of this call, so every epoch,
+    /// worker and resume renders the same text. Other keyword arguments are variables
+    /// for the template. Runs on the loader's threads.
+    #[pyo3(signature = (
+        tokenizer, column="messages", chat_template=None, add_generation_prompt=false,
+        continue_final_message=None, tools=None, documents=None, max_length=None,
+        truncation=false, return_assistant_tokens_mask=None, labels=false,
+        remove_columns=None, now=None, **template_kwargs
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn apply_chat_template(
+        &self,
+        py: Python<'_>,
+        tokenizer: &Bound<'_, PyTokenizer>,
+        column: &str,
+        chat_template: Option<&str>,
+        add_generation_prompt: bool,
+        continue_final_message: Option<&Bound<'_, PyAny>>,
+        tools: Option<&Bound<'_, PyAny>>,
+        documents: Option<&Bound<'_, PyAny>>,
+        max_length: Option<usize>,
+        truncation: bool,
+        return_assistant_tokens_mask: Option<bool>,
+        labels: bool,
+        remove_columns: Option<&Bound<'_, PyAny>>,
+        now: Option<&Bound<'_, PyAny>>,
+        template_kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyDataset> {
+        use super::tokenizer::{
+            check_chat_options, continue_field, no_generation_block, pick_template, seconds,
+            to_json,
+        };
+        let text = &tokenizer.get().inner;
+        let with_tools = tools.is_some_and(|t| !t.is_none());
+        let template = pick_template(text, chat_template, with_tools)?;
+        let continue_final_message = continue_final_message
+            .map(continue_field)
+            .transpose()?
+            .flatten();
+        let masks = match return_assistant_tokens_mask {
+            Some(true) if !template.has_generation() => return Err(no_generation_block()),
+            Some(asked) => asked,
+            None => template.has_generation(),
+        };
+        if labels && !masks {
+            return Err(if template.has_generation() {
+                PyValueError::new_err(
+                    "labels=True needs the assistant masks (return_assistant_tokens_mask=False was given)",
+                )
+            } else {
+                no_generation_block()
+            });
+        }
+        check_chat_options(
+            continue_final_message.is_some(),
+            add_generation_prompt,
+            masks,
+        )?;
+        let remove = match remove_columns {
+            Some(names) if !names.is_none() => name_list(names)?,
+            _ => Vec::new(),
+        };
+        let now = seconds(py, now)?;
+        let variables = match template_kwargs {
+            Some(kwargs) => match to_json(py, kwargs.as_any(), "template variables")? {
+                serde_json::Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            },
+            None => serde_json::Map::new(),
+        };
+        let call = format!(
+            "apply_chat_template(column={column:?}, add_generation_prompt={add_generation_prompt}, max_length={:?}, masks={masks}, labels={labels})",
+            max_length.filter(|_| truncation)
+        );
+        let op = crate::text::ops::ApplyChatTemplate {
+            tokenizer: text.clone(),
+            template,
+            column: column.to_string(),
+            options: crate::text::ChatOptions {
+                add_generation_prompt,
+                continue_final_message: continue_final_message.clone(),
+                tools: tools.map(|t| to_json(py, t, "tools")).transpose()?,
+                documents: documents.map(|d| to_json(py, d, "documents")).transpose()?,
+                variables,
+                now,
+                track_generation: masks,
+            },
+            max_length: max_length.filter(|_| truncation),
+            labels,
+            remove_columns: remove.clone(),
+            call,
+        };
+        self.check_column(py, column)?;
+        let args = PyDict::new(py);
+        if let Some(kwargs) = template_kwargs {
+            args.update(kwargs.as_mapping())?;
+        }
+        args.set_item("tokenizer", tokenizer)?;
+        args.set_item("column", column)?;
+        args.set_item("chat_template", chat_template)?;
+        args.set_item("add_generation_prompt", add_generation_prompt)?;
+        args.set_item("continue_final_message", continue_final_message)?;
+        args.set_item("tools", tools)?;
+        args.set_item("documents", documents)?;
+        args.set_item("max_length", max_length)?;
+        args.set_item("truncation", truncation)?;
+        args.set_item("return_assistant_tokens_mask", masks)?;
+        args.set_item("labels", labels)?;
+        args.set_item("remove_columns", remove)?;
+        args.set_item("now", now)?;
+        let op = Op::Transform(Arc::new(op));
+        Ok(self.derived(
+            self.inner.with_op(op),
+            "apply_chat_template",
+            args.into_any(),
+        ))
     }
 
     /// A dataset whose rows are batches of `batch_size` rows: each column a list of the

@@ -46,6 +46,7 @@ fn to_pyerr(py: Python<'_>, error: Error) -> PyErr {
         Error::Decode { .. } => exception_class!(py, "DecodeError"),
         Error::Schema { .. } => exception_class!(py, "SchemaError"),
         Error::InvalidArgument(_) => exception_class!(py, "InvalidArgumentError"),
+        Error::Template(_) => exception_class!(py, "TemplateError"),
         Error::Internal(_) => exception_class!(py, "InternalError"),
     };
     let class = match class {

@@ -16,6 +16,7 @@ mod from_python;
 mod loader;
 mod open;
 mod to_python;
+mod tokenizer;
 mod transform;
 mod wait;
 
@@ -60,6 +61,8 @@ mod _native {
     };
     #[pymodule_export]
     use super::to_python::ArrowBufferOwner;
+    #[pymodule_export]
+    use super::tokenizer::PyTokenizer;
 
     use pyo3::prelude::*;
 

@@ -120,18 +120,26 @@ pub fn _read_file(
     storage_options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<pyo3::types::PyBytes>> {
     let storage = storage_from(storage_options)?;
+    let bytes = py.detach(|| read_whole(url, size, &storage))?;
+    Ok(pyo3::types::PyBytes::new(py, &bytes).unbind())
+}
+
+/// The bytes of one file or object at `url` (a local path or any URL shardflow reads);
+/// `size` as a listing said, if known.
+pub(super) fn read_whole(
+    url: String,
+    size: Option<u64>,
+    storage: &Arc<crate::source::Storage>,
+) -> crate::error::Result<bytes::Bytes> {
     let shard = ShardMeta {
         url,
         size,
         etag: None,
         rows: None,
     };
-    let bytes = py.detach(|| -> crate::error::Result<bytes::Bytes> {
-        let source = crate::source::open(&shard, &storage, Arc::default())?;
-        let size = crate::source::size_blocking(source.as_ref(), size)?;
-        source.read_range_blocking(0..size)
-    })?;
-    Ok(pyo3::types::PyBytes::new(py, &bytes).unbind())
+    let source = crate::source::open(&shard, storage, Arc::default())?;
+    let size = crate::source::size_blocking(source.as_ref(), size)?;
+    source.read_range_blocking(0..size)
 }
 
 /// A dataset over Arrow data already in memory: anything exporting the Arrow PyCapsule

@@ -1,4 +1,5 @@
-//! Hugging Face Hub dataset repos: `hf://datasets/org/name[@revision][/path]`, named as
+//! Hugging Face Hub repos: `hf://datasets/org/name[@revision][/path]` (and model repos,
+//! `hf://org/name...`, for tokenizers), named as
 //! `huggingface_hub`'s `HfFileSystem` names them (a revision with slashes, such as
 //! `refs/convert/parquet`, written plainly or as `refs%2Fconvert%2Fparquet`).
 //!
@@ -57,9 +58,38 @@ const PATH: &AsciiSet = &CONTROLS
     .add(b'[')
     .add(b']');
 
-/// A place in a dataset repo: `hf://datasets/{repo}@{revision}/{path}`.
+/// What a repo holds: a dataset (`hf://datasets/org/name`) or a model (`hf://org/name`,
+/// as `HfFileSystem` names it; `hf://models/org/name` is read too), such as a
+/// tokenizer's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepoKind {
+    Dataset,
+    Model,
+}
+
+impl RepoKind {
+    /// What comes before `org/name` in `hf://` URLs and on the Hub's pages.
+    fn prefix(self) -> &'static str {
+        match self {
+            RepoKind::Dataset => "datasets/",
+            RepoKind::Model => "",
+        }
+    }
+
+    /// The API's name for repos of this kind.
+    fn api(self) -> &'static str {
+        match self {
+            RepoKind::Dataset => "datasets",
+            RepoKind::Model => "models",
+        }
+    }
+}
+
+/// A place in a repo: `hf://datasets/{repo}@{revision}/{path}`, or `hf://{repo}@...` for
+/// a model repo.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepoPath {
+    pub kind: RepoKind,
     /// `org/name`.
     pub repo: String,
     pub revision: Option<String>,
@@ -71,15 +101,22 @@ impl RepoPath {
     pub fn parse(url: &str) -> Result<Self> {
         let bad = |why: &str| {
             Error::invalid_argument(format!(
-                "{url}: {why}; expected hf://datasets/org/name[@revision][/path]"
+                "{url}: {why}; expected hf://datasets/org/name[@revision][/path] (a dataset repo) or hf://org/name[@revision][/path] (a model repo)"
             ))
         };
         let rest = url
             .strip_prefix("hf://")
             .ok_or_else(|| bad("not an hf:// URL"))?;
-        let rest = rest
-            .strip_prefix("datasets/")
-            .ok_or_else(|| bad("only dataset repos can be read"))?;
+        let (kind, rest) = if let Some(rest) = rest.strip_prefix("datasets/") {
+            (RepoKind::Dataset, rest)
+        } else if rest.starts_with("spaces/") {
+            return Err(bad("Spaces cannot be read"));
+        } else {
+            (
+                RepoKind::Model,
+                rest.strip_prefix("models/").unwrap_or(rest),
+            )
+        };
         let mut parts = rest.splitn(3, '/');
         let org = parts.next().filter(|s| !s.is_empty());
         let second = parts.next().filter(|s| !s.is_empty());
@@ -115,6 +152,7 @@ impl RepoPath {
             return Err(bad("no repo name"));
         }
         Ok(Self {
+            kind,
             repo: format!("{org}/{name}"),
             revision,
             path: path.trim_matches('/').to_string(),
@@ -126,12 +164,13 @@ impl RepoPath {
     }
 }
 
-/// The `hf://` URL of `path` in `repo` at `revision`.
-pub fn url_of(repo: &str, revision: &str, path: &str) -> String {
+/// The `hf://` URL of `path` in `repo` (of `kind`) at `revision`.
+pub fn url_of(kind: RepoKind, repo: &str, revision: &str, path: &str) -> String {
     let revision = utf8_percent_encode(revision, SEGMENT);
+    let prefix = kind.prefix();
     match path {
-        "" => format!("hf://datasets/{repo}@{revision}"),
-        _ => format!("hf://datasets/{repo}@{revision}/{path}"),
+        "" => format!("hf://{prefix}{repo}@{revision}"),
+        _ => format!("hf://{prefix}{repo}@{revision}/{path}"),
     }
 }
 
@@ -164,8 +203,8 @@ impl Hub {
         }
     }
 
-    fn api(&self, repo: &str, tail: &str) -> String {
-        format!("{}/api/datasets/{repo}/{tail}", self.endpoint)
+    fn api(&self, kind: RepoKind, repo: &str, tail: &str) -> String {
+        format!("{}/api/{}/{repo}/{tail}", self.endpoint, kind.api())
     }
 
     /// GETs a JSON answer of the API, retried as file reads are; `name` is what errors
@@ -266,10 +305,11 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
         revision.to_string()
     } else {
         let info_url = hub.api(
+            target.kind,
             &target.repo,
             &format!("revision/{}", utf8_percent_encode(revision, SEGMENT)),
         );
-        let name = url_of(&target.repo, revision, "");
+        let name = url_of(target.kind, &target.repo, revision, "");
         let (info, _) = rt.block_on(hub.get_json(&info_url, &name, storage))?;
         info.get("sha")
             .and_then(Value::as_str)
@@ -294,6 +334,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
     let mut next = Some(format!(
         "{}?recursive=true&expand=false",
         hub.api(
+            target.kind,
             &target.repo,
             &format!(
                 "tree/{}/{}",
@@ -314,7 +355,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
         require_literal_separator: true,
         ..Default::default()
     };
-    let name = url_of(&target.repo, revision, folder);
+    let name = url_of(target.kind, &target.repo, revision, folder);
     let mut shards = Vec::new();
     while let Some(page) = next.take() {
         let (entries, following) = rt.block_on(hub.get_json(&page, &name, storage))?;
@@ -347,7 +388,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
                     .cloned()
             };
             shards.push(ShardMeta {
-                url: url_of(&target.repo, &commit, path),
+                url: url_of(target.kind, &target.repo, &commit, path),
                 size: field("size").and_then(|v| v.as_u64()),
                 etag: field("oid").and_then(|v| v.as_str().map(str::to_string)),
                 rows: None,
@@ -363,7 +404,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
     Ok(shards)
 }
 
-/// `hf://datasets/...` URLs.
+/// `hf://` URLs.
 pub struct Hf;
 
 impl Backend for Hf {
@@ -395,8 +436,9 @@ fn object(url: &str, storage: &Arc<Storage>) -> Result<HttpObject> {
     }
     let hub = Hub::new(storage);
     let resolve = format!(
-        "{}/datasets/{}/resolve/{}/{}",
+        "{}/{}{}/resolve/{}/{}",
         hub.endpoint,
+        target.kind.prefix(),
         target.repo,
         utf8_percent_encode(target.revision(), SEGMENT),
         utf8_percent_encode(&target.path, PATH)
@@ -444,6 +486,7 @@ mod tests {
 
     fn path(repo: &str, revision: Option<&str>, path: &str) -> RepoPath {
         RepoPath {
+            kind: RepoKind::Dataset,
             repo: repo.into(),
             revision: revision.map(str::to_string),
             path: path.into(),
@@ -476,8 +519,22 @@ mod tests {
             parse("hf://datasets/o/n@refs/pr/3"),
             path("o/n", Some("refs/pr/3"), "")
         );
+        let model = |p: RepoPath| RepoPath {
+            kind: RepoKind::Model,
+            ..p
+        };
+        assert_eq!(
+            parse("hf://o/n@v2/tokenizer.json"),
+            model(path("o/n", Some("v2"), "tokenizer.json"))
+        );
+        assert_eq!(parse("hf://models/o/n"), model(path("o/n", None, "")));
+        assert_eq!(
+            url_of(RepoKind::Model, "o/n", "main", "a"),
+            "hf://o/n@main/a"
+        );
         for bad in [
-            "hf://models/o/n",
+            "hf://spaces/o/n",
+            "hf://o",
             "hf://datasets/o",
             "hf://datasets/o/n@",
             "hf://datasets/o/n@refs/x",
@@ -485,10 +542,15 @@ mod tests {
             assert!(RepoPath::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(
-            url_of("o/n", "refs/convert/parquet", "a b.parquet"),
+            url_of(
+                RepoKind::Dataset,
+                "o/n",
+                "refs/convert/parquet",
+                "a b.parquet"
+            ),
             "hf://datasets/o/n@refs%2Fconvert%2Fparquet/a b.parquet"
         );
-        let back = RepoPath::parse(&url_of("o/n", "refs/pr/1", "x")).unwrap();
+        let back = RepoPath::parse(&url_of(RepoKind::Dataset, "o/n", "refs/pr/1", "x")).unwrap();
         assert_eq!(back, path("o/n", Some("refs/pr/1"), "x"));
     }
 

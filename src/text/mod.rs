@@ -1,0 +1,12 @@
+//! Text for language models: chat templates rendered as transformers renders them,
+//! Hugging Face tokenizers, and the dataset verbs `tokenize` and `apply_chat_template`
+//! that run them on the loader's threads.
+
+mod chat_template;
+pub mod ops;
+mod python;
+mod time;
+mod tokenizer;
+
+pub use chat_template::{ChatOptions, ChatTemplate, RenderError, Rendered};
+pub use tokenizer::{ChatTokens, EncodeOptions, TextTokenizer, TokenizerFiles, Tokens};
