@@ -615,7 +615,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert_eq!(out.text, "U: hi\nA: héllo\n");
+        assert_eq!(out.text, "U: hi\nA: héllo");
         assert_eq!(&out.text[out.generation[0].clone()], "héllo");
     }
 
