@@ -6,6 +6,7 @@ compared with what they read.
 - `GET /api/datasets/{repo}[/revision/{rev}]`: repo info with its commit sha.
 - `GET /api/datasets/{repo}/tree/{rev}[/{path}]`: the files, paginated with `Link`.
 - `POST /api/datasets/{repo}/paths-info/{rev}`: entries of the paths asked for.
+- The same for model repos: `/api/models/{repo}/...`, `/{repo}/resolve/{rev}/{path}`.
 - `HEAD`/`GET /datasets/{repo}/resolve/{rev}/{path}`: small files served here, data
   files redirected (302) to a second host, which needs no token, as the Hub's storage.
   Ranges give 206; `ETag`, `X-Repo-Commit`, `X-Linked-Etag` and `X-Linked-Size` as the
@@ -176,7 +177,7 @@ class HubServer:
                 split = urlsplit(self.path)
                 query = parse_qs(split.query)
                 parts = [unquote(p) for p in split.path.strip("/").split("/")]
-                if parts[:2] == ["api", "datasets"] and len(parts) >= 4:
+                if parts[:2] in (["api", "datasets"], ["api", "models"]) and len(parts) >= 4:
                     if not self.authorized():
                         return
                     rest = parts[4:]
@@ -216,6 +217,11 @@ class HubServer:
                         return
                     self.resolve(parts)
                     return
+                if len(parts) >= 5 and parts[2] == "resolve":  # a model repo: /org/name/resolve/...
+                    if not self.authorized():
+                        return
+                    self.resolve(["models", *parts])
+                    return
                 server.count("unknown:" + self.command + " " + split.path)
                 self.error(404, None, f"no route {self.command} {split.path}")
 
@@ -233,14 +239,16 @@ class HubServer:
                 headers = {}
                 if cursor + server.page_size < len(entries):
                     rev = quote(repo.revision if repo.revision in self.path else repo.sha, safe="")
-                    nxt = f"{server.url}/api/datasets/{repo.repo_id}/tree/{rev}/{quote(path)}".rstrip("/")
+                    kind = "models" if "/api/models/" in self.path else "datasets"
+                    nxt = f"{server.url}/api/{kind}/{repo.repo_id}/tree/{rev}/{quote(path)}".rstrip("/")
                     flags = f"recursive={str(recursive).lower()}&expand=false"
                     headers["Link"] = f'<{nxt}?{flags}&cursor={cursor + server.page_size}>; rel="next"'
                 self.json(page, headers)
 
             def resolve(self, parts: list[str]) -> None:
                 server.count("resolve-" + self.command.lower())
-                # /datasets/org/name/resolve/{rev}/{path}: a revision with slashes comes escaped.
+                # /datasets/org/name/resolve/{rev}/{path} (a model repo's without "datasets/",
+                # given here as "models/"): a revision with slashes comes escaped.
                 repo, _ = self.repo_of(parts[1:3], parts[4])
                 if repo is None:
                     return

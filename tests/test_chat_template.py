@@ -182,18 +182,41 @@ def test_tokens_and_assistant_masks_are_transformers(name: str, reference: Any, 
     check()
 
 
-@given(texts=st.lists(_text, max_size=20), special=st.booleans())
+@given(texts=st.lists(_text, max_size=20), special=st.booleans(), max_length=st.none() | st.integers(1, 12))
 @settings(max_examples=50, deadline=None, database=None)
-def test_encode_is_the_tokenizers_encode_batch(texts: list[str], special: bool, tok: sf.Tokenizer) -> None:
-    import tokenizers
-
+def test_encode_is_the_tokenizers_encode_batch(
+    texts: list[str], special: bool, max_length: int | None, tok: sf.Tokenizer,
+) -> None:
+    """`encode` and the `tokenize` verb against `tokenizers`' own `encode_batch`, with
+    special tokens or not, truncated (`enable_truncation`) or not."""
     reference = _rust_tokenizer()
+    if max_length is None:
+        reference.no_truncation()
+    else:
+        reference.enable_truncation(max_length)
     expected = [e.ids for e in reference.encode_batch(texts, add_special_tokens=special)]
-    assert [tok.encode(t, add_special_tokens=special) for t in texts] == expected
-    got = sf.from_dict({"text": texts}).tokenize(tok, add_special_tokens=special) if texts else None
-    if got is not None:
+    truncation = dict(truncation=True, max_length=max_length) if max_length else {}
+    assert [tok.encode(t, add_special_tokens=special, **truncation) for t in texts] == expected
+    if texts:
+        got = sf.from_dict({"text": texts}).tokenize(tok, add_special_tokens=special, **truncation)
         assert [list(row["input_ids"]) for row in got] == expected
-    del tokenizers
+
+
+@pytest.mark.parametrize("name", TEMPLATE_NAMES)
+def test_continue_final_message_cuts_where_transformers_cuts(name: str, reference: Any, tok: sf.Tokenizer) -> None:
+    source = (TEMPLATES / name).read_text()
+
+    @settings(max_examples=max(EXAMPLES // 10, 5), deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(case=conversations())
+    def check(case: dict[str, Any]) -> None:
+        case = {**case, "add_generation_prompt": False}
+        if case["conversation"][-1]["role"] != "assistant":
+            case["conversation"] = [*case["conversation"], {"role": "assistant", "content": "To be continued"}]
+        expected = render_reference(reference, source, case, tokenize=False, continue_final_message=True)
+        same(expected, render_ours(tok, source, case, tokenize=False, continue_final_message=True), case)
+
+    check()
 
 
 _RUST_TOKENIZER: Any = None
@@ -268,3 +291,158 @@ def test_the_tokenizer_pickles(tok: sf.Tokenizer) -> None:
     again = pickle.loads(pickle.dumps(tok))
     assert again.encode("héllo wörld") == tok.encode("héllo wörld")
     assert again.special_tokens_map == tok.special_tokens_map
+
+
+def test_from_pretrained_reads_a_folder_and_a_hub_model_repo(
+    tmp_path: Path, tok: sf.Tokenizer, reference: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tokenizer saved as transformers saves one: its config's template, and a
+    chat_template.jinja beside it that wins over it; from a folder and from a Hub model
+    repo (the local Hub), named as transformers and HfFileSystem name it."""
+    from hubserver import HubServer
+
+    import shutil
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(DEEPSEEK / "tokenizer.json", folder / "tokenizer.json")
+    config = json.loads((DEEPSEEK / "tokenizer_config.json").read_text())
+    config["chat_template"] = (TEMPLATES / "qwen2_5.jinja").read_text()
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    from_config = sf.Tokenizer.from_pretrained(folder)
+    assert from_config.apply_chat_template(chat, tokenize=False) == reference.apply_chat_template(
+        chat, chat_template=config["chat_template"], tokenize=False)
+    (folder / "chat_template.jinja").write_text((TEMPLATES / "llama3.jinja").read_text())
+    local = sf.Tokenizer.from_pretrained(folder)
+    expected = reference.apply_chat_template(chat, chat_template=(TEMPLATES / "llama3.jinja").read_text(), tokenize=False)
+    assert local.apply_chat_template(chat, tokenize=False, now=NOW) == expected
+    assert local.special_tokens_map == reference.special_tokens_map
+    server = HubServer({"org/tok": {"main": folder}})
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        for name in ["org/tok", "hf://org/tok", "hf://models/org/tok"]:
+            hub = sf.Tokenizer.from_pretrained(name)
+            assert hub.apply_chat_template(chat, tokenize=False, now=NOW) == expected, name
+            assert hub.encode("héllo wörld") == tok.encode("héllo wörld")
+        with pytest.raises(sf.NotFoundError):
+            sf.Tokenizer.from_pretrained("org/missing")
+    finally:
+        server.stop()
+
+
+CHAT_PIPELINE = """
+import json, sys
+from pathlib import Path
+import shardflow as sf
+tok = sf.Tokenizer.from_pretrained({deepseek!r})
+ds = sf.dataset({files!r}).apply_chat_template(tok, chat_template=Path({template!r}).read_text(), labels=True)
+"""
+
+
+def _chat_files(tmp_path: Path, n: int) -> list[str]:
+    rows = [
+        {"id": i, "messages": [
+            {"role": "system", "content": f"system {i % 4}"},
+            {"role": "user", "content": f"question {i} " + "é😀 " * (i % 5)},
+            {"role": "assistant", "content": f"answer {i}\n" + "word " * (i % 7)},
+        ]}
+        for i in range(n)
+    ]
+    paths = []
+    for s in range(3):
+        path = tmp_path / f"chat-{s}.jsonl"
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows[s::3]))
+        paths.append(str(path))
+    return paths
+
+
+def _expected_tokens(tok: sf.Tokenizer, paths: list[str], source: str) -> dict[int, tuple[list[int], list[int]]]:
+    out = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            row = json.loads(line)
+            got = tok.apply_chat_template(row["messages"], chat_template=source, return_assistant_tokens_mask=True)
+            out[row["id"]] = (got["input_ids"], got["assistant_masks"])
+    return out
+
+
+def test_ranks_workers_epochs_and_a_resume_in_a_fresh_process_deliver_each_conversation_once(
+    tmp_path: Path, tok: sf.Tokenizer,
+) -> None:
+    """2 ranks x 2 workers, 2 shuffled epochs: every conversation's tokens exactly once
+    per epoch, in a new order each epoch; each part stopped mid-epoch and resumed in a
+    fresh process gives the rest of its uninterrupted run."""
+    import subprocess
+    import sys
+
+    template = TEMPLATES / "qwen2_5_training.jinja"
+    paths = _chat_files(tmp_path, 101)
+    expected = _expected_tokens(tok, paths, template.read_text())
+    setup = CHAT_PIPELINE.format(deepseek=str(DEEPSEEK), files=paths, template=str(template))
+    namespace: dict[str, Any] = {}
+    exec(setup, namespace)
+    ds = namespace["ds"]
+
+    def part(rank: int, worker: int, epoch: int) -> Any:
+        loader = sf.DataLoader(ds, batch_size=4, rank=rank, world_size=2, worker=worker, num_workers=2, shuffle=True, seed=5)
+        loader.set_epoch(epoch)
+        return loader
+
+    orders = []
+    for epoch in range(2):
+        seen: list[int] = []
+        for rank in range(2):
+            for worker in range(2):
+                for batch in part(rank, worker, epoch):
+                    for i, ids, mask, labels in zip(batch["id"].tolist(), batch["input_ids"], batch["assistant_masks"], batch["labels"]):
+                        assert (ids.tolist(), mask.tolist()) == expected[i], i
+                        assert labels.tolist() == [t if m else -100 for t, m in zip(*expected[i])]
+                        seen.append(i)
+        # Padding repeats at most one row per rank.
+        assert set(seen) == set(expected) and len(seen) - len(expected) <= 2, epoch
+        orders.append(seen)
+    assert orders[0] != orders[1]
+
+    resume = setup + (
+        "loader = sf.DataLoader(ds, batch_size=4, rank={rank}, world_size=2, worker={worker}, num_workers=2, shuffle=True, seed=5)\n"
+        "loader.set_epoch(1)\n"
+        "loader.load_state_dict(json.loads(sys.stdin.read()))\n"
+        "print(json.dumps([[b['id'].tolist(), [x.tolist() for x in b['input_ids']]] for b in loader]))\n"
+    )
+    for rank in range(2):
+        for worker in range(2):
+            whole = [[b["id"].tolist(), [x.tolist() for x in b["input_ids"]]] for b in part(rank, worker, 1)]
+            loader = part(rank, worker, 1)
+            it = iter(loader)
+            first = [next(it) for _ in range(3)]
+            state = loader.state_dict()
+            rest = subprocess.run(
+                [sys.executable, "-c", resume.format(rank=rank, worker=worker)],
+                input=json.dumps(state), capture_output=True, text=True, check=True, timeout=300,
+            ).stdout
+            before = [[b["id"].tolist(), [x.tolist() for x in b["input_ids"]]] for b in first]
+            assert before + json.loads(rest) == whole, (rank, worker)
+
+
+def test_forked_torch_workers_tokenize_after_the_parent_did(tmp_path: Path, tok: sf.Tokenizer) -> None:
+    """The parent tokenizes first (its threads started), then torch forks two workers
+    per rank that tokenize too: no deadlock (the hazard of tokenizers #187), every
+    conversation once."""
+    from torch.utils.data import DataLoader as TorchLoader
+
+    from shardflow.torch import IterableDataset
+
+    template = (TEMPLATES / "qwen2_5_training.jinja").read_text()
+    paths = _chat_files(tmp_path, 60)
+    expected = _expected_tokens(tok, paths, template)
+    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=template)
+    assert len(list(sf.DataLoader(ds, batch_size=8))) > 0  # the parent's pool at work
+    seen = {}
+    for rank in range(2):
+        adapter = IterableDataset(ds, batch_size=4, shuffle=True, seed=1, rank=rank, world_size=2)
+        for batch in TorchLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120):
+            for i, ids in zip(batch["id"].tolist(), batch["input_ids"]):
+                seen[i] = ids.tolist()
+    assert seen == {i: ids for i, (ids, _) in expected.items()}
