@@ -13,9 +13,10 @@ use super::args::{
     DEFAULT_SEED, check_callable, name_list, non_negative, parse_options, source_list,
 };
 use super::arrow_ffi::{batches_from_py, schema_from_py, stream_capsule};
+use super::column_types::column_types;
 use super::errors::callback_error;
 use super::to_python::batch_to_rows;
-use super::tokenizer::PyTokenizer;
+use super::tokenizer::{ChatVerb, PyTokenizer};
 use super::transform::{Columns, Kind, PyTransform};
 use super::wait::next_batch;
 use crate::pipeline::{
@@ -154,22 +155,6 @@ impl PyDataset {
         Ok(self.derived(inner, method, args))
     }
 
-    /// Checks that `column` exists, where the columns are known without reading.
-    fn check_column(&self, py: Python<'_>, column: &str) -> PyResult<()> {
-        if self.inner.keeps_source_schema() {
-            let schema = py.detach(|| self.inner.source_schema())?;
-            if schema.index_of(column).is_err() {
-                let names: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
-                return Err(crate::error::Error::Schema {
-                    url: String::new(),
-                    message: format!("no column {column:?}; the columns are {names:?}"),
-                }
-                .into());
-            }
-        }
-        Ok(())
-    }
-
     /// Random access as in the dataset's current epoch, set up once per epoch. The lock
     /// is not held while setting up (that reads data, with the GIL released).
     fn random_access(&self, py: Python<'_>) -> PyResult<Arc<RandomAccess>> {
@@ -206,7 +191,12 @@ impl PyDataset {
 
     /// `inner`, made from this dataset by `method(*args)` (`method(**args)` when `args`
     /// is a dict).
-    fn derived(&self, inner: Dataset, method: &'static str, args: Bound<'_, PyAny>) -> PyDataset {
+    pub(super) fn derived(
+        &self,
+        inner: Dataset,
+        method: &'static str,
+        args: Bound<'_, PyAny>,
+    ) -> PyDataset {
         let mut recipe: Vec<_> = self
             .recipe
             .iter()
@@ -512,23 +502,14 @@ impl PyDataset {
         truncation: bool,
         add_special_tokens: bool,
     ) -> PyResult<PyDataset> {
-        let op = crate::text::ops::Tokenize {
-            tokenizer: tokenizer.get().inner.clone(),
-            column: column.to_string(),
-            options: crate::text::EncodeOptions {
-                add_special_tokens,
-                max_length: max_length.filter(|_| truncation),
-            },
-        };
-        self.check_column(py, column)?;
-        let args = PyDict::new(py);
-        args.set_item("tokenizer", tokenizer)?;
-        args.set_item("column", column)?;
-        args.set_item("max_length", max_length)?;
-        args.set_item("truncation", truncation)?;
-        args.set_item("add_special_tokens", add_special_tokens)?;
-        let op = Op::Transform(Arc::new(op));
-        Ok(self.derived(self.inner.with_op(op), "tokenize", args.into_any()))
+        self.tokenized(
+            py,
+            tokenizer,
+            column,
+            max_length,
+            truncation,
+            add_special_tokens,
+        )
     }
 
     /// Renders each conversation of `column` (a list of messages, or its JSON text)
@@ -567,94 +548,25 @@ impl PyDataset {
         now: Option<&Bound<'_, PyAny>>,
         template_kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyDataset> {
-        use super::tokenizer::{
-            check_chat_options, continue_field, no_generation_block, pick_template, seconds,
-            to_json,
-        };
-        let text = &tokenizer.get().inner;
-        let with_tools = tools.is_some_and(|t| !t.is_none());
-        let template = pick_template(text, chat_template, with_tools)?;
-        let continue_final_message = continue_final_message
-            .map(continue_field)
-            .transpose()?
-            .flatten();
-        let masks = match return_assistant_tokens_mask {
-            Some(true) if !template.has_generation() => return Err(no_generation_block()),
-            Some(asked) => asked,
-            None => template.has_generation(),
-        };
-        if labels && !masks {
-            return Err(if template.has_generation() {
-                PyValueError::new_err(
-                    "labels=True needs the assistant masks (return_assistant_tokens_mask=False was given)",
-                )
-            } else {
-                no_generation_block()
-            });
-        }
-        check_chat_options(
-            continue_final_message.is_some(),
-            add_generation_prompt,
-            masks,
-        )?;
-        let remove = match remove_columns {
-            Some(names) if !names.is_none() => name_list(names)?,
-            _ => Vec::new(),
-        };
-        let now = seconds(py, now)?;
-        let variables = match template_kwargs {
-            Some(kwargs) => match to_json(py, kwargs.as_any(), "template variables")? {
-                serde_json::Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            },
-            None => serde_json::Map::new(),
-        };
-        let call = format!(
-            "apply_chat_template(column={column:?}, add_generation_prompt={add_generation_prompt}, max_length={:?}, masks={masks}, labels={labels})",
-            max_length.filter(|_| truncation)
-        );
-        let op = crate::text::ops::ApplyChatTemplate {
-            tokenizer: text.clone(),
-            template,
-            column: column.to_string(),
-            options: crate::text::ChatOptions {
+        self.chat_tokens(
+            py,
+            ChatVerb {
+                tokenizer,
+                column,
+                chat_template,
                 add_generation_prompt,
-                continue_final_message: continue_final_message.clone(),
-                tools: tools.map(|t| to_json(py, t, "tools")).transpose()?,
-                documents: documents.map(|d| to_json(py, d, "documents")).transpose()?,
-                variables,
+                continue_final_message,
+                tools,
+                documents,
+                max_length,
+                truncation,
+                return_assistant_tokens_mask,
+                labels,
+                remove_columns,
                 now,
-                track_generation: masks,
+                template_kwargs,
             },
-            max_length: max_length.filter(|_| truncation),
-            labels,
-            remove_columns: remove.clone(),
-            call,
-        };
-        self.check_column(py, column)?;
-        let args = PyDict::new(py);
-        if let Some(kwargs) = template_kwargs {
-            args.update(kwargs.as_mapping())?;
-        }
-        args.set_item("tokenizer", tokenizer)?;
-        args.set_item("column", column)?;
-        args.set_item("chat_template", chat_template)?;
-        args.set_item("add_generation_prompt", add_generation_prompt)?;
-        args.set_item("continue_final_message", continue_final_message)?;
-        args.set_item("tools", tools)?;
-        args.set_item("documents", documents)?;
-        args.set_item("max_length", max_length)?;
-        args.set_item("truncation", truncation)?;
-        args.set_item("return_assistant_tokens_mask", masks)?;
-        args.set_item("labels", labels)?;
-        args.set_item("remove_columns", remove)?;
-        args.set_item("now", now)?;
-        let op = Op::Transform(Arc::new(op));
-        Ok(self.derived(
-            self.inner.with_op(op),
-            "apply_chat_template",
-            args.into_any(),
-        ))
+        )
     }
 
     /// A dataset whose rows are batches of `batch_size` rows: each column a list of the
@@ -1488,102 +1400,6 @@ fn calling<'py>(
     }
     let call = function.py().import("shardflow._calls")?.getattr("Call")?;
     Ok(Some(call.call1((function, columns, kwargs))?))
-}
-
-fn column_types<'py>(
-    py: Python<'py>,
-    fields: &arrow_schema::Fields,
-) -> PyResult<Bound<'py, PyList>> {
-    let out = PyList::empty(py);
-    for field in fields {
-        let d = PyDict::new(py);
-        d.set_item("name", field.name())?;
-        let (dtype, shape) = describe_type(py, field, &d)?;
-        d.set_item("dtype", dtype)?;
-        d.set_item("shape", PyTuple::new(py, shape)?)?;
-        out.append(d)?;
-    }
-    Ok(out)
-}
-
-/// (dtype, per-sample shape) of a column; struct fields go into `d["fields"]`.
-fn describe_type(
-    py: Python<'_>,
-    field: &arrow_schema::Field,
-    d: &Bound<'_, PyDict>,
-) -> PyResult<(String, Vec<Option<usize>>)> {
-    use arrow_schema::DataType as T;
-    let marked = field
-        .metadata()
-        .contains_key(crate::format::webdataset::JSON_KEY)
-        || field
-            .metadata()
-            .contains_key(crate::format::webdataset::NPY_KEY);
-    if marked {
-        return Ok(("object".into(), vec![]));
-    }
-    if crate::format::is_variable_tensor(field) {
-        // Images of their own sizes: an array per sample, of no one shape.
-        d.set_item("variable_shape", true)?;
-        return Ok(("object".into(), vec![]));
-    }
-    let scalar = |dt: &T| -> Option<&'static str> {
-        Some(match dt {
-            T::Boolean => "bool",
-            T::Int8 => "int8",
-            T::Int16 => "int16",
-            T::Int32 => "int32",
-            T::Int64 => "int64",
-            T::UInt8 => "uint8",
-            T::UInt16 => "uint16",
-            T::UInt32 => "uint32",
-            T::UInt64 => "uint64",
-            T::Float16 => "float16",
-            T::Float32 => "float32",
-            T::Float64 => "float64",
-            T::Utf8 | T::LargeUtf8 | T::Utf8View => "string",
-            T::Binary | T::LargeBinary | T::BinaryView | T::FixedSizeBinary(_) => "bytes",
-            _ => return None,
-        })
-    };
-    let dt = match field.data_type() {
-        T::Dictionary(_, value) => value.as_ref(),
-        other => other,
-    };
-    if let Some(name) = scalar(dt) {
-        return Ok((name.into(), vec![]));
-    }
-    match dt {
-        T::FixedSizeList(_, _) => {
-            let mut shape = Vec::new();
-            let mut current = dt;
-            while let T::FixedSizeList(item, size) = current {
-                shape.push(*size as usize);
-                current = item.data_type();
-            }
-            let Some(name) = scalar(current) else {
-                return Ok(("object".into(), vec![]));
-            };
-            let declared = crate::format::tensor_shape(field).filter(|s| {
-                crate::format::shape_product(1, s) == crate::format::shape_product(1, &shape)
-            });
-            let mut shape = declared.unwrap_or(shape);
-            if let Some(complex) = field.metadata().get(crate::format::npy::COMPLEX_KEY) {
-                shape.pop();
-                return Ok((complex.clone(), shape.into_iter().map(Some).collect()));
-            }
-            Ok((name.into(), shape.into_iter().map(Some).collect()))
-        }
-        T::List(item) | T::LargeList(item) => match scalar(item.data_type()) {
-            Some(name) => Ok((name.into(), vec![None])),
-            None => Ok(("object".into(), vec![])),
-        },
-        T::Struct(fields) => {
-            d.set_item("fields", column_types(py, fields)?)?;
-            Ok(("struct".into(), vec![]))
-        }
-        _ => Ok(("object".into(), vec![])),
-    }
 }
 
 /// Yields one dict per sample.

@@ -9,6 +9,8 @@
 mod args;
 mod arrow_ffi;
 mod batch;
+mod chat_verbs;
+mod column_types;
 mod dataset;
 mod errors;
 mod fork;

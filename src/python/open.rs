@@ -3,8 +3,6 @@
 //! the combinations (`concatenate`, `interleave`); also the file listing and reading
 //! that `load_dataset` builds on.
 
-use std::sync::Arc;
-
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -120,26 +118,8 @@ pub fn _read_file(
     storage_options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<pyo3::types::PyBytes>> {
     let storage = storage_from(storage_options)?;
-    let bytes = py.detach(|| read_whole(url, size, &storage))?;
+    let bytes = py.detach(|| crate::source::read_whole(url, size, &storage))?;
     Ok(pyo3::types::PyBytes::new(py, &bytes).unbind())
-}
-
-/// The bytes of one file or object at `url` (a local path or any URL shardflow reads);
-/// `size` as a listing said, if known.
-pub(super) fn read_whole(
-    url: String,
-    size: Option<u64>,
-    storage: &Arc<crate::source::Storage>,
-) -> crate::error::Result<bytes::Bytes> {
-    let shard = ShardMeta {
-        url,
-        size,
-        etag: None,
-        rows: None,
-    };
-    let source = crate::source::open(&shard, storage, Arc::default())?;
-    let size = crate::source::size_blocking(source.as_ref(), size)?;
-    source.read_range_blocking(0..size)
 }
 
 /// A dataset over Arrow data already in memory: anything exporting the Arrow PyCapsule

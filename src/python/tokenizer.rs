@@ -10,7 +10,6 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 use serde_json::{Map, Value as Json};
 
 use super::args::storage_from;
-use super::open::read_whole;
 use crate::error::Error;
 use crate::text::{
     ChatOptions, ChatTemplate, EncodeOptions, RenderError, TextTokenizer, TokenizerFiles,
@@ -385,7 +384,25 @@ fn path_text(path: &Bound<'_, PyAny>) -> PyResult<String> {
 
 /// The text of the file at `url`.
 fn read_text(py: Python<'_>, url: &str, storage: &Arc<crate::source::Storage>) -> PyResult<String> {
-    let bytes = py.detach(|| read_whole(url.to_string(), None, storage))?;
+    let bytes = py.detach(|| crate::source::read_whole(url.to_string(), None, storage))?;
     String::from_utf8(bytes.to_vec())
         .map_err(|_| Error::invalid_argument(format!("{url}: not UTF-8 text")).into())
+}
+
+/// The arguments of `Dataset.apply_chat_template`.
+pub(super) struct ChatVerb<'a, 'py> {
+    pub tokenizer: &'a Bound<'py, PyTokenizer>,
+    pub column: &'a str,
+    pub chat_template: Option<&'a str>,
+    pub add_generation_prompt: bool,
+    pub continue_final_message: Option<&'a Bound<'py, PyAny>>,
+    pub tools: Option<&'a Bound<'py, PyAny>>,
+    pub documents: Option<&'a Bound<'py, PyAny>>,
+    pub max_length: Option<usize>,
+    pub truncation: bool,
+    pub return_assistant_tokens_mask: Option<bool>,
+    pub labels: bool,
+    pub remove_columns: Option<&'a Bound<'py, PyAny>>,
+    pub now: Option<&'a Bound<'py, PyAny>>,
+    pub template_kwargs: Option<&'a Bound<'py, PyDict>>,
 }

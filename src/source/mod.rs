@@ -40,5 +40,5 @@ pub use local::LocalSource;
 pub use object::{BoxFuture, IoCounters, ShardMeta, Source, read_ranges_blocking, size_blocking};
 pub use redact::redact;
 pub use runtime::runtime;
-pub use schemes::{Io, local_path, open, resolve};
+pub use schemes::{Io, local_path, open, read_whole, resolve};
 pub use storage::{Storage, StorageOptions};

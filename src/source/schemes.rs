@@ -96,6 +96,20 @@ pub fn local_path(url: &str) -> Option<&str> {
     backend(url).ok()?.local_path(url)
 }
 
+/// The bytes of one file or object at `url` (a local path or any URL shardflow reads);
+/// `size` as a listing said, if known.
+pub fn read_whole(url: String, size: Option<u64>, storage: &Arc<Storage>) -> Result<bytes::Bytes> {
+    let shard = ShardMeta {
+        url,
+        size,
+        etag: None,
+        rows: None,
+    };
+    let source = open(&shard, storage, Arc::default())?;
+    let size = super::size_blocking(source.as_ref(), size)?;
+    source.read_range_blocking(0..size)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,170 @@
+//! The dataset verbs `tokenize` and `apply_chat_template`: their arguments checked, the
+//! op built (`crate::text::ops`) and recorded in the recipe.
+
+use std::sync::Arc;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::args::name_list;
+use super::dataset::PyDataset;
+use super::tokenizer::{
+    ChatVerb, PyTokenizer, check_chat_options, continue_field, no_generation_block, pick_template,
+    seconds, to_json,
+};
+use crate::pipeline::Op;
+
+/// The dataset verbs `Dataset.tokenize` and `Dataset.apply_chat_template`.
+impl PyDataset {
+    pub(super) fn tokenized(
+        &self,
+        py: Python<'_>,
+        tokenizer: &Bound<'_, PyTokenizer>,
+        column: &str,
+        max_length: Option<usize>,
+        truncation: bool,
+        add_special_tokens: bool,
+    ) -> PyResult<PyDataset> {
+        let op = crate::text::ops::Tokenize {
+            tokenizer: tokenizer.get().inner.clone(),
+            column: column.to_string(),
+            options: crate::text::EncodeOptions {
+                add_special_tokens,
+                max_length: max_length.filter(|_| truncation),
+            },
+        };
+        self.check_column(py, column)?;
+        let args = PyDict::new(py);
+        args.set_item("tokenizer", tokenizer)?;
+        args.set_item("column", column)?;
+        args.set_item("max_length", max_length)?;
+        args.set_item("truncation", truncation)?;
+        args.set_item("add_special_tokens", add_special_tokens)?;
+        let op = Op::Transform(Arc::new(op));
+        Ok(self.derived(self.inner.with_op(op), "tokenize", args.into_any()))
+    }
+
+    pub(super) fn chat_tokens(
+        &self,
+        py: Python<'_>,
+        verb: ChatVerb<'_, '_>,
+    ) -> PyResult<PyDataset> {
+        let ChatVerb {
+            tokenizer,
+            column,
+            chat_template,
+            add_generation_prompt,
+            continue_final_message,
+            tools,
+            documents,
+            max_length,
+            truncation,
+            return_assistant_tokens_mask,
+            labels,
+            remove_columns,
+            now,
+            template_kwargs,
+        } = verb;
+        let text = &tokenizer.get().inner;
+        let with_tools = tools.is_some_and(|t| !t.is_none());
+        let template = pick_template(text, chat_template, with_tools)?;
+        let continue_final_message = continue_final_message
+            .map(continue_field)
+            .transpose()?
+            .flatten();
+        let masks = match return_assistant_tokens_mask {
+            Some(true) if !template.has_generation() => return Err(no_generation_block()),
+            Some(asked) => asked,
+            None => template.has_generation(),
+        };
+        if labels && !masks {
+            return Err(if template.has_generation() {
+                PyValueError::new_err(
+                    "labels=True needs the assistant masks (return_assistant_tokens_mask=False was given)",
+                )
+            } else {
+                no_generation_block()
+            });
+        }
+        check_chat_options(
+            continue_final_message.is_some(),
+            add_generation_prompt,
+            masks,
+        )?;
+        let remove = match remove_columns {
+            Some(names) if !names.is_none() => name_list(names)?,
+            _ => Vec::new(),
+        };
+        let now = seconds(py, now)?;
+        let variables = match template_kwargs {
+            Some(kwargs) => match to_json(py, kwargs.as_any(), "template variables")? {
+                serde_json::Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            },
+            None => serde_json::Map::new(),
+        };
+        let call = format!(
+            "apply_chat_template(column={column:?}, add_generation_prompt={add_generation_prompt}, max_length={:?}, masks={masks}, labels={labels})",
+            max_length.filter(|_| truncation)
+        );
+        let op = crate::text::ops::ApplyChatTemplate {
+            tokenizer: text.clone(),
+            template,
+            column: column.to_string(),
+            options: crate::text::ChatOptions {
+                add_generation_prompt,
+                continue_final_message: continue_final_message.clone(),
+                tools: tools.map(|t| to_json(py, t, "tools")).transpose()?,
+                documents: documents.map(|d| to_json(py, d, "documents")).transpose()?,
+                variables,
+                now,
+                track_generation: masks,
+            },
+            max_length: max_length.filter(|_| truncation),
+            labels,
+            remove_columns: remove.clone(),
+            call,
+        };
+        self.check_column(py, column)?;
+        let args = PyDict::new(py);
+        if let Some(kwargs) = template_kwargs {
+            args.update(kwargs.as_mapping())?;
+        }
+        args.set_item("tokenizer", tokenizer)?;
+        args.set_item("column", column)?;
+        args.set_item("chat_template", chat_template)?;
+        args.set_item("add_generation_prompt", add_generation_prompt)?;
+        args.set_item("continue_final_message", continue_final_message)?;
+        args.set_item("tools", tools)?;
+        args.set_item("documents", documents)?;
+        args.set_item("max_length", max_length)?;
+        args.set_item("truncation", truncation)?;
+        args.set_item("return_assistant_tokens_mask", masks)?;
+        args.set_item("labels", labels)?;
+        args.set_item("remove_columns", remove)?;
+        args.set_item("now", now)?;
+        let op = Op::Transform(Arc::new(op));
+        Ok(self.derived(
+            self.inner.with_op(op),
+            "apply_chat_template",
+            args.into_any(),
+        ))
+    }
+
+    /// Checks that `column` exists, where the columns are known without reading.
+    fn check_column(&self, py: Python<'_>, column: &str) -> PyResult<()> {
+        if self.inner.keeps_source_schema() {
+            let schema = py.detach(|| self.inner.source_schema())?;
+            if schema.index_of(column).is_err() {
+                let names: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
+                return Err(crate::error::Error::Schema {
+                    url: String::new(),
+                    message: format!("no column {column:?}; the columns are {names:?}"),
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+}
