@@ -11,7 +11,7 @@ use super::args::name_list;
 use super::dataset::PyDataset;
 use super::tokenizer::{
     ChatVerb, PyTokenizer, check_chat_options, continue_field, no_generation_block, pick_template,
-    seconds, to_json,
+    seconds, to_json, variables,
 };
 use crate::pipeline::Op;
 
@@ -97,16 +97,10 @@ impl PyDataset {
             _ => Vec::new(),
         };
         let now = seconds(py, now)?;
-        let variables = match template_kwargs {
-            Some(kwargs) => match to_json(py, kwargs.as_any(), "template variables")? {
-                serde_json::Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            },
-            None => serde_json::Map::new(),
-        };
+        let variables = text.template_variables(variables(py, template_kwargs)?);
+        let truncate_to = max_length.filter(|_| truncation);
         let call = format!(
-            "apply_chat_template(column={column:?}, add_generation_prompt={add_generation_prompt}, max_length={:?}, masks={masks}, labels={labels})",
-            max_length.filter(|_| truncation)
+            "apply_chat_template(column={column:?}, add_generation_prompt={add_generation_prompt}, max_length={truncate_to:?}, masks={masks}, labels={labels})",
         );
         let op = crate::text::ops::ApplyChatTemplate {
             tokenizer: text.clone(),
@@ -121,7 +115,7 @@ impl PyDataset {
                 now,
                 track_generation: masks,
             },
-            max_length: max_length.filter(|_| truncation),
+            max_length: truncate_to,
             labels,
             remove_columns: remove.clone(),
             call,

@@ -57,7 +57,10 @@ fn tokenizer_error(e: String) -> PyErr {
 }
 
 /// The template variables given as keyword arguments.
-fn variables(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Map<String, Json>> {
+pub(super) fn variables(
+    py: Python<'_>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Map<String, Json>> {
     match kwargs {
         Some(kwargs) => match to_json(py, kwargs.as_any(), "template variables")? {
             Json::Object(map) => Ok(map),
@@ -250,13 +253,13 @@ impl PyTokenizer {
             continue_final_message,
             tools: tools.map(|t| to_json(py, t, "tools")).transpose()?,
             documents: documents.map(|d| to_json(py, d, "documents")).transpose()?,
-            variables: variables(py, kwargs)?,
+            variables: self.inner.template_variables(variables(py, kwargs)?),
             now: seconds(py, now)?,
             track_generation: return_assistant_tokens_mask,
         };
         if !tokenize {
             let rendered = py
-                .detach(|| self.inner.render(&template, &messages, &options))
+                .detach(|| template.render(&messages, &options))
                 .map_err(render_error)?;
             return Ok(PyString::new(py, &rendered.text).into_any());
         }

@@ -41,4 +41,5 @@ pub use object::{BoxFuture, IoCounters, ShardMeta, Source, read_ranges_blocking,
 pub use redact::redact;
 pub use runtime::runtime;
 pub use schemes::{Io, local_path, open, read_whole, resolve};
+pub use sigv4::civil_from_days;
 pub use storage::{Storage, StorageOptions};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value as Json};
 use tokenizers::{Encoding, TruncationDirection};
 
-use super::chat_template::{ChatOptions, ChatTemplate, RenderError, Rendered};
+use super::chat_template::{ChatOptions, ChatTemplate, RenderError};
 
 /// The special tokens transformers passes to chat templates, by attribute name.
 const SPECIAL_TOKENS: [&str; 7] = [
@@ -237,7 +237,8 @@ impl TextTokenizer {
         Ok(tokens(encoding))
     }
 
-    /// Renders `messages` with `template` and tokenizes the text as transformers'
+    /// Renders `messages` with `template` (`options.variables` holding the special tokens:
+    /// [`TextTokenizer::template_variables`]) and tokenizes the text as transformers'
     /// `apply_chat_template(tokenize=True)` does (no special tokens added: the template
     /// writes them), with the assistant mask when `options.track_generation`: 1 for
     /// every token that overlaps a generation block's text.
@@ -248,7 +249,7 @@ impl TextTokenizer {
         options: &ChatOptions,
         max_length: Option<usize>,
     ) -> Result<ChatTokens, RenderError> {
-        let rendered = self.render(template, messages, options)?;
+        let rendered = template.render(messages, options)?;
         let tokens = self
             .encode(
                 &rendered.text,
@@ -267,21 +268,12 @@ impl TextTokenizer {
         })
     }
 
-    /// `messages` rendered with `template`, the special tokens given to it.
-    pub fn render(
-        &self,
-        template: &ChatTemplate,
-        messages: &[Json],
-        options: &ChatOptions,
-    ) -> Result<Rendered, RenderError> {
-        if self.inner.special.is_empty() {
-            return template.render(messages, options);
-        }
-        // Variables given win over the special tokens, as in transformers.
-        let mut with_special = options.clone();
-        with_special.variables = self.inner.special.clone();
-        with_special.variables.extend(options.variables.clone());
-        template.render(messages, &with_special)
+    /// A template's variables: the special tokens, then `given` (which win over them, as
+    /// in transformers). Merged once per call or verb, not per row.
+    pub fn template_variables(&self, given: Map<String, Json>) -> Map<String, Json> {
+        let mut variables = self.inner.special.clone();
+        variables.extend(given);
+        variables
     }
 }
 
