@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -131,6 +132,20 @@ def test_len_getitem_and_select_match_iteration(tmp_path_factory: pytest.TempPat
         train = [ident(fmt, r) for r in split["train"]]
         test = [ident(fmt, r) for r in split["test"]]
         assert len(test) == test_size and sorted(train + test) == iterated
+
+
+@pytest.mark.parametrize("chain", [
+    lambda ds: ds.flat_map(lambda r: [r]).shuffle(seed=0),
+    lambda ds: ds.filter(lambda r: r["id"] % 3 > 0).flat_map(lambda r: [r, r]).shuffle(seed=1, buffer_size=7),
+    lambda ds: ds.shuffle(seed=2, buffer_size=5).map(lambda r: r).shuffle(seed=3, buffer_size=9).select(range(40)),
+])
+def test_ops_after_rows_read_into_memory_draw_as_iteration_does(tmp_path: Path, chain: Any) -> None:
+    """Random access reads what it cannot address (a flat_map, a shuffle buffer) into
+    memory and goes on from there: the shuffles after it draw as when the whole chain
+    streams, so ds[i] is the i-th row iterated."""
+    ds = chain(sf.dataset(write_shards(tmp_path, "jsonl", [30, 21])))
+    iterated = [r["id"] for r in ds]
+    assert [ds[i]["id"] for i in range(len(iterated))] == iterated
 
 
 def test_shuffle_without_buffer_is_a_permutation_new_each_epoch(tmp_path: Path) -> None:

@@ -139,6 +139,7 @@ class Dataset:
         max_length: int | None = None,
         truncation: bool = False,
         add_special_tokens: bool = True,
+        on_error: str = "raise",
     ) -> Dataset: ...
     def apply_chat_template(
         self,
@@ -155,6 +156,7 @@ class Dataset:
         labels: bool = False,
         remove_columns: str | Sequence[str] | None = None,
         now: Any = None,
+        on_error: str = "raise",
         **template_kwargs: Any,
     ) -> Dataset: ...
     def select_columns(self, names: str | Sequence[str]) -> Dataset: ...

@@ -57,6 +57,26 @@ pub trait BatchTransform: Send + Sync {
         let _ = input;
         None
     }
+    /// Whether rows it fails on are left out and counted (`on_error="skip"`) rather
+    /// than raised: a row-preserving transform then gives fewer rows, each keeping its
+    /// position. Random access cannot pass through it (its rows are read into memory
+    /// once, as after a flat_map).
+    fn skips_failed_rows(&self) -> bool {
+        false
+    }
+    /// For a transform that [`skips_failed_rows`](Self::skips_failed_rows): the output
+    /// for the rows of `batch` that did not fail, and which rows those are (`None`
+    /// when none failed).
+    fn apply_skipping(
+        &self,
+        batch: RecordBatch,
+    ) -> Result<(RecordBatch, Option<arrow_array::BooleanArray>)> {
+        let _ = batch;
+        Err(Error::Internal(format!(
+            "{} does not skip failed rows",
+            self.describe()
+        )))
+    }
 }
 
 /// Row numbers chosen by `select`: a range or a list, with a digest of the list so a
@@ -204,7 +224,7 @@ impl Op {
     pub fn keeps_rows_addressable(&self) -> bool {
         match self {
             Op::Shuffle { .. } => false,
-            Op::Transform(t) => t.preserves_rows() || t.filters(),
+            Op::Transform(t) => (t.preserves_rows() && !t.skips_failed_rows()) || t.filters(),
             _ => true,
         }
     }
@@ -237,6 +257,8 @@ pub struct Draws {
     epoch: u64,
     /// Index of the last op that picks by position.
     last_pick: Option<usize>,
+    /// Ops of the whole chain before this one (see [`Draws::after`]).
+    before: usize,
 }
 
 impl Draws {
@@ -244,6 +266,7 @@ impl Draws {
         Self {
             epoch,
             last_pick: ops.iter().rposition(Op::picks_by_position),
+            before: 0,
         }
     }
 
@@ -262,7 +285,21 @@ impl Draws {
         Self {
             epoch: self.epoch,
             last_pick: self.last_pick.and_then(|last| last.checked_sub(stage)),
+            before: self.before + stage,
         }
+    }
+
+    /// These draws for a chain whose first op is at `stage` of a longer one.
+    pub fn placed_at(self, stage: usize) -> Self {
+        Self {
+            before: stage,
+            ..self
+        }
+    }
+
+    /// Ops of the whole chain before this one.
+    pub fn before(&self) -> usize {
+        self.before
     }
 
     /// The epoch the op at `stage` draws for.
@@ -272,6 +309,13 @@ impl Draws {
         } else {
             self.epoch
         }
+    }
+
+    /// The random numbers of the op at `stage` with `seed`: a stream of its own, named
+    /// by its place in the whole chain, so that the ops after a part read into memory
+    /// (see `Dataset::random_access_with`) draw as they do when the chain streams.
+    pub fn rng(&self, seed: u64, stage: usize) -> super::rng::Rng {
+        super::rng::Rng::new(seed, self.stage(stage), 1 + (self.before + stage) as u64)
     }
 }
 
@@ -599,10 +643,15 @@ pub struct Transformed {
     upstream: BatchIter,
     transform: Arc<dyn BatchTransform>,
     out: std::collections::VecDeque<RecordBatch>,
+    stats: Arc<super::stats::Stats>,
 }
 
 impl Transformed {
-    pub fn new(upstream: BatchIter, transform: Arc<dyn BatchTransform>) -> Self {
+    pub fn new(
+        upstream: BatchIter,
+        transform: Arc<dyn BatchTransform>,
+        stats: Arc<super::stats::Stats>,
+    ) -> Self {
         let upstream: BatchIter = match transform.batch_rows() {
             Some(rows) => Box::new(Rebatch::new(upstream, rows, false)),
             None => upstream,
@@ -611,6 +660,7 @@ impl Transformed {
             upstream,
             transform,
             out: Default::default(),
+            stats,
         }
     }
 }
@@ -639,7 +689,7 @@ impl Iterator for Transformed {
 
 impl Transformed {
     fn run(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
-        run_transform(self.transform.as_ref(), batch)
+        run_transform(self.transform.as_ref(), batch, &self.stats)
     }
 }
 
@@ -649,6 +699,7 @@ pub struct TransformedOnThreads {
     upstream: BatchIter,
     transform: Arc<dyn BatchTransform>,
     made: super::assemble::InOrder,
+    stats: Arc<super::stats::Stats>,
 }
 
 impl TransformedOnThreads {
@@ -656,11 +707,13 @@ impl TransformedOnThreads {
         upstream: BatchIter,
         transform: Arc<dyn BatchTransform>,
         threads: Arc<super::assemble::BatchThreads>,
+        stats: Arc<super::stats::Stats>,
     ) -> Self {
         Self {
             upstream,
             transform,
             made: super::assemble::InOrder::new(threads),
+            stats,
         }
     }
 }
@@ -669,16 +722,16 @@ impl Iterator for TransformedOnThreads {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (upstream, transform) = (&mut self.upstream, &self.transform);
+        let (upstream, transform, stats) = (&mut self.upstream, &self.transform, &self.stats);
         self.made.next(|| {
             let batch = match upstream.next()? {
                 Ok(batch) => batch,
                 Err(e) => return Some(Err(e)),
             };
-            let transform = transform.clone();
+            let (transform, stats) = (transform.clone(), stats.clone());
             Some(Ok(super::assemble::Step::Make(Box::new(move || {
                 let rows = batch.num_rows();
-                match &mut run_transform(transform.as_ref(), batch)?[..] {
+                match &mut run_transform(transform.as_ref(), batch, &stats)?[..] {
                     [one] => Ok(std::mem::replace(one, RecordBatch::new_empty(one.schema()))),
                     other => Err(Error::Internal(format!(
                         "{} gave {} batches for one batch of {rows} rows",
@@ -692,10 +745,43 @@ impl Iterator for TransformedOnThreads {
 }
 
 /// The function sees the batch without its row positions; they are put back on rows it
-/// keeps in place (a filter's, a per-row map's). After a function that makes or reorders
-/// rows (flat_map, batched map) rows have no positions any more.
-fn run_transform(transform: &dyn BatchTransform, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+/// keeps in place (a filter's, a per-row map's, and the rows a skipping one did not fail
+/// on). After a function that makes or reorders rows (flat_map, batched map) rows have
+/// no positions any more.
+fn run_transform(
+    transform: &dyn BatchTransform,
+    batch: RecordBatch,
+    stats: &super::stats::Stats,
+) -> Result<Vec<RecordBatch>> {
     let (batch, positions) = rows::detach(batch);
+    if transform.skips_failed_rows() {
+        let (out, kept) = transform.apply_skipping(batch)?;
+        let positions = match (positions, kept) {
+            (positions, None) => positions,
+            (positions, Some(kept)) => {
+                let failed = kept.len() - kept.true_count();
+                stats
+                    .skipped_records
+                    .fetch_add(failed as u64, std::sync::atomic::Ordering::Relaxed);
+                positions
+                    .map(|p| {
+                        arrow_select::filter::filter(&p, &kept)
+                            .map(|p| {
+                                arrow_array::cast::AsArray::as_primitive::<
+                                    arrow_array::types::UInt64Type,
+                                >(p.as_ref())
+                                .clone()
+                            })
+                            .map_err(|e| Error::Internal(format!("dropping failed rows: {e}")))
+                    })
+                    .transpose()?
+            }
+        };
+        return Ok(vec![match positions {
+            Some(positions) => rows::attach(out, positions)?,
+            None => out,
+        }]);
+    }
     let Some(positions) = positions else {
         if transform.wants_indices() {
             return Err(Error::Internal(

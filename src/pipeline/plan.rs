@@ -79,6 +79,9 @@ pub struct RunOptions {
     /// Set when the consumer is gone (`break`, Ctrl-C, a dropped iterator): the run's
     /// decoders stop waiting for fetches and drop the requests in flight.
     pub cancel: Arc<AtomicBool>,
+    /// Ops of a longer chain before these ones, whose rows were read into memory as
+    /// this dataset (see `Dataset::materialized`): the ops draw as at their place there.
+    pub stages_before: usize,
 }
 
 impl RunOptions {
@@ -165,6 +168,7 @@ impl Default for RunOptions {
             remaining: None,
             leaf: 0,
             cancel: Arc::default(),
+            stages_before: 0,
         }
     }
 }
@@ -527,7 +531,8 @@ impl Dataset {
             && !matches!(split(&head, ops), Split::Rows { .. })
             && ops.iter().all(|op| match op {
                 Op::Take(_) | Op::Skip(_) => true,
-                Op::Transform(t) => t.preserves_rows(),
+                // Rows a function skips differ between ranks.
+                Op::Transform(t) => t.preserves_rows() && !t.skips_failed_rows(),
                 Op::Shuffle { .. } | Op::Permute { .. } | Op::Select(_) | Op::Sample { .. } => {
                     false
                 }

@@ -322,7 +322,7 @@ impl RandomAccess {
                 }
                 Op::Permute { seed } => {
                     let mut order: Vec<u64> = (0..self.len).collect();
-                    Rng::new(*seed, draws.stage(stage), 1 + stage as u64).shuffle(&mut order);
+                    draws.rng(*seed, stage).shuffle(&mut order);
                     self.maps.push(IndexMap::Permute(order));
                 }
                 Op::Sample {
@@ -333,7 +333,7 @@ impl RandomAccess {
                 } => {
                     let weights = self.weights(weights)?;
                     let n = num_samples.unwrap_or(self.len);
-                    let mut rng = Rng::new(*seed, draws.stage(stage), 1 + stage as u64);
+                    let mut rng = draws.rng(*seed, stage);
                     let order = if *replacement {
                         sample::with_replacement(&weights, n, &mut rng)
                     } else {

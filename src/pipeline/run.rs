@@ -18,7 +18,6 @@ use super::plan::{
 };
 use super::prefetch::{self, BatchReceiver};
 use super::random_access::RandomAccess;
-use super::rng::Rng;
 use super::rows::{self, RowList};
 use super::stats::Stats;
 use super::stream::{BatchIter, conform};
@@ -139,7 +138,12 @@ impl Dataset {
         // The origin and the functions by address too: in-memory data and functions
         // do not show in a fingerprint.
         let origin = materialized::Origin::of(&self.origin);
-        let mut key = format!("{}@{epoch}{}", prefix.fingerprint(), origin.address());
+        let mut key = format!(
+            "{}@{epoch}+{}{}",
+            prefix.fingerprint(),
+            draws.before(),
+            origin.address()
+        );
         for f in &functions {
             key.push_str(&format!("#{:p}", Arc::as_ptr(f)));
         }
@@ -148,6 +152,7 @@ impl Dataset {
         }
         let run = RunOptions {
             epoch,
+            stages_before: draws.before(),
             ..RunOptions::default()
         };
         let mut batches = Vec::new();
@@ -287,7 +292,7 @@ impl Dataset {
             return Ok(Box::new(stream.map(|b| b.map(|b| rows::detach(b).0))));
         }
         let head = self.head(run.epoch, run.count_rows)?;
-        let draws = self.draws(run.epoch);
+        let draws = self.draws(run.epoch).placed_at(run.stages_before);
         let ops = &self.ops[head.rest..];
         let split = split_for(self, &head, run)?;
         // The rows of the head a reader of `run` reads (a combination plans its own).
@@ -359,7 +364,7 @@ impl Dataset {
                 Op::Shuffle { seed, buffer } => {
                     let mut shuffle = shuffle::ShuffleBuffer::new(
                         stream,
-                        Rng::new(*seed, draws.stage(stage), 1 + stage as u64),
+                        draws.rng(*seed, stage),
                         *buffer,
                         stats.clone(),
                     );
@@ -378,8 +383,11 @@ impl Dataset {
                     stream,
                     t.clone(),
                     batch_threads.clone(),
+                    stats.clone(),
                 )),
-                Op::Transform(t) => Box::new(ops::Transformed::new(stream, t.clone())),
+                Op::Transform(t) => {
+                    Box::new(ops::Transformed::new(stream, t.clone(), stats.clone()))
+                }
                 Op::Permute { .. } | Op::Select(_) | Op::Sample { .. } => {
                     return Err(Error::Internal(format!("{op:?} after the indexed head")));
                 }

@@ -13,6 +13,7 @@ use super::tokenizer::{
     ChatVerb, PyTokenizer, check_chat_options, continue_field, no_generation_block, pick_template,
     seconds, to_json, variables,
 };
+use crate::format::OnError;
 use crate::pipeline::Op;
 
 /// The dataset verbs `Dataset.tokenize` and `Dataset.apply_chat_template`.
@@ -22,9 +23,9 @@ impl PyDataset {
         py: Python<'_>,
         tokenizer: &Bound<'_, PyTokenizer>,
         column: &str,
-        max_length: Option<usize>,
-        truncation: bool,
+        (max_length, truncation): (Option<usize>, bool),
         add_special_tokens: bool,
+        on_error: &str,
     ) -> PyResult<PyDataset> {
         let op = crate::text::ops::Tokenize {
             tokenizer: tokenizer.get().inner.clone(),
@@ -33,6 +34,7 @@ impl PyDataset {
                 add_special_tokens,
                 max_length: max_length.filter(|_| truncation),
             },
+            skip_failed: OnError::parse(on_error)? == OnError::Skip,
         };
         self.check_column(py, column)?;
         let args = PyDict::new(py);
@@ -41,6 +43,7 @@ impl PyDataset {
         args.set_item("max_length", max_length)?;
         args.set_item("truncation", truncation)?;
         args.set_item("add_special_tokens", add_special_tokens)?;
+        args.set_item("on_error", on_error)?;
         let op = Op::Transform(Arc::new(op));
         Ok(self.derived(self.inner.with_op(op), "tokenize", args.into_any()))
     }
@@ -64,8 +67,10 @@ impl PyDataset {
             labels,
             remove_columns,
             now,
+            on_error,
             template_kwargs,
         } = verb;
+        let skip_failed = OnError::parse(on_error)? == OnError::Skip;
         let text = &tokenizer.get().inner;
         let with_tools = tools.is_some_and(|t| !t.is_none());
         let template = pick_template(text, chat_template, with_tools)?;
@@ -100,7 +105,7 @@ impl PyDataset {
         let variables = text.template_variables(variables(py, template_kwargs)?);
         let truncate_to = max_length.filter(|_| truncation);
         let call = format!(
-            "apply_chat_template(column={column:?}, add_generation_prompt={add_generation_prompt}, max_length={truncate_to:?}, masks={masks}, labels={labels})",
+            "apply_chat_template(column={column:?}, add_generation_prompt={add_generation_prompt}, max_length={truncate_to:?}, masks={masks}, labels={labels}, on_error={on_error:?})",
         );
         let op = crate::text::ops::ApplyChatTemplate {
             tokenizer: text.clone(),
@@ -118,6 +123,7 @@ impl PyDataset {
             max_length: truncate_to,
             labels,
             remove_columns: remove.clone(),
+            skip_failed,
             call,
         };
         self.check_column(py, column)?;
@@ -138,6 +144,7 @@ impl PyDataset {
         args.set_item("labels", labels)?;
         args.set_item("remove_columns", remove)?;
         args.set_item("now", now)?;
+        args.set_item("on_error", on_error)?;
         let op = Op::Transform(Arc::new(op));
         Ok(self.derived(
             self.inner.with_op(op),

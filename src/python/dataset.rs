@@ -492,7 +492,10 @@ impl PyDataset {
     /// Adds `input_ids` (`list<int32>`): each text of `column` tokenized by `tokenizer`
     /// (a `shardflow.Tokenizer`), as `tokenizer(text)["input_ids"]` in transformers,
     /// truncated to `max_length` with `truncation=True`. Runs on the loader's threads.
-    #[pyo3(signature = (tokenizer, column="text", max_length=None, truncation=false, add_special_tokens=true))]
+    /// A row that fails (a null text) raises `sf.TemplateError` naming it, or with
+    /// `on_error="skip"` is left out and counted in `stats()["skipped_records"]`.
+    #[pyo3(signature = (tokenizer, column="text", max_length=None, truncation=false, add_special_tokens=true, on_error="raise"))]
+    #[allow(clippy::too_many_arguments)]
     fn tokenize(
         &self,
         py: Python<'_>,
@@ -501,14 +504,15 @@ impl PyDataset {
         max_length: Option<usize>,
         truncation: bool,
         add_special_tokens: bool,
+        on_error: &str,
     ) -> PyResult<PyDataset> {
         self.tokenized(
             py,
             tokenizer,
             column,
-            max_length,
-            truncation,
+            (max_length, truncation),
             add_special_tokens,
+            on_error,
         )
     }
 
@@ -522,12 +526,14 @@ impl PyDataset {
     /// other columns stay but `remove_columns`. `now` (a datetime or POSIX seconds) is
     /// what `strftime_now` gives; by default the time of this call, so every epoch,
     /// worker and resume renders the same text. Other keyword arguments are variables
-    /// for the template. Runs on the loader's threads.
+    /// for the template. Runs on the loader's threads. A malformed row (not a list of
+    /// messages, or one the template raises on) raises `sf.TemplateError` naming it, or
+    /// with `on_error="skip"` is left out and counted in `stats()["skipped_records"]`.
     #[pyo3(signature = (
         tokenizer, column="messages", chat_template=None, add_generation_prompt=false,
         continue_final_message=None, tools=None, documents=None, max_length=None,
         truncation=false, return_assistant_tokens_mask=None, labels=false,
-        remove_columns=None, now=None, **template_kwargs
+        remove_columns=None, now=None, on_error="raise", **template_kwargs
     ))]
     #[allow(clippy::too_many_arguments)]
     fn apply_chat_template(
@@ -546,6 +552,7 @@ impl PyDataset {
         labels: bool,
         remove_columns: Option<&Bound<'_, PyAny>>,
         now: Option<&Bound<'_, PyAny>>,
+        on_error: &str,
         template_kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyDataset> {
         self.chat_tokens(
@@ -564,6 +571,7 @@ impl PyDataset {
                 labels,
                 remove_columns,
                 now,
+                on_error,
                 template_kwargs,
             },
         )

@@ -407,5 +407,6 @@ pub(super) struct ChatVerb<'a, 'py> {
     pub labels: bool,
     pub remove_columns: Option<&'a Bound<'py, PyAny>>,
     pub now: Option<&'a Bound<'py, PyAny>>,
+    pub on_error: &'a str,
     pub template_kwargs: Option<&'a Bound<'py, PyDict>>,
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arrow_array::builder::{Int8Builder, Int32Builder, ListBuilder};
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
-use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde_json::{Map, Number, Value as Json};
 
@@ -26,6 +26,8 @@ pub struct Tokenize {
     pub column: String,
     /// Special tokens and truncation.
     pub options: EncodeOptions,
+    /// Rows it fails on are skipped and counted (`on_error="skip"`), not raised.
+    pub skip_failed: bool,
 }
 
 /// `ds.apply_chat_template(tok, column, ...)`: `input_ids` of each conversation, and
@@ -45,6 +47,8 @@ pub struct ApplyChatTemplate {
     pub labels: bool,
     /// Columns left out of the output.
     pub remove_columns: Vec<String>,
+    /// Rows it fails on are skipped and counted (`on_error="skip"`), not raised.
+    pub skip_failed: bool,
     /// What the verb was called with, for `describe`.
     pub call: String,
 }
@@ -126,8 +130,54 @@ fn row_error(verb: &str, column: &str, value: &str, message: impl std::fmt::Disp
     ))
 }
 
-impl BatchTransform for Tokenize {
-    fn apply(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+/// The rows of a batch a verb failed on, where they are skipped (`on_error="skip"`).
+struct Failures {
+    skip: bool,
+    rows: Vec<usize>,
+}
+
+impl Failures {
+    fn new(skip: bool) -> Self {
+        Self {
+            skip,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Row `i`'s outcome: its value, or `None` where it failed and is skipped.
+    fn of<T>(&mut self, i: usize, outcome: Result<T>) -> Result<Option<T>> {
+        match outcome {
+            Ok(value) => Ok(Some(value)),
+            Err(_) if self.skip => {
+                self.rows.push(i);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `batch`'s rows that did not fail, with the `added` columns (made for those rows
+    /// alone), and which rows they are when some failed.
+    fn merged(
+        self,
+        batch: &RecordBatch,
+        schema: SchemaRef,
+        added: Vec<(String, ArrayRef)>,
+    ) -> Result<(RecordBatch, Option<BooleanArray>)> {
+        if self.rows.is_empty() {
+            return Ok((merged_batch(batch, schema, added)?, None));
+        }
+        let mut keep = vec![true; batch.num_rows()];
+        self.rows.iter().for_each(|&i| keep[i] = false);
+        let keep = BooleanArray::from(keep);
+        let kept = arrow_select::filter::filter_record_batch(batch, &keep)
+            .map_err(|e| Error::Internal(format!("dropping failed rows: {e}")))?;
+        Ok((merged_batch(&kept, schema, added)?, Some(keep)))
+    }
+}
+
+impl Tokenize {
+    fn run(&self, batch: RecordBatch) -> Result<(RecordBatch, Option<BooleanArray>)> {
         let texts = column(&batch, &self.column)?;
         let texts = arrow_cast::cast(texts, &DataType::LargeUtf8).map_err(|e| Error::Schema {
             url: String::new(),
@@ -135,30 +185,47 @@ impl BatchTransform for Tokenize {
         })?;
         let texts = texts.as_string::<i64>();
         let mut ids = ListBuilder::new(Int32Builder::new());
+        let mut failures = Failures::new(self.skip_failed);
         for i in 0..texts.len() {
-            if texts.is_null(i) {
-                return Err(row_error(
+            let tokens = if texts.is_null(i) {
+                Err(row_error(
                     "tokenize",
                     &self.column,
                     "None",
                     "no text to tokenize",
-                ));
+                ))
+            } else {
+                let text = texts.value(i);
+                self.tokenizer
+                    .encode(text, self.options)
+                    .map_err(|e| row_error("tokenize", &self.column, text, e))
+            };
+            if let Some(tokens) = failures.of(i, tokens)? {
+                ids.values().append_slice(bytemuck_i32(&tokens.ids));
+                ids.append(true);
             }
-            let text = texts.value(i);
-            let tokens = self
-                .tokenizer
-                .encode(text, self.options)
-                .map_err(|e| row_error("tokenize", &self.column, text, e))?;
-            ids.values().append_slice(bytemuck_i32(&tokens.ids));
-            ids.append(true);
         }
         let added = [list_field("input_ids", DataType::Int32)];
         let schema = merged_schema(&batch.schema(), &[], &added);
-        Ok(vec![merged_batch(
+        failures.merged(
             &batch,
             schema,
             vec![("input_ids".into(), Arc::new(ids.finish()))],
-        )?])
+        )
+    }
+}
+
+impl BatchTransform for Tokenize {
+    fn apply(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        Ok(vec![self.run(batch)?.0])
+    }
+
+    fn skips_failed_rows(&self) -> bool {
+        self.skip_failed
+    }
+
+    fn apply_skipping(&self, batch: RecordBatch) -> Result<(RecordBatch, Option<BooleanArray>)> {
+        self.run(batch)
     }
 
     fn preserves_rows(&self) -> bool {
@@ -171,8 +238,11 @@ impl BatchTransform for Tokenize {
 
     fn describe(&self) -> String {
         format!(
-            "tokenize(column={:?}, add_special_tokens={}, max_length={:?})",
-            self.column, self.options.add_special_tokens, self.options.max_length
+            "tokenize(column={:?}, add_special_tokens={}, max_length={:?}, on_error={:?})",
+            self.column,
+            self.options.add_special_tokens,
+            self.options.max_length,
+            if self.skip_failed { "skip" } else { "raise" }
         )
     }
 
@@ -206,31 +276,17 @@ impl ApplyChatTemplate {
     }
 }
 
-impl BatchTransform for ApplyChatTemplate {
-    fn apply(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+impl ApplyChatTemplate {
+    fn run(&self, batch: RecordBatch) -> Result<(RecordBatch, Option<BooleanArray>)> {
         let conversations = column(&batch, &self.column)?;
         let mut ids = ListBuilder::new(Int32Builder::new());
         let mut masks = ListBuilder::new(Int8Builder::new());
         let mut labels = ListBuilder::new(Int32Builder::new());
+        let mut failures = Failures::new(self.skip_failed);
         for i in 0..batch.num_rows() {
-            let messages = json_of(conversations.as_ref(), i);
-            let messages = match messages {
-                Json::String(text) => serde_json::from_str(&text).unwrap_or(Json::String(text)),
-                other => other,
+            let Some(tokens) = failures.of(i, self.row_tokens(conversations.as_ref(), i))? else {
+                continue;
             };
-            let shown = || messages.to_string();
-            let Json::Array(messages) = &messages else {
-                return Err(row_error(
-                    "apply_chat_template",
-                    &self.column,
-                    &shown(),
-                    "a conversation is a list of messages",
-                ));
-            };
-            let tokens = self
-                .tokenizer
-                .chat_tokens(&self.template, messages, &self.options, self.max_length)
-                .map_err(|e| row_error("apply_chat_template", &self.column, &shown(), e))?;
             ids.values().append_slice(bytemuck_i32(&tokens.ids));
             ids.append(true);
             if let Some(mask) = &tokens.assistant_mask {
@@ -254,7 +310,45 @@ impl BatchTransform for ApplyChatTemplate {
             added.push(("labels".into(), Arc::new(labels.finish())));
         }
         let schema = merged_schema(&batch.schema(), &self.remove_columns, &self.added_fields());
-        Ok(vec![merged_batch(&batch, schema, added)?])
+        failures.merged(&batch, schema, added)
+    }
+
+    /// The tokens of row `i`'s conversation, or the error naming it.
+    fn row_tokens(
+        &self,
+        conversations: &dyn Array,
+        i: usize,
+    ) -> Result<super::tokenizer::ChatTokens> {
+        let messages = match json_of(conversations, i) {
+            Json::String(text) => serde_json::from_str(&text).unwrap_or(Json::String(text)),
+            other => other,
+        };
+        let shown = || messages.to_string();
+        let Json::Array(list) = &messages else {
+            return Err(row_error(
+                "apply_chat_template",
+                &self.column,
+                &shown(),
+                "a conversation is a list of messages",
+            ));
+        };
+        self.tokenizer
+            .chat_tokens(&self.template, list, &self.options, self.max_length)
+            .map_err(|e| row_error("apply_chat_template", &self.column, &shown(), e))
+    }
+}
+
+impl BatchTransform for ApplyChatTemplate {
+    fn apply(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        Ok(vec![self.run(batch)?.0])
+    }
+
+    fn skips_failed_rows(&self) -> bool {
+        self.skip_failed
+    }
+
+    fn apply_skipping(&self, batch: RecordBatch) -> Result<(RecordBatch, Option<BooleanArray>)> {
+        self.run(batch)
     }
 
     fn preserves_rows(&self) -> bool {
