@@ -265,9 +265,10 @@ def test_dataset_rows_are_transformers_rows(tmp_path: Path, reference: Any, tok:
     assert set(ds.column_names) == {"id", "input_ids", "assistant_masks", "labels"}
 
 
-def test_an_assistant_span_ending_at_the_first_token_masks_that_token_alone(tok: sf.Tokenizer) -> None:
-    """transformers #47325: a generation span that ends in token 0 masks every token to
-    the end there (its `end_token or len(ids)`); here only that token is the assistant's."""
+def test_an_assistant_span_ending_at_the_first_token_masks_that_token_alone(tok: sf.Tokenizer, reference: Any) -> None:
+    """transformers #47325: a generation span that ends in token 0 masked every token to
+    the end (its `end_token or len(ids)`); here, as in transformers 5.24, only that token
+    is the assistant's."""
     source = "{% generation %}{{ messages[0].content }}{% endgeneration %}{{ messages[1].content }}"
     chat = [{"role": "assistant", "content": "Hi"}, {"role": "user", "content": " there, how are you?"}]
     got = tok.apply_chat_template(chat, chat_template=source, return_assistant_tokens_mask=True)
@@ -275,6 +276,8 @@ def test_an_assistant_span_ending_at_the_first_token_masks_that_token_alone(tok:
     assert ids == tok.encode("Hi there, how are you?", add_special_tokens=False) and len(ids) > 3
     assert [ids[0]] == tok.encode("Hi", add_special_tokens=False)  # the span is token 0
     assert got["assistant_masks"] == [1] + [0] * (len(ids) - 1)
+    expected = reference.apply_chat_template(chat, chat_template=source, return_dict=True, return_assistant_tokens_mask=True)
+    assert (list(expected["input_ids"]), list(expected["assistant_masks"])) == (ids, got["assistant_masks"])
 
 
 def test_a_bad_row_names_itself(tok: sf.Tokenizer) -> None:
