@@ -431,26 +431,73 @@ def test_ranks_workers_epochs_and_a_resume_in_a_fresh_process_deliver_each_conve
             assert before + json.loads(rest) == whole, (rank, worker)
 
 
-def test_forked_torch_workers_tokenize_after_the_parent_did(tmp_path: Path, tok: sf.Tokenizer) -> None:
-    """The parent tokenizes first (its threads started), then torch forks two workers
-    per rank that tokenize too: no deadlock (the hazard of tokenizers #187), every
-    conversation once."""
-    from torch.utils.data import DataLoader as TorchLoader
+TORCH_RESUME = """
+import pickle, sys
+from pathlib import Path
+from torchdata.stateful_dataloader import StatefulDataLoader
+import shardflow as sf
+from shardflow.torch import IterableDataset, dataset_states
+tok = sf.Tokenizer.from_pretrained({deepseek!r})
+ds = sf.dataset({files!r}).apply_chat_template(tok, chat_template=Path({template!r}).read_text())
+adapter = IterableDataset(ds, batch_size=4, shuffle=True, seed=1, rank={rank}, world_size=2)
+adapter.load_state_dict(dataset_states(pickle.loads(sys.stdin.buffer.read())))
+loader = StatefulDataLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120)
+sys.stdout.buffer.write(pickle.dumps([(b["id"].tolist(), [x.tolist() for x in b["input_ids"]]) for b in loader]))
+"""
+
+
+def test_forked_torch_workers_tokenize_epochs_and_resume_in_a_fresh_process(tmp_path: Path, tok: sf.Tokenizer) -> None:
+    """The parent tokenizes first (its threads started), then torch forks two workers per
+    rank that tokenize too: no deadlock (the hazard of tokenizers #187). 2 ranks x 2
+    forked workers (torchdata's StatefulDataLoader), 2 epochs: every conversation's
+    tokens once per epoch; epoch 1 stopped mid-way on each rank and resumed in a fresh
+    process gives the rest of that rank's uninterrupted epoch."""
+    import pickle
+    import subprocess
+    import sys
+
+    from torchdata.stateful_dataloader import StatefulDataLoader
 
     from shardflow.torch import IterableDataset
 
-    template = (TEMPLATES / "qwen2_5_training.jinja").read_text()
+    template = TEMPLATES / "qwen2_5_training.jinja"
     paths = _chat_files(tmp_path, 60)
-    expected = _expected_tokens(tok, paths, template)
-    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=template)
+    expected = {i: ids for i, (ids, _) in _expected_tokens(tok, paths, template.read_text()).items()}
+    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=template.read_text())
     assert len(list(sf.DataLoader(ds, batch_size=8))) > 0  # the parent's pool at work
-    seen = {}
-    for rank in range(2):
+
+    def loader(rank: int) -> StatefulDataLoader:
         adapter = IterableDataset(ds, batch_size=4, shuffle=True, seed=1, rank=rank, world_size=2)
-        for batch in TorchLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120):
-            for i, ids in zip(batch["id"].tolist(), batch["input_ids"]):
-                seen[i] = ids.tolist()
-    assert seen == {i: ids for i, (ids, _) in expected.items()}
+        return StatefulDataLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120)
+
+    def rows(batches: Any) -> list[tuple[int, list[int]]]:
+        return [(i, ids.tolist()) for b in batches for i, ids in zip(b["id"].tolist(), b["input_ids"])]
+
+    # Each rank's passes over one loader: epoch 0, then epoch 1.
+    epochs = [[rows(l), rows(l)] for l in (loader(0), loader(1))]
+    whole = {rank: epochs[rank][1] for rank in range(2)}
+    orders = []
+    for epoch in range(2):
+        seen = epochs[0][epoch] + epochs[1][epoch]
+        assert all(expected[i] == ids for i, ids in seen)
+        # Padding repeats at most one row per rank.
+        assert {i for i, _ in seen} == set(expected) and len(seen) - len(expected) <= 2, epoch
+        orders.append([i for i, _ in seen])
+    assert orders[0] != orders[1]
+
+    for rank in range(2):
+        first = loader(rank)
+        rows(first)  # epoch 0
+        batches = iter(first)
+        before = [next(batches) for _ in range(3)]
+        state = first.state_dict()
+        script = TORCH_RESUME.format(deepseek=str(DEEPSEEK), files=paths, template=str(template), rank=rank)
+        rest = pickle.loads(subprocess.run(
+            [sys.executable, "-c", script], input=pickle.dumps(state),
+            capture_output=True, check=True, timeout=300,
+        ).stdout)
+        resumed = rows(before) + [(i, ids) for b_ids, b_tokens in rest for i, ids in zip(b_ids, b_tokens)]
+        assert sorted(resumed) == sorted(whole[rank]), rank
 
 
 SKIP_RESUME = """
