@@ -17,8 +17,8 @@ Every runner turns every conversation into ``input_ids`` and ``assistant_masks``
 - ``shardflow apply_chat_template``: ``ds.apply_chat_template(tok)`` through
   ``sf.DataLoader``.
 
-Runners alternate; medians of the repeats, and ratios to ``datasets`` and to
-``encode_batch``, are printed.
+Runners alternate (``datasets`` after the others: see ``main``); medians of the
+repeats, and ratios to ``datasets`` and to ``encode_batch``, are printed.
 """
 
 from __future__ import annotations
@@ -147,11 +147,16 @@ def main() -> None:
         print(f"{n:,} conversations, {tokens:.0f} tokens each on average, {SHARDS} JSONL shards, "
               f"template {TEMPLATE.name}, batch {BATCH}, cpus={os.cpu_count()}")
         times: dict[str, list[float]] = {name: [] for name in runners}
-        for _ in range(args.repeats):
-            for name, run in runners.items():  # interleaved, so drift hits all alike
-                start = time.perf_counter()
-                assert run() == n, name
-                times[name].append(time.perf_counter() - start)
+        # Interleaved, so drift hits all alike; but datasets' map(num_proc=2) runs last:
+        # after it, the tokenizers encode_batch and transformers calls in this process
+        # ran at about half their speed (one core), which is not theirs to pay.
+        last = [name for name in runners if name.startswith("datasets")]
+        for phase in ([n for n in runners if n not in last], last):
+            for _ in range(args.repeats):
+                for name in phase:
+                    start = time.perf_counter()
+                    assert runners[name]() == n, name
+                    times[name].append(time.perf_counter() - start)
         medians = {name: statistics.median(t) for name, t in times.items()}
         for name, median in medians.items():
             ratios = "".join(
