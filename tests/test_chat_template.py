@@ -431,6 +431,25 @@ def test_ranks_workers_epochs_and_a_resume_in_a_fresh_process_deliver_each_conve
             assert before + json.loads(rest) == whole, (rank, worker)
 
 
+def test_a_full_shuffle_after_the_verb_tokenizes_the_gathered_rows(tmp_path: Path, tok: sf.Tokenizer) -> None:
+    """`ds.apply_chat_template(tok).shuffle(seed)`: the verb runs on the rows each gather
+    fetches (in pieces, one per core), so iteration, `ds[i]` and a loader's epochs all
+    give transformers' tokens, every conversation once."""
+    template = (TEMPLATES / "qwen2_5_training.jinja").read_text()
+    paths = _chat_files(tmp_path, 75)
+    expected = _expected_tokens(tok, paths, template)
+    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=template).shuffle(seed=0)
+    rows = [(r["id"], list(r["input_ids"]), list(r["assistant_masks"])) for r in ds]
+    assert sorted(i for i, _, _ in rows) == sorted(expected) and [i for i, _, _ in rows] != sorted(expected)
+    assert all((ids, mask) == expected[i] for i, ids, mask in rows)
+    assert [ds[k]["id"] for k in (0, 17, 74)] == [rows[k][0] for k in (0, 17, 74)]
+    loader = sf.DataLoader(ds, batch_size=8, rank=1, world_size=2)
+    loader.set_epoch(1)
+    for batch in loader:
+        for i, ids in zip(batch["id"].tolist(), batch["input_ids"]):
+            assert ids.tolist() == expected[i][0]
+
+
 TORCH_RESUME = """
 import pickle, sys
 from pathlib import Path

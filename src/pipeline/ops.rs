@@ -700,6 +700,21 @@ pub struct TransformedOnThreads {
     transform: Arc<dyn BatchTransform>,
     made: super::assemble::InOrder,
     stats: Arc<super::stats::Stats>,
+    /// Pieces of a large upstream batch not handed out yet.
+    pieces: std::collections::VecDeque<RecordBatch>,
+}
+
+/// Rows of one task of a [`TransformedOnThreads`]: a larger upstream batch (a gather of
+/// a full shuffle can hold thousands of rows) is cut so that every thread has work.
+const PIECE_ROWS: usize = 128;
+
+/// `batch` cut into consecutive pieces of at most `rows` rows (none for no rows).
+pub fn pieces(batch: &RecordBatch, rows: usize) -> Vec<RecordBatch> {
+    let rows = rows.max(1);
+    (0..batch.num_rows())
+        .step_by(rows)
+        .map(|start| batch.slice(start, rows.min(batch.num_rows() - start)))
+        .collect()
 }
 
 impl TransformedOnThreads {
@@ -714,6 +729,7 @@ impl TransformedOnThreads {
             transform,
             made: super::assemble::InOrder::new(threads),
             stats,
+            pieces: Default::default(),
         }
     }
 }
@@ -723,11 +739,18 @@ impl Iterator for TransformedOnThreads {
 
     fn next(&mut self) -> Option<Self::Item> {
         let (upstream, transform, stats) = (&mut self.upstream, &self.transform, &self.stats);
+        let waiting = &mut self.pieces;
         self.made.next(|| {
-            let batch = match upstream.next()? {
-                Ok(batch) => batch,
-                Err(e) => return Some(Err(e)),
-            };
+            if waiting.is_empty() {
+                match upstream.next()? {
+                    Ok(batch) if batch.num_rows() > PIECE_ROWS => {
+                        waiting.extend(pieces(&batch, PIECE_ROWS));
+                    }
+                    Ok(batch) => waiting.push_back(batch),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            let batch = waiting.pop_front()?;
             let (transform, stats) = (transform.clone(), stats.clone());
             Some(Ok(super::assemble::Step::Make(Box::new(move || {
                 let rows = batch.num_rows();

@@ -583,7 +583,18 @@ impl RandomAccess {
                 });
                 out = super::rows::with_index(out, at_level)?;
             }
-            let mut batches = transform.apply(out)?;
+            let mut batches = if transform.parallel() && out.num_rows() > 1 {
+                // A costly transform (tokenizing) over the gathered rows, in one piece
+                // per core: here it runs on the reading thread, not the batch threads.
+                let threads = super::autotune::default_num_threads().max(1);
+                let pieces = super::ops::pieces(&out, out.num_rows().div_ceil(threads));
+                in_parallel(&pieces, |piece| transform.apply(piece.clone()))?
+                    .into_iter()
+                    .flatten()
+                    .collect()
+            } else {
+                transform.apply(out)?
+            };
             out = match batches.pop() {
                 Some(only) if batches.is_empty() => only,
                 last => {
