@@ -15,7 +15,9 @@ Every runner turns every conversation into ``input_ids`` and ``assistant_masks``
 - ``shardflow python map``: the same function as a batched ``map`` through
   ``sf.DataLoader`` (what users had to write before);
 - ``shardflow apply_chat_template``: ``ds.apply_chat_template(tok)`` through
-  ``sf.DataLoader``.
+  ``sf.DataLoader``;
+- ``shardflow shuffle+apply_chat_template``: the same after a full ``shuffle(seed=0)``
+  (rows gathered by index), as a training pipeline reads them.
 
 Runners alternate (``datasets`` after the others: see ``main``); medians of the
 repeats, and ratios to ``datasets`` and to ``encode_batch``, are printed.
@@ -136,11 +138,17 @@ def main() -> None:
             ds = sf.dataset(paths).apply_chat_template(tok, chat_template=source, remove_columns=["messages"])
             return sum(len(b["input_ids"]) for b in sf.DataLoader(ds, batch_size=BATCH))
 
+        def shardflow_shuffled_verb() -> int:
+            ds = sf.dataset(paths).shuffle(seed=0)
+            ds = ds.apply_chat_template(tok, chat_template=source, remove_columns=["messages"])
+            return sum(len(b["input_ids"]) for b in sf.DataLoader(ds, batch_size=BATCH))
+
         runners: dict[str, Callable[[], int]] = {
             "tokenizers encode_batch": encode_batch,
             "datasets map num_proc=2": datasets_map,
             "shardflow python map": shardflow_python_map,
             "shardflow apply_chat_template": shardflow_verb,
+            "shardflow shuffle+apply_chat_template": shardflow_shuffled_verb,
         }
         if args.only:
             runners = {k: v for k, v in runners.items() if k in args.only.split(",")}
