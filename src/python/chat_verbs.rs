@@ -1,5 +1,6 @@
-//! The dataset verbs `tokenize` and `apply_chat_template`: their arguments checked, the
-//! op built (`crate::text::ops`) and recorded in the recipe.
+//! The dataset verbs `tokenize`, `apply_chat_template` and `pack`: their arguments
+//! checked, the op built (`crate::text::ops`, `crate::text::pack`) and recorded in the
+//! recipe.
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use super::tokenizer::{
 use crate::format::OnError;
 use crate::pipeline::Op;
 
-/// The dataset verbs `Dataset.tokenize` and `Dataset.apply_chat_template`.
+/// The dataset verbs `Dataset.tokenize`, `Dataset.apply_chat_template` and `Dataset.pack`.
 impl PyDataset {
     pub(super) fn tokenized(
         &self,
@@ -149,6 +150,77 @@ impl PyDataset {
         Ok(self.derived(
             self.inner.with_op(op),
             "apply_chat_template",
+            args.into_any(),
+        ))
+    }
+
+    pub(super) fn packed(
+        &self,
+        py: Python<'_>,
+        seq_length: usize,
+        strategy: &str,
+        columns: Option<&Bound<'_, PyAny>>,
+        buffer_rows: usize,
+        on_too_long: &str,
+    ) -> PyResult<PyDataset> {
+        use crate::text::pack::{Pack, Strategy, TooLong};
+        if seq_length == 0 || buffer_rows == 0 {
+            return Err(PyValueError::new_err(
+                "seq_length and buffer_rows must be at least 1",
+            ));
+        }
+        let too_long = match on_too_long {
+            "truncate" => TooLong::Truncate,
+            "split" => TooLong::Split,
+            "error" => TooLong::Error,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "on_too_long must be \"truncate\", \"split\" or \"error\", not {other:?}"
+                )));
+            }
+        };
+        let strategy = match strategy {
+            "bfd" => Strategy::BestFit(too_long),
+            "wrapped" if on_too_long == "truncate" => Strategy::Wrapped,
+            "wrapped" => {
+                return Err(PyValueError::new_err(
+                    "on_too_long is for strategy=\"bfd\"; \"wrapped\" cuts every sequence where the row ends",
+                ));
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "strategy must be \"bfd\" or \"wrapped\", not {other:?}"
+                )));
+            }
+        };
+        let names = match columns {
+            Some(names) if !names.is_none() => Some(name_list(names)?),
+            _ => None,
+        };
+        let op = Pack {
+            seq_length,
+            strategy,
+            columns: names.clone(),
+            window_rows: buffer_rows,
+        };
+        for name in names.iter().flatten() {
+            self.check_column(py, name)?;
+        }
+        let args = PyDict::new(py);
+        args.set_item("seq_length", seq_length)?;
+        args.set_item(
+            "strategy",
+            match strategy {
+                Strategy::Wrapped => "wrapped",
+                Strategy::BestFit(_) => "bfd",
+            },
+        )?;
+        args.set_item("columns", names)?;
+        args.set_item("buffer_rows", buffer_rows)?;
+        args.set_item("on_too_long", on_too_long)?;
+        Ok(self.derived(
+            self.inner.with_op(Op::Transform(Arc::new(op))),
+            "pack",
             args.into_any(),
         ))
     }

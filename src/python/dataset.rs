@@ -577,6 +577,24 @@ impl PyDataset {
         )
     }
 
+    /// Token sequences packed into rows of at most `seq_length` tokens, as TRL's
+    /// `pack_dataset` packs them, each window of `buffer_rows` rows on its own: `"bfd"`
+    /// (best fit decreasing; a `seq_lengths` column gives each row's sequences) with
+    /// `on_too_long` `"truncate"`, `"split"` or `"error"`, or `"wrapped"`. Packs
+    /// `columns` (default `input_ids` and the per-token columns beside it).
+    #[pyo3(signature = (seq_length, strategy="bfd", columns=None, buffer_rows=1000, on_too_long="truncate"))]
+    fn pack(
+        &self,
+        py: Python<'_>,
+        seq_length: usize,
+        strategy: &str,
+        columns: Option<&Bound<'_, PyAny>>,
+        buffer_rows: usize,
+        on_too_long: &str,
+    ) -> PyResult<PyDataset> {
+        self.packed(py, seq_length, strategy, columns, buffer_rows, on_too_long)
+    }
+
     /// A dataset whose rows are batches of `batch_size` rows: each column a list of the
     /// batch's values, as `datasets`' `IterableDataset.batch`; `drop_last_batch` leaves
     /// out a last, shorter one. (For training, `DataLoader(ds, batch_size)` makes

