@@ -49,7 +49,8 @@ pub struct Pack {
     pub seq_length: usize,
     /// How sequences go into rows.
     pub strategy: Strategy,
-    /// The columns packed; `None`: `input_ids` and the [`SIBLINGS`] present.
+    /// The columns packed; `None`: `input_ids` and the per-token columns beside it
+    /// (`assistant_masks`, `labels`, ...) that are present.
     pub columns: Option<Vec<String>>,
     /// Rows packed together (TRL's map `batch_size`).
     pub window_rows: usize,
