@@ -164,3 +164,53 @@ def test_a_packed_epoch_resumes_in_a_fresh_process(tokenized: tuple[list[str], l
     elastic.set_epoch(1)
     with pytest.raises(ValueError, match="can resume only on the same number of ranks and workers"):
         elastic.load_state_dict([state, state])
+
+
+def test_padding_free_batches_are_trls_and_transformers(tokenized: tuple[list[str], list[dict[str, Any]]]) -> None:
+    """`shardflow.torch.padding_free` of packed rows equals TRL's padding-free collator on
+    the same packs, and of unpacked rows transformers' DataCollatorWithFlattening, tensor
+    by tensor (dtypes included)."""
+    import torch
+    from transformers import DataCollatorWithFlattening
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from shardflow.torch import padding_free
+
+    paths, _ = tokenized
+    tok = sf.Tokenizer.from_pretrained(DEEPSEEK)
+    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=TEMPLATE.read_text(), labels=True)
+
+    def same(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+        for key, value in theirs.items():
+            if isinstance(value, torch.Tensor):
+                assert value.dtype == ours[key].dtype and torch.equal(value, ours[key]), key
+            else:
+                assert value == ours[key], key
+
+    trl = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    batches = 0
+    for batch in sf.DataLoader(ds.pack(512, buffer_rows=50), batch_size=4, output="torch"):
+        examples = [
+            {"input_ids": i.tolist(), "labels": lab.tolist(), "seq_lengths": n.tolist()}
+            for i, lab, n in zip(batch["input_ids"], batch["labels"], batch["seq_lengths"])
+        ]
+        ours = padding_free(batch)
+        same(ours, trl(examples))
+        assert "attention_mask" not in ours
+        batches += 1
+    assert batches > 5
+    flattening = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    for batch in sf.DataLoader(ds.select_columns(["input_ids", "labels"]), batch_size=8, output="torch"):
+        examples = [{"input_ids": i.tolist(), "labels": lab.tolist()} for i, lab in zip(batch["input_ids"], batch["labels"])]
+        expected = flattening(examples, return_tensors="pt")
+        same(padding_free(batch), {k: v for k, v in expected.items()})
+    # Without labels, the assistant masks choose the tokens the loss is taken on.
+    masked = sf.DataLoader(ds.select_columns(["input_ids", "assistant_masks"]), batch_size=8, output="torch")
+    batch = next(iter(masked))
+    labels = padding_free(batch)["labels"][0]
+    mask = torch.cat([m.to(torch.int64) for m in batch["assistant_masks"]])
+    ids = torch.cat([i.to(torch.int64) for i in batch["input_ids"]])
+    starts = torch.tensor([0] + [len(i) for i in batch["input_ids"]][:-1]).cumsum(0)
+    expected_labels = torch.where(mask == 1, ids, -100)
+    expected_labels[starts] = -100
+    assert torch.equal(labels, expected_labels)

@@ -7,6 +7,8 @@
   samples for torch to collate.
 - :class:`MapDataset` wraps a dataset with known row counts for torch samplers,
   ``DistributedSampler`` included.
+- :func:`padding_free` lays a batch of packed rows out as the variable-length attention
+  kernels take it.
 
 Several ranks each get the same number of batches (their shares are padded with the
 first rows again, as ``DistributedSampler`` pads, unless ``drop_last=True`` or
@@ -37,7 +39,7 @@ from torch.utils.data import get_worker_info
 
 import shardflow as sf
 
-__all__ = ["IterableDataset", "MapDataset", "dataset_states"]
+__all__ = ["IterableDataset", "MapDataset", "dataset_states", "padding_free"]
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -711,3 +713,54 @@ class MapDataset(_TorchDataset):
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
         return self.dataset.__getitems__(list(indices))
+
+
+def padding_free(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch of token rows (packed by ``Dataset.pack``, or not) in the padding-free
+    layout of TRL's ``DataCollatorForLanguageModeling(padding_free=True)``, which
+    transformers' ``DataCollatorWithFlattening`` also gives, for flash attention's
+    variable-length kernels: every row concatenated into ``input_ids`` of shape
+    ``[1, total]``; ``position_ids`` restarting at 0 for every sequence (a row's
+    ``seq_lengths`` tell its sequences apart, else the row is one); ``labels`` (the rows'
+    ``labels``, else ``input_ids`` with -100 where ``assistant_masks`` is 0) with -100 at
+    every sequence's first token; ``cu_seq_lens_q``/``_k`` (int32), ``max_length_q``/``_k``
+    and ``seq_idx``. No ``attention_mask``: an all-ones mask makes the kernels ignore the
+    boundaries. ``batch`` is what ``sf.DataLoader(..., output="torch")`` gives: a list of
+    1-D tensors per column (or a 2-D tensor)."""
+
+    def rows(name: str) -> list[torch.Tensor]:
+        return [torch.as_tensor(row, dtype=torch.int64).reshape(-1) for row in batch[name]]
+
+    input_ids = rows("input_ids")
+    if "labels" in batch:
+        labels = rows("labels")
+    else:
+        labels = [ids.clone() for ids in input_ids]
+        if "assistant_masks" in batch:
+            for row, mask in zip(labels, rows("assistant_masks")):
+                row[mask == 0] = -100
+    lengths = (
+        [n for row in rows("seq_lengths") for n in row.tolist()]
+        if "seq_lengths" in batch
+        else [len(ids) for ids in input_ids]
+    )
+    lengths = [n for n in lengths if n > 0]
+    flat = torch.cat(input_ids)[None]
+    if sum(lengths) != flat.shape[1]:
+        raise ValueError(f"the rows hold {flat.shape[1]} tokens but their seq_lengths add up to {sum(lengths)}")
+    sizes = torch.tensor(lengths, dtype=torch.int64)
+    cu_seq_lens = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]).to(torch.int32)
+    position_ids = torch.arange(flat.shape[1]) - torch.repeat_interleave(cu_seq_lens[:-1].to(torch.int64), sizes)
+    flat_labels = torch.cat(labels)[None]
+    flat_labels[position_ids[None] == 0] = -100
+    longest = int(sizes.max()) if len(lengths) else 0
+    return {
+        "input_ids": flat,
+        "labels": flat_labels,
+        "position_ids": position_ids[None],
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens,
+        "max_length_q": longest,
+        "max_length_k": longest,
+        "seq_idx": torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), sizes)[None],
+    }
