@@ -179,6 +179,7 @@ impl PyDataset {
                 )));
             }
         };
+        let strategy_name = strategy;
         let strategy = match strategy {
             "bfd" => Strategy::BestFit(too_long),
             "wrapped" if on_too_long == "truncate" => Strategy::Wrapped,
@@ -208,13 +209,7 @@ impl PyDataset {
         }
         let args = PyDict::new(py);
         args.set_item("seq_length", seq_length)?;
-        args.set_item(
-            "strategy",
-            match strategy {
-                Strategy::Wrapped => "wrapped",
-                Strategy::BestFit(_) => "bfd",
-            },
-        )?;
+        args.set_item("strategy", strategy_name)?;
         args.set_item("columns", names)?;
         args.set_item("buffer_rows", buffer_rows)?;
         args.set_item("on_too_long", on_too_long)?;

@@ -131,15 +131,14 @@ impl Pack {
         let mut room_of: Vec<usize> = Vec::new();
         for i in order {
             let len = items[i].len;
+            // Rooms listed hold at least one pack each (an emptied room is removed).
             let fit = by_room
-                .range(len.max(1)..self.seq_length)
+                .range_mut(len.max(1)..self.seq_length)
                 .next()
-                .map(|(&room, _)| room);
+                .and_then(|(&room, queue)| Some((room, queue.pop_front()?, queue.is_empty())));
             let pack = match fit {
-                Some(room) => {
-                    let queue = by_room.get_mut(&room).expect("a listed room has packs");
-                    let pack = queue.pop_front().expect("a listed room has packs");
-                    if queue.is_empty() {
+                Some((room, pack, emptied)) => {
+                    if emptied {
                         by_room.remove(&room);
                     }
                     pack
