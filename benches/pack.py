@@ -9,13 +9,26 @@ The corpus and tokenizer of benches/chat_tokens.py. Runners:
 - ``trl pack_dataset``: TRL's ``pack_dataset`` over a ``datasets.Dataset`` of the same
   tokens (made beforehand, not timed), iterated.
 
-Medians of the repeats are printed, with packing's share of the tokenize + pack time.
+And a shuffled, packed epoch of the same tokens, written beforehand to Parquet (pyarrow's
+defaults) and read back by each side:
+
+- ``2 ranks, shuffled + packed``: two processes at once (rank 0 and 1 of 2), each
+  iterating ``sf.dataset(parquet).shuffle(seed=0).pack(seq_length)`` through
+  ``sf.DataLoader(shuffle=True)``: the wall time until both have finished the epoch,
+  process start included;
+- ``trl, shuffled + packed``: ``pack_dataset`` of ``datasets``' ``load_dataset("parquet")``
+  of the same file (loaded and cached beforehand, not timed) after its ``shuffle(seed=0)``,
+  then a ``datasets`` iteration of the packs.
+
+Medians of the repeats are printed, with packing's share of the tokenize + pack time and
+the ratio of the two shuffled, packed epochs.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +39,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 import chat_tokens as bench  # noqa: E402
 
 import shardflow as sf  # noqa: E402
+
+
+#: One rank of the shuffled, packed epoch: prints the packs it was given.
+RANK = """
+import sys
+import shardflow as sf
+ds = sf.dataset({parquet!r}).shuffle(seed=0).pack({seq_length})
+loader = sf.DataLoader(ds, batch_size=16, rank=int(sys.argv[1]), world_size=2, shuffle=True, seed=0)
+print(sum(len(b["input_ids"]) for b in loader))
+"""
 
 
 def main() -> None:
@@ -60,7 +83,26 @@ def main() -> None:
             packed = pack_dataset(reference, args.seq_length, "bfd")
             return sum(len(b["input_ids"]) for b in packed.iter(batch_size=16))
 
-        runners = {"tokenize": tokenize, "tokenize + pack": tokenize_and_pack, "trl pack_dataset": trl}
+        parquet = str(Path(directory) / "tokens.parquet")
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table(columns), parquet)
+        on_disk = datasets.load_dataset("parquet", data_files=parquet, split="train", cache_dir=str(Path(directory) / "hf"))
+
+        def two_ranks() -> int:
+            script = RANK.format(parquet=parquet, seq_length=args.seq_length)
+            ranks = [subprocess.Popen([sys.executable, "-c", script, str(r)], stdout=subprocess.PIPE, text=True) for r in range(2)]
+            return sum(int(p.communicate()[0]) for p in ranks if p.wait() == 0 or sys.exit(f"rank failed: {p.returncode}"))
+
+        def trl_shuffled() -> int:
+            packed = pack_dataset(on_disk.shuffle(seed=0), args.seq_length, "bfd")
+            return sum(len(b["input_ids"]) for b in packed.iter(batch_size=16))
+
+        runners = {
+            "tokenize": tokenize, "tokenize + pack": tokenize_and_pack, "trl pack_dataset": trl,
+            "2 ranks, shuffled + packed": two_ranks, "trl, shuffled + packed": trl_shuffled,
+        }
         times: dict[str, list[float]] = {name: [] for name in runners}
         counts: dict[str, int] = {}
         for _ in range(args.repeats):
@@ -77,6 +119,8 @@ def main() -> None:
             print(f"{name:18s} median {median:6.2f} s  {n / median:8,.0f} conversations/s")
         extra = medians["tokenize + pack"] - medians["tokenize"]
         print(f"packing adds {extra:.2f} s, {extra / medians['tokenize']:.1%} of tokenizing")
+        print(f"2 ranks: {counts['2 ranks, shuffled + packed']:,} packs (padded to equal ranks), TRL {counts['trl, shuffled + packed']:,}; "
+              f"{medians['trl, shuffled + packed'] / medians['2 ranks, shuffled + packed']:.2f}x TRL + datasets")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ in the same order, map batch size = `buffer_rows`), compared pack by pack.
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import random
@@ -136,8 +137,9 @@ print(json.dumps([[x.tolist() for x in b["input_ids"]] for b in loader]))
 
 def test_a_packed_epoch_resumes_in_a_fresh_process(tokenized: tuple[list[str], list[dict[str, Any]]]) -> None:
     """Each rank of 2 stopped mid-way through epoch 1 and resumed in a fresh process gives
-    the rest of its uninterrupted epoch, pack for pack; on another world size the state
-    is refused with the reason (packs have no row positions yet)."""
+    the rest of its uninterrupted epoch, pack for pack; resumed on 3 ranks (elastic),
+    the packs the 2 ranks had not delivered come once each, as many on every new rank:
+    every conversation is trained once in the epoch, but for the packs padding repeats."""
     import subprocess
     import sys
 
@@ -150,20 +152,34 @@ def test_a_packed_epoch_resumes_in_a_fresh_process(tokenized: tuple[list[str], l
         made.set_epoch(1)
         return made
 
+    states, delivered = [], []
     for rank in range(2):
         whole = [[x.tolist() for x in b["input_ids"]] for b in loader(rank)]
         first = loader(rank)
         it = iter(first)
-        before = [[x.tolist() for x in next(it)["input_ids"]] for _ in range(3)]
-        state = first.state_dict()
+        before = [[x.tolist() for x in next(it)["input_ids"]] for _ in range(3 + rank)]
+        states.append(first.state_dict())
+        delivered += [pack for batch in before for pack in batch]
         script = RESUME.format(deepseek=str(DEEPSEEK), paths=paths, template=str(TEMPLATE), rank=rank)
-        rest = subprocess.run([sys.executable, "-c", script], input=json.dumps(state),
+        rest = subprocess.run([sys.executable, "-c", script], input=json.dumps(states[-1]),
                               capture_output=True, text=True, check=True, timeout=300).stdout
         assert before + json.loads(rest) == whole, rank
-    elastic = sf.DataLoader(ds, batch_size=2, rank=0, world_size=3, shuffle=True, seed=9)
-    elastic.set_epoch(1)
-    with pytest.raises(ValueError, match="can resume only on the same number of ranks and workers"):
-        elastic.load_state_dict([state, state])
+    # The epoch's packs, as one reader reads them.
+    packs = collections.Counter(tuple(x.tolist()) for b in sf.DataLoader(ds, batch_size=2) for x in b["input_ids"])
+    after: list[list[int]] = []
+    counts = []
+    for rank in range(3):
+        elastic = sf.DataLoader(ds, batch_size=2, rank=rank, world_size=3, shuffle=True, seed=9)
+        elastic.set_epoch(1)
+        elastic.load_state_dict(states)
+        mine = [x.tolist() for b in elastic for x in b["input_ids"]]
+        counts.append(len(mine))
+        after += mine
+    assert len(set(counts)) == 1, counts
+    got = collections.Counter(tuple(pack) for pack in delivered + after)
+    assert set(got) == set(packs) and all(n == 1 for n in packs.values())
+    # Padding: at most one pack a rank, on each division.
+    assert sum((got - packs).values()) <= 2 + 3
 
 
 def test_padding_free_batches_are_trls_and_transformers(tokenized: tuple[list[str], list[dict[str, Any]]]) -> None:
@@ -214,3 +230,48 @@ def test_padding_free_batches_are_trls_and_transformers(tokenized: tuple[list[st
     expected_labels = torch.where(mask == 1, ids, -100)
     expected_labels[starts] = -100
     assert torch.equal(labels, expected_labels)
+
+
+def _grain_pack(sequences: list[dict[str, Any]], seq_length: int) -> dict[str, Any]:
+    """Grain's first-fit packing of `sequences` (dicts of 1-D arrays) that fit one row:
+    that row."""
+    import grain
+
+    source = grain.MapDataset.source(sequences)
+    lengths = {name: seq_length for name in sequences[0]}
+    packed = list(grain.experimental.FirstFitPackIterDataset(
+        source.to_iter_dataset(), length_struct=lengths, num_packing_bins=1, shuffle_bins=False))
+    assert len(packed) == 1
+    return packed[0]
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+def test_fixed_shape_packs_are_grains(tokenized: tuple[list[str], list[dict[str, Any]]], strategy: str) -> None:
+    """`shardflow.packing.fixed_shape` of a loader's batch of packs equals, row by row,
+    Grain's packing of each row's sequences: the values zero-padded to seq_length,
+    `_segment_ids` and `_positions` (int32), for every packed column."""
+    import numpy as np
+
+    from shardflow.packing import fixed_shape
+
+    paths, _ = tokenized
+    tok = sf.Tokenizer.from_pretrained(DEEPSEEK)
+    ds = sf.dataset(paths).apply_chat_template(tok, chat_template=TEMPLATE.read_text(), labels=True)
+    seq_length = 512
+    packed = ds.pack(seq_length, strategy, columns=["input_ids", "labels"], buffer_rows=60)
+    rows = 0
+    for batch in sf.DataLoader(packed, batch_size=8, rank=1, world_size=2, shuffle=True, seed=2):
+        ours = fixed_shape(batch, seq_length)
+        assert set(ours) == {f"{c}{s}" for c in ("input_ids", "labels") for s in ("", "_segment_ids", "_positions")}
+        for r in range(len(batch["input_ids"])):
+            lengths = batch["seq_lengths"][r].tolist() if "seq_lengths" in batch else [len(batch["input_ids"][r])]
+            starts = np.cumsum([0] + lengths)
+            sequences = [{c: np.asarray(batch[c][r][a:b]) for c in ("input_ids", "labels")} for a, b in zip(starts, starts[1:])]
+            theirs = _grain_pack(sequences, seq_length)
+            assert set(theirs) == set(ours)
+            for key, value in theirs.items():
+                assert ours[key][r].dtype == value.dtype and np.array_equal(ours[key][r], value), (key, r)
+            rows += 1
+    assert rows > 10
+    with pytest.raises(ValueError, match="more than seq_length=64"):
+        fixed_shape(next(iter(sf.DataLoader(packed, batch_size=2))), 64)

@@ -174,6 +174,73 @@ def test_lightning_ddp_resumes_exactly_from_its_checkpoint(rows300: str, tmp_pat
     check_resumed(tmp_path / "whole", tmp_path / "killed", 2, 25)
 
 
+def write_sequences(path: Path, n: int) -> str:
+    """`n` token sequences of 3 to 40 tokens (ids below 64), with `labels` and each
+    token's sequence id (`seq_ids`), for packing."""
+    rng = np.random.default_rng(5)
+    tokens = [rng.integers(1, 64, size=int(rng.integers(3, 41))).tolist() for _ in range(n)]
+    pq.write_table(pa.table({
+        "id": np.arange(n),
+        "input_ids": pa.array(tokens, pa.list_(pa.int64())),
+        "labels": pa.array(tokens, pa.list_(pa.int64())),
+        "seq_ids": pa.array([[i] * len(t) for i, t in enumerate(tokens)], pa.list_(pa.int64())),
+    }), path, row_group_size=100)
+    return str(path)
+
+
+def test_hf_trainer_trains_padding_free_packs_on_two_ranks(tmp_path: Path) -> None:
+    """HF Trainer, 2 ranks, a 2-layer Llama from a config, fed `ds.pack` through
+    `shardflow.torch.padding_free` as its data collator, for 2 epochs of steps: every
+    sequence trained exactly once per epoch (but the packs accelerate repeats to
+    complete its last round), as many steps on each rank, a finite loss."""
+    seq_length, batch = 64, 4
+    data = write_sequences(tmp_path / "seqs.parquet", 300)
+    ds = sf.dataset(data).pack(seq_length, columns=["input_ids", "labels", "seq_ids"], buffer_rows=50)
+    packs = [sorted(set(row["seq_ids"])) for row in ds]
+    steps_per_epoch = -(-len(packs) // (2 * batch))
+    spec = dict(framework="trainer", data=data, mode="packed", seq_length=seq_length, buffer_rows=50,
+                batch_size=batch, max_steps=EPOCHS * steps_per_epoch)
+    run(2, tmp_path / "out", **spec)
+    logs = [steps(tmp_path / "out", r) for r in range(2)]
+    assert [len(log) for log in logs] == [EPOCHS * steps_per_epoch] * 2
+    for epoch in range(EPOCHS):
+        trained = collections.Counter(i for log in logs for s in log if s["epoch"] == epoch for i in s["ids"])
+        assert sorted(trained) == list(range(300)), epoch
+        # accelerate completes the last round with the epoch's first packs again.
+        repeated = trained - collections.Counter(range(300))
+        short = 2 * batch * steps_per_epoch - len(packs)
+        assert sum(repeated.values()) <= short * max(len(p) for p in packs), epoch
+    assert all(np.isfinite(s["loss"]) and s["tokens"] <= batch * seq_length for log in logs for s in log)
+
+
+def test_a_padding_free_batch_keeps_sequences_apart_in_the_model() -> None:
+    """The 2-layer Llama of the trainer test, given a padding-free batch of two packs,
+    gives every sequence the logits it gets alone: packed sequences do not attend to
+    each other (TRL #1230), with no attention mask and positions restarting at 0; and
+    they do when the model keeps a cache, as the README warns."""
+    from trainer_worker import tiny_llama
+
+    from shardflow.torch import padding_free
+
+    model = tiny_llama().eval()
+    ds = sf.from_dict({"input_ids": [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]}).pack(6)
+    packed = next(iter(sf.DataLoader(ds, batch_size=2, output="torch")))
+    flat = padding_free(packed)
+    with torch.no_grad():
+        # Without a cache (training): with one, transformers does not look for packed
+        # sequences in the positions.
+        logits = model(input_ids=flat["input_ids"], position_ids=flat["position_ids"], use_cache=False).logits[0]
+        start = 0
+        for n in torch.cat([torch.as_tensor(x) for x in packed["seq_lengths"]]).tolist():
+            alone = model(input_ids=flat["input_ids"][:, start:start + n], use_cache=False).logits[0]
+            torch.testing.assert_close(logits[start:start + n], alone)
+            start += n
+    assert start == flat["input_ids"].shape[1] == 10
+    with torch.no_grad():
+        cached = model(input_ids=flat["input_ids"], position_ids=flat["position_ids"], use_cache=True).logits[0]
+    assert not torch.allclose(cached, logits)
+
+
 # ---------------------------------------------------------------------------------------
 # In one process.
 

@@ -10,7 +10,9 @@ SPEC: framework ("trainer" | "accelerate" | "lightning"), data (a Parquet path w
 `id` and `input_ids` columns), out (a folder), epochs, batch_size (per rank), workers
 (torch DataLoader workers), mode ("samples": the adapter yields samples and the
 framework batches them; "batches": the adapter batches; "weighted": a MapDataset of a
-weighted_sample, read through the framework's sampler), shuffle, adapter (extra
+weighted_sample, read through the framework's sampler; "packed": the `input_ids`, `labels`
+and `seq_ids` token columns packed into rows of `seq_length` tokens, batched by
+shardflow.torch.padding_free for a 2-layer Llama, with max_steps), shuffle, adapter (extra
 keyword arguments of the adapter), kill_at (a global step: save a checkpoint there,
 then exit at once, as a killed run), resume (resume from the checkpoint in out).
 Each rank writes out/log-RANK.jsonl: one line per step, {"epoch", "step", "ids"}.
@@ -29,7 +31,8 @@ import torch
 import shardflow as sf
 from shardflow.torch import IterableDataset
 
-SPEC: dict[str, Any] = json.loads(sys.argv[1])
+# (Imported by a test for its models, it runs nothing and has no spec.)
+SPEC: dict[str, Any] = json.loads(sys.argv[1]) if __name__ == "__main__" else {"out": "."}
 OUT = Path(SPEC["out"])
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
@@ -61,7 +64,54 @@ class Logged(torch.nn.Module):
         return self.gpt(input_ids=input_ids, labels=labels)
 
 
+def tiny_llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=256,
+    )
+    return LlamaForCausalLM(config)
+
+
+class LoggedPacks(torch.nn.Module):
+    """A 2-layer Llama fed padding-free batches of packs, logging the sequences (by
+    `row_id`, each sequence's id) of every step and its loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llama = tiny_llama()
+        self.epoch = 0
+        self.step = 0
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor,
+                row_id: torch.Tensor, **attention: Any) -> Any:
+        # No cache: with one, transformers' sdpa attention does not keep packed sequences apart.
+        out = self.llama(input_ids=input_ids, labels=labels, position_ids=position_ids, use_cache=False, **attention)
+        if self.training:
+            with LOG.open("a") as log:
+                log.write(json.dumps({"epoch": self.epoch, "step": self.step, "ids": row_id.tolist(),
+                                      "tokens": int(input_ids.shape[1]), "loss": out.loss.item()}) + "\n")
+            self.step += 1
+        return out
+
+
+def packed_collator(examples: list[dict[str, Any]]) -> dict[str, Any]:
+    """shardflow.torch.padding_free, and each sequence's id (its first token's `seq_ids`)."""
+    from shardflow.torch import padding_free
+
+    batch = padding_free([{k: v for k, v in e.items() if k != "seq_ids"} for e in examples])
+    seq_ids = torch.cat([torch.as_tensor(e["seq_ids"]).reshape(-1) for e in examples])
+    batch["row_id"] = seq_ids[batch["position_ids"][0] == 0]
+    return batch
+
+
 def adapter() -> Any:
+    if SPEC["mode"] == "packed":
+        columns = ["input_ids", "labels", "seq_ids"]
+        ds = sf.dataset(SPEC["data"]).pack(SPEC["seq_length"], columns=columns, buffer_rows=SPEC["buffer_rows"])
+        return IterableDataset(ds, shuffle=True, seed=3)
     if SPEC["mode"] == "weighted":
         # A map-style dataset read through the framework's own sampler.
         from shardflow.torch import MapDataset
@@ -82,11 +132,17 @@ def loader_batch_size() -> int | None:
 def run_trainer() -> None:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    model = Logged()
+    packed = SPEC["mode"] == "packed"
+    model = LoggedPacks() if packed else Logged()
 
     class Epochs(TrainerCallback):
+        begun = 0
+
         def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            model.epoch = int(state.epoch or 0)
+            # With max_steps and no length, Trainer counts state.epoch in max_steps (an
+            # epoch of packs is 0.5 of two): the epochs begun tell them apart.
+            model.epoch = self.begun if packed else int(state.epoch or 0)
+            self.begun += 1
             model.step = state.global_step
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -113,8 +169,18 @@ def run_trainer() -> None:
         use_cpu=True,
         seed=0,
         disable_tqdm=True,
+        # Padding-free batches ([1, tokens]) differ in length, so accelerate's dispatch
+        # (process 0 reads, concatenates and slices every step's batches) cannot carry
+        # them: each process collates its own slice of the packs.
+        # The collator needs the packs' `seq_lengths` and `seq_ids`, which the model
+        # does not take.
+        **(dict(max_steps=SPEC["max_steps"], accelerator_config={"dispatch_batches": False},
+                remove_unused_columns=False) if packed else {}),
     )
-    trainer = Trainer(model=model, args=args, train_dataset=adapter(), callbacks=[Epochs()])
+    trainer = Trainer(
+        model=model, args=args, train_dataset=adapter(), callbacks=[Epochs()],
+        **(dict(data_collator=packed_collator) if packed else {}),
+    )
     checkpoint = None
     if SPEC.get("resume"):
         checkpoint = str(sorted((OUT / "checkpoints").glob("checkpoint-*"))[-1])

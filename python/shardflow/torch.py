@@ -27,7 +27,7 @@ import logging
 import multiprocessing
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -715,7 +715,7 @@ class MapDataset(_TorchDataset):
         return self.dataset.__getitems__(list(indices))
 
 
-def padding_free(batch: dict[str, Any]) -> dict[str, Any]:
+def padding_free(batch: dict[str, Any] | Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A batch of token rows (packed by ``Dataset.pack``, or not) in the padding-free
     layout of TRL's ``DataCollatorForLanguageModeling(padding_free=True)``, which
     transformers' ``DataCollatorWithFlattening`` also gives, for flash attention's
@@ -726,7 +726,12 @@ def padding_free(batch: dict[str, Any]) -> dict[str, Any]:
     every sequence's first token; ``cu_seq_lens_q``/``_k`` (int32), ``max_length_q``/``_k``
     and ``seq_idx``. No ``attention_mask``: an all-ones mask makes the kernels ignore the
     boundaries. ``batch`` is what ``sf.DataLoader(..., output="torch")`` gives: a list of
-    1-D tensors per column (or a 2-D tensor)."""
+    1-D tensors per column (or a 2-D tensor); or a list of rows, each a dict, as a
+    torch ``DataLoader`` hands its ``collate_fn`` (so that this is HF Trainer's
+    ``data_collator``)."""
+    if not isinstance(batch, dict):
+        rows_given = list(batch)
+        batch = {name: [row[name] for row in rows_given] for name in rows_given[0]} if rows_given else {}
 
     def rows(name: str) -> list[torch.Tensor]:
         return [torch.as_tensor(row, dtype=torch.int64).reshape(-1) for row in batch[name]]

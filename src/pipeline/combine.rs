@@ -285,12 +285,12 @@ impl Combined {
         for i in 0..self.parts.len() {
             all.extend(match &plan.slices[i] {
                 Some(range) => rows::sublist(
-                    &self.parts[i].planned_rows(&self.part_run(i, run, outer, Share::WHOLE))?,
+                    &self.parts[i].planned_rows_as_part(&self.part_run(i, run, outer, Share::WHOLE))?,
                     range.start,
                     range.end,
                 ),
                 None => {
-                    self.parts[i].planned_rows(&self.part_run(i, run, outer, plan.shares[i]))?
+                    self.parts[i].planned_rows_as_part(&self.part_run(i, run, outer, plan.shares[i]))?
                 }
             });
         }

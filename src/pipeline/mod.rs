@@ -38,7 +38,7 @@ pub use autotune::{DEFAULT_MEMORY_LIMIT, Tuning, default_num_threads};
 pub use batch::Rebatch;
 pub use dataset::{Combined, DataSource, Dataset, Mix, Stopping};
 pub use ops::{BatchTransform, Batches, BufferBounds, Columns, Draws, Indices, Op, Weights};
-pub use plan::{PartPlan, RunOptions};
+pub use plan::{PartPlan, ROWS_SPLIT_NOT_ELASTIC, RunOptions};
 pub use prefetch::{BatchReceiver, Received};
 pub use random_access::RandomAccess;
 pub use rows::{RowList, RowSet, Share};

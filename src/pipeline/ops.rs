@@ -450,6 +450,15 @@ pub struct Deal {
     pad_to: Option<(Option<u64>, Arc<super::stats::Stats>)>,
     /// The stream's first row, kept for padding.
     first: Option<RecordBatch>,
+    /// Give each row its index in the whole stream as its position
+    /// ([`rows::DEALT_LEAF`]), so that the rows a part delivered can be told on another
+    /// division.
+    track: bool,
+    /// Resuming on another division: the positions of the stream still to deal (the
+    /// others are passed over, not dealt).
+    keep: Option<Arc<rows::RowSet>>,
+    /// Rows of the whole stream seen so far, kept or not.
+    seen: u64,
 }
 
 /// Which rows of the stream are dealt.
@@ -472,7 +481,45 @@ impl Deal {
             held: None,
             pad_to: None,
             first: None,
+            track: false,
+            keep: None,
+            seen: 0,
         }
+    }
+
+    /// Gives the rows their positions in the whole stream, and deals only those of
+    /// `keep` when given (the rows still to read of an epoch resumed elsewhere).
+    pub fn tracking(mut self, keep: Option<Arc<rows::RowSet>>) -> Self {
+        self.track = true;
+        self.keep = keep;
+        self
+    }
+
+    /// `batch` (the whole stream's next rows) with their positions, less the rows
+    /// `keep` leaves out.
+    fn positioned(&mut self, batch: RecordBatch) -> Result<RecordBatch> {
+        if !self.track {
+            return Ok(batch);
+        }
+        // Positions the head gave mean nothing past a dealing: the stream's own replace them.
+        let (batch, _) = rows::detach(batch);
+        let first = self.seen;
+        self.seen += batch.num_rows() as u64;
+        let mut positions: Vec<u64> = (first..self.seen)
+            .map(|k| rows::tag(rows::DEALT_LEAF, k))
+            .collect();
+        let batch = match &self.keep {
+            Some(keep) if positions.iter().any(|&p| !keep.contains(p)) => {
+                let kept: Vec<u64> = (0..positions.len() as u64)
+                    .filter(|&j| keep.contains(positions[j as usize]))
+                    .collect();
+                positions = kept.iter().map(|&j| positions[j as usize]).collect();
+                arrow_select::take::take_record_batch(&batch, &arrow_array::UInt64Array::from(kept))
+                    .map_err(|e| Error::Internal(format!("cannot keep the rows still to read: {e}")))?
+            }
+            _ => batch,
+        };
+        rows::attach(batch, arrow_array::UInt64Array::from(positions))
     }
 
     /// Deals whole rounds only (`drop_last`), of a stream of `rows` rows when known.
@@ -531,7 +578,8 @@ impl Iterator for Deal {
                 self.held = None;
                 return self.pad();
             };
-            let batch = match upstream.next() {
+            let next = upstream.next();
+            let batch = match next.map(|b| b.and_then(|b| self.positioned(b))) {
                 Some(Ok(batch)) => batch,
                 Some(Err(e)) => return Some(Err(e)),
                 None => {
@@ -574,7 +622,10 @@ impl Iterator for Deal {
                     }
                 }
             }
-            if !mine.is_empty() {
+            if mine.len() == batch.num_rows() {
+                // Every row is this part's (a single reader, tracking positions).
+                out.push(batch);
+            } else if !mine.is_empty() {
                 let indices = arrow_array::UInt64Array::from(mine);
                 match arrow_select::take::take_record_batch(&batch, &indices) {
                     Ok(rows) => out.push(rows),

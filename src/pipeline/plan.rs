@@ -358,6 +358,8 @@ impl Dataset {
         let ops = &self.ops[head.rest..];
         let split = split_for(self, &head, run)?;
         let (rows, rest) = match &split {
+            // Rows left by an elastic resume are counted only as they are dealt.
+            Split::Rows { .. } if run.remaining.is_some() => return Ok(None),
             Split::Rows { after } => {
                 let head_rows = match (&head.kind, head.rows) {
                     // A mixing's length: its draws replayed on the parts' counts.
@@ -575,8 +577,37 @@ impl Dataset {
     }
 
     /// The rows (tagged positions) part `run.part` reads this epoch, padding included,
-    /// in order: what an epoch's rows are made of, for elastic resume.
+    /// in order: what an epoch's rows are made of, for elastic resume. Where the epoch is
+    /// dealt ([`Split::Rows`]), its rows are places in the whole stream
+    /// ([`rows::dealt_positions`]): all it may hold, as how many is known only once it is
+    /// read, or those left by an earlier elastic resume.
     pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
+        if self.dealt_at(run)?.is_some() {
+            if self.ops.iter().any(|op| matches!(op, Op::Transform(t) if t.wants_indices())) {
+                return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
+            }
+            let all = rows::dealt_positions();
+            return Ok(match &run.remaining {
+                Some(remaining) => remaining.within(all).iter().collect(),
+                None => vec![all],
+            });
+        }
+        self.planned_rows_as_part(run)
+    }
+
+    /// Where `run`'s epoch is dealt ([`Split::Rows`]): after the op of that index
+    /// (counted after the head); `None` where it is divided by rows.
+    pub fn dealt_at(&self, run: &RunOptions) -> Result<Option<usize>> {
+        let head = self.head(run.epoch, run.count_rows)?;
+        Ok(match split_for(self, &head, run)? {
+            Split::Rows { after } => Some(head.rest + after),
+            _ => None,
+        })
+    }
+
+    /// [`Dataset::planned_rows`] of a dataset read within a combination, whose rows are
+    /// known only by its head's positions: a part that deals its own stream cannot say.
+    pub(super) fn planned_rows_as_part(&self, run: &RunOptions) -> Result<RowList> {
         let head = self.head(run.epoch, run.count_rows)?;
         let split = split_for(self, &head, run)?;
         if matches!(split, Split::Rows { .. }) {
@@ -877,12 +908,15 @@ fn head_positions(runs: &[&[u64]], k: Range<u64>) -> Vec<Range<u64>> {
 }
 
 /// Why a pipeline whose rows are dealt (a take/skip after a shuffle buffer, filter or
-/// flat_map; a flat_map on ranks kept equal) can only resume on the world size that
-/// saved it.
-pub(super) const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a shuffle buffer, \
-    filter or flat_map (or a flat_map on ranks kept equal), so every rank reads the whole stream \
-    and keeps its own rows of it; such an epoch can resume only on the same number of ranks and \
-    workers (put take/skip first, or use a full shuffle, to resume on another)";
+/// flat_map; a flat_map or pack on ranks kept equal) cannot resume on another division
+/// here: a function taking row indices, a part of a combination that deals its own
+/// rows, or a division that deals the epoch at another op (or not at all).
+pub const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a shuffle buffer, \
+    filter or flat_map (or a flat_map or pack on ranks kept equal), so every rank reads the whole \
+    stream and keeps its own rows of it; such an epoch resumes on another division only where that \
+    division deals the same stream (several ranks kept equal, or the same take/skip), with no \
+    function taking row indices and no combined part dealing its own; here it can resume only on \
+    the same number of ranks and workers";
 
 /// Bytes of `batch`'s values: the slices it covers, not the whole buffers it may share
 

@@ -27,6 +27,17 @@ pub fn tag(leaf: u64, row: u64) -> u64 {
     (leaf << LEAF_SHIFT) | row
 }
 
+/// The leaf of a dealt stream's positions: where every part reads the whole stream
+/// through a filter, flat_map or pack and keeps every `parts`-th row (see
+/// `plan::Split::Rows`), a row's position is its index in that stream, the same
+/// whatever the division, so an epoch dealt alike on another division resumes there.
+pub const DEALT_LEAF: u64 = (1 << (64 - LEAF_SHIFT)) - 2;
+
+/// Every position a dealt stream's rows can have.
+pub fn dealt_positions() -> Range<u64> {
+    tag(DEALT_LEAF, 0)..tag(DEALT_LEAF + 1, 0)
+}
+
 /// The column that carries each row's index to a function that takes it (see
 /// `BatchTransform::wants_indices`); the function removes it.
 pub const INDEX_COLUMN: &str = "__shardflow_index__";

@@ -306,14 +306,15 @@ impl Dataset {
         // are its padding.
         let (mut stream, kept) = match &split {
             Split::Rows { .. } => {
-                if run.remaining.is_some() {
+                if run.remaining.is_some() && indexed {
                     return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
                 }
                 // Every part reads the whole epoch up to the last take/skip, then keeps
                 // its own rows of it (so positions of the head mean nothing after, but
-                // to a function taking row indices).
+                // to a function taking row indices: the dealing numbers the rows anew).
                 let whole = RunOptions {
                     track: indexed,
+                    remaining: None,
                     ..run.whole()
                 };
                 (
@@ -337,12 +338,20 @@ impl Dataset {
         };
         // This part's rows of the whole stream so far (`Split::Rows`), of `global` rows
         // where known.
+        // Rows dealt are numbered by their place in the whole stream, so that a state
+        // says which it delivered (a function taking row indices keeps the head's).
+        let positioned = (run.track || run.remaining.is_some()) && !indexed;
         let dealt = |stream: BatchIter, global: Option<u64>| -> BatchIter {
-            if run.parts <= 1 {
+            if run.parts <= 1 && !positioned {
                 return stream;
             }
             let share = run.share();
             let mut deal = ops::Deal::new(stream, share);
+            // Of the rows still to read, how many is known only once they are dealt.
+            let global = global.filter(|_| run.remaining.is_none());
+            if positioned {
+                deal = deal.tracking(run.remaining.clone());
+            }
             if run.drop_last {
                 deal = deal.whole_rounds(global);
             } else if run.pad {

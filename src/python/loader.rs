@@ -299,6 +299,15 @@ impl PyDataLoader {
                 }
             }
         }
+        // A dealt epoch's positions are places in its whole stream: only a division that
+        // deals that same stream can tell its rows by them.
+        if !delivered.is_empty()
+            && dataset.dealt_at(&run(0))? != dataset.dealt_at(&self.run_options(saved[0].epoch))?
+        {
+            return Err(crate::error::Error::invalid_argument(
+                pipeline::ROWS_SPLIT_NOT_ELASTIC,
+            ));
+        }
         if !delivered.is_empty() && dataset.remixes() {
             return Err(crate::error::Error::invalid_argument(
                 "this pipeline has an interleave with stopping_strategy=\"first_exhausted\", whose mix ends where one dataset's rows run out, leaving the others' last rows out, so the rest of an epoch cannot be mixed anew from the rows left; such an epoch can resume only on the same number of ranks and workers (the all_exhausted strategies resume on another)",
