@@ -706,8 +706,10 @@ def check_elastic(
     before: dict[Any, list[list[int]]], after: dict[Any, list[list[int]]],
 ) -> None:
     """Before and after an elastic resume, the epoch's rows once each, but padding: at
-    most one row per rank of each division (a flat_map, whose rows have no positions,
-    never resumes elsewhere: model.resumable_elsewhere)."""
+    most one row per rank of each division (a flat_map after the division, whose rows
+    have no positions, never resumes elsewhere: model.resumable_elsewhere)."""
+    if m.anatomy(sc.model, old).how == "dealt":
+        event("elastic: an epoch dealt round-robin, resumed by its places in the stream")
     rows = collections.Counter(m.rows(sc.model, epoch, observe))
     # An all_exhausted mix of the rows left repeats some of them, as that strategy does:
     # each row at least once.

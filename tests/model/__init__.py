@@ -1187,29 +1187,40 @@ def _mixed(
 def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence[Division] = ()) -> bool:
     """Whether an epoch can resume on another division (elastic): the rows the old
     parts had not delivered are divided anew and come exactly once. That needs the
-    delivered rows' positions in the epoch, which a flat_map's rows lack; and rows
-    dealt round-robin (:func:`dealt`: every part read the whole stream up to the last
+    delivered rows' positions in the epoch. Rows divided by place (contiguous, kept,
+    combined) have their place in the epoch, which a flat_map's rows lack. Rows dealt
+    round-robin (:func:`dealt`: every part read the whole stream up to the last
     take/skip, or after a flat_map or filter on a division that equalizes its ranks:
-    see :func:`anatomy`; the old and new ``divisions``; or in a :func:`nested` part, a
-    take/skip after a combination) resume only on the division that dealt them, and a
-    mix that :func:`remixes` only on the division that mixed it. An epoch nothing of
-    which was delivered yet resumes anywhere: it starts afresh."""
+    see :func:`anatomy`) have their place in that stream, the same on every division
+    that deals it: such an epoch resumes where the old and new ``divisions`` both deal
+    it after the same op, and no flat_map follows (a part's own rows have no place);
+    where one deals it and the other does not, only on the division that dealt it, and
+    so does an epoch divided by place whose :func:`nested` part deals its own rows (a
+    take/skip after a combination nested in one, read as one reader reads it). A mix that :func:`remixes` resumes only on the division
+    that mixed it. An epoch nothing of which was delivered yet resumes anywhere: it
+    starts afresh."""
 
     def has_flat_map(d: Dataset) -> bool:
         return any(isinstance(op, FlatMap) for op in d.ops) or (
             not isinstance(d, Source) and any(has_flat_map(p) for p in d.parts)
         )
 
-    def deals(d: Dataset, divs: Sequence[Division | None]) -> bool:
-        # Here, or in a part read as it is (a take/skip after a combination nested in
-        # one: the part is read whole, as one reader reads it).
-        if any(anatomy(d, div).how == "dealt" for div in divs):
-            return True
-        return nested(d) and any(deals(p, [None]) for p in d.parts)
+    def nested_deals(d: Dataset) -> bool:
+        # A part read as it is, whose own take/skip after a combination deals it.
+        return nested(d) and any(anatomy(p).how == "dealt" or nested_deals(p) for p in d.parts)
 
     if not delivered:
         return True
-    return not deals(ds, [None, *divisions]) and not has_flat_map(ds) and not remixes(ds)
+    if remixes(ds):
+        return False
+    cuts = {(a.how, a.global_ops) for a in (anatomy(ds, div) for div in divisions)}
+    if any(how == "dealt" for how, _ in cuts):
+        if len(cuts) > 1:
+            return False  # dealt on one division only, or after another op
+        # (A nested part dealing its own rows is within the stream dealt.)
+        ((_, after),) = cuts
+        return not any(isinstance(op, FlatMap) for op in ds.ops[after:])
+    return not has_flat_map(ds) and not nested_deals(ds)
 
 
 def check_resumed(
