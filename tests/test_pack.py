@@ -275,3 +275,98 @@ def test_fixed_shape_packs_are_grains(tokenized: tuple[list[str], list[dict[str,
     assert rows > 10
     with pytest.raises(ValueError, match="more than seq_length=64"):
         fixed_shape(next(iter(sf.DataLoader(packed, batch_size=2))), 64)
+
+
+TORCH_PACKS = """
+import pickle, sys
+from pathlib import Path
+from torchdata.stateful_dataloader import StatefulDataLoader
+import shardflow as sf
+from shardflow.torch import IterableDataset
+tok = sf.Tokenizer.from_pretrained({deepseek!r})
+ds = sf.dataset({paths!r}).shuffle(seed=0).apply_chat_template(tok, chat_template=Path({template!r}).read_text())
+ds = ds.pack(512, buffer_rows=40)
+states = pickle.loads(sys.stdin.buffer.read())
+out = []
+for rank in range({world}):
+    adapter = IterableDataset(ds, batch_size=2, shuffle=True, seed=5, rank=rank, world_size={world})
+    adapter.load_state_dict(states[rank] if {same} else states)
+    loader = StatefulDataLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120)
+    out.append([(i.tolist(), n.tolist()) for b in loader for i, n in zip(b["input_ids"], b["seq_lengths"])])
+sys.stdout.buffer.write(pickle.dumps(out))
+"""
+
+
+def test_packs_through_forked_torch_workers_on_ranks_epochs_and_resumes(
+    tokenized: tuple[list[str], list[dict[str, Any]]],
+) -> None:
+    """A shuffled, packed stream (a full shuffle of the conversations, then the template,
+    then packs of 512 tokens, then the adapter's shuffle) through 2 ranks x 2 forked
+    torch workers (torchdata's StatefulDataLoader), 2 epochs: every conversation once per
+    epoch (padding aside), as many packs on each rank, a new order each epoch. Epoch 1
+    stopped mid-way on both ranks resumes in a fresh process: on 2 ranks each gives the
+    rest of its uninterrupted epoch; on 3 ranks (elastic, from every worker's state) the
+    conversations not yet trained come once each, as many packs on every new rank."""
+    import pickle
+    import subprocess
+    import sys
+
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from shardflow.torch import IterableDataset, dataset_states
+
+    paths, rows = tokenized
+    # A conversation is told by its tokens (its first 512: longer ones are truncated).
+    conversation = {tuple(row["input_ids"][:512]): row["id"] for row in rows}
+    ids = set(conversation.values())
+    assert len(ids) == len(rows)
+    tok = sf.Tokenizer.from_pretrained(DEEPSEEK)
+    ds = sf.dataset(paths).shuffle(seed=0).apply_chat_template(tok, chat_template=TEMPLATE.read_text())
+    ds = ds.pack(512, buffer_rows=40)
+
+    def loader(rank: int) -> StatefulDataLoader:
+        adapter = IterableDataset(ds, batch_size=2, shuffle=True, seed=5, rank=rank, world_size=2)
+        return StatefulDataLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120)
+
+    def conversations(tokens: list[int], lengths: list[int]) -> list[int]:
+        starts = [sum(lengths[:k]) for k in range(len(lengths) + 1)]
+        return sorted(conversation[tuple(tokens[a:b])] for a, b in zip(starts, starts[1:]))
+
+    def packs(batches: Any) -> list[list[int]]:
+        return [conversations(i.tolist(), n.tolist()) for b in batches for i, n in zip(b["input_ids"], b["seq_lengths"])]
+
+    def trained(*parts: list[list[int]]) -> collections.Counter[int]:
+        return collections.Counter(i for part in parts for pack in part for i in pack)
+
+    def padding_only(got: collections.Counter[int], packs_allowed: int) -> None:
+        assert set(got) == ids, sorted(ids - set(got))[:10]
+        repeated = got - collections.Counter(ids)
+        assert sum(repeated.values()) <= packs_allowed * max(len(p) for p in repeated_packs), repeated
+
+    epochs = [[packs(l), packs(l)] for l in (loader(0), loader(1))]
+    repeated_packs = epochs[0][0] + epochs[1][0]
+    for epoch in range(2):
+        assert len(epochs[0][epoch]) == len(epochs[1][epoch]), epoch
+        padding_only(trained(epochs[0][epoch], epochs[1][epoch]), packs_allowed=2)
+    assert epochs[0][0] != epochs[0][1]
+
+    before, states = [], []
+    for rank in range(2):
+        first = loader(rank)
+        packs(first)  # epoch 0
+        batches = iter(first)
+        before.append(packs([next(batches) for _ in range(3)]))
+        states.append(dataset_states(first.state_dict()))
+
+    def resumed(world: int, given: Any) -> list[list[list[int]]]:
+        script = TORCH_PACKS.format(deepseek=str(DEEPSEEK), paths=paths, template=str(TEMPLATE), world=world, same=world == 2)
+        out = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(given), capture_output=True, timeout=300)
+        assert out.returncode == 0, out.stderr.decode()[-3000:]
+        return [[conversations(i, n) for i, n in part] for part in pickle.loads(out.stdout)]
+
+    rest = resumed(2, states)
+    for rank in range(2):
+        assert sorted(before[rank] + rest[rank]) == sorted(epochs[rank][1]), rank
+    elastic = resumed(3, [s for rank_states in states for s in rank_states])
+    assert len({len(part) for part in elastic}) == 1, [len(part) for part in elastic]
+    padding_only(trained(*before, *elastic), packs_allowed=2 + 3)
