@@ -79,8 +79,11 @@ def main() -> None:
             packed = tokenized().pack(args.seq_length)
             return sum(len(b["input_ids"]) for b in sf.DataLoader(packed, batch_size=16))
 
+        # datasets caches a map's output by fingerprint: each run packs anew.
+        fresh = {"load_from_cache_file": False}
+
         def trl() -> int:
-            packed = pack_dataset(reference, args.seq_length, "bfd")
+            packed = pack_dataset(reference, args.seq_length, "bfd", map_kwargs=fresh)
             return sum(len(b["input_ids"]) for b in packed.iter(batch_size=16))
 
         parquet = str(Path(directory) / "tokens.parquet")
@@ -96,7 +99,7 @@ def main() -> None:
             return sum(int(p.communicate()[0]) for p in ranks if p.wait() == 0 or sys.exit(f"rank failed: {p.returncode}"))
 
         def trl_shuffled() -> int:
-            packed = pack_dataset(on_disk.shuffle(seed=0), args.seq_length, "bfd")
+            packed = pack_dataset(on_disk.shuffle(seed=0, load_from_cache_file=False), args.seq_length, "bfd", map_kwargs=fresh)
             return sum(len(b["input_ids"]) for b in packed.iter(batch_size=16))
 
         runners = {

@@ -278,6 +278,36 @@ def test_flat_map_epochs_resume_only_on_the_same_world_size(tmp_path: Path) -> N
     assert sum(len(b["id"]) for b in again) == 30 - 4
 
 
+def test_a_flat_map_on_equal_ranks_resumes_on_another_world_size(tmp_path: Path) -> None:
+    """On ranks kept equal every rank reads the flat_map's whole stream and keeps every
+    world_size-th row: the rows have places in that stream, so 2 ranks' states resume on
+    3, the rows not delivered once each, but one padding row per rank. One rank reads
+    its own stream undealt: refused there, with the reason."""
+    ds = sf.dataset(write_shards(tmp_path, "parquet", [30, 7])).flat_map(lambda r: [r, {**r, "id": r["id"] + 1000}])
+    expected = collections.Counter(list(range(37)) + list(range(1000, 1037)))
+    states, before = [], collections.Counter()
+    for rank in range(2):
+        loader = sf.DataLoader(ds, batch_size=4, rank=rank, world_size=2, shuffle=True, seed=1)
+        batches = iter(loader)
+        for _ in range(2 + rank):
+            before.update(next(batches)["id"].tolist())
+        states.append(loader.state_dict())
+    assert states[0]["consumed"] is not None
+    after = collections.Counter()
+    counts = []
+    for rank in range(3):
+        loader = sf.DataLoader(ds, batch_size=4, rank=rank, world_size=3, shuffle=True, seed=1)
+        loader.load_state_dict(states)
+        ids = [i for b in loader for i in b["id"].tolist()]
+        counts.append(len(ids))
+        after.update(ids)
+    got = before + after
+    assert set(got) == set(expected) and len(set(counts)) == 1, counts
+    assert sum((got - expected).values()) <= 2 + 3
+    with pytest.raises(ValueError, match="resumes on another division only where that division deals the same stream"):
+        sf.DataLoader(ds, batch_size=4, shuffle=True, seed=1).load_state_dict(states)
+
+
 # ---- samplers ------------------------------------------------------------------------
 
 

@@ -578,7 +578,7 @@ impl Dataset {
 
     /// The rows (tagged positions) part `run.part` reads this epoch, padding included,
     /// in order: what an epoch's rows are made of, for elastic resume. Where the epoch is
-    /// dealt ([`Split::Rows`]), its rows are places in the whole stream
+    /// dealt (`Split::Rows`: every part reads the whole stream), its rows are places in the whole stream
     /// ([`rows::dealt_positions`]): all it may hold, as how many is known only once it is
     /// read, or those left by an earlier elastic resume.
     pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
@@ -595,7 +595,7 @@ impl Dataset {
         self.planned_rows_as_part(run)
     }
 
-    /// Where `run`'s epoch is dealt ([`Split::Rows`]): after the op of that index
+    /// Where `run`'s epoch is dealt (`Split::Rows`): after the op of that index
     /// (counted after the head); `None` where it is divided by rows.
     pub fn dealt_at(&self, run: &RunOptions) -> Result<Option<usize>> {
         let head = self.head(run.epoch, run.count_rows)?;
