@@ -283,15 +283,14 @@ impl Combined {
         let plan = self.plan(run, outer, false)?;
         let mut all = Vec::new();
         for i in 0..self.parts.len() {
+            let part = &self.parts[i];
             all.extend(match &plan.slices[i] {
-                Some(range) => rows::sublist(
-                    &self.parts[i].planned_rows_as_part(&self.part_run(i, run, outer, Share::WHOLE))?,
-                    range.start,
-                    range.end,
-                ),
-                None => {
-                    self.parts[i].planned_rows_as_part(&self.part_run(i, run, outer, plan.shares[i]))?
+                Some(range) => {
+                    let whole =
+                        part.planned_rows_as_part(&self.part_run(i, run, outer, Share::WHOLE))?;
+                    rows::sublist(&whole, range.start, range.end)
                 }
+                None => part.planned_rows_as_part(&self.part_run(i, run, outer, plan.shares[i]))?,
             });
         }
         // (A mixing that repeats rows reads from all of them: its length is not needed.)

@@ -515,7 +515,9 @@ impl Deal {
                     .collect();
                 positions = kept.iter().map(|&j| positions[j as usize]).collect();
                 arrow_select::take::take_record_batch(&batch, &arrow_array::UInt64Array::from(kept))
-                    .map_err(|e| Error::Internal(format!("cannot keep the rows still to read: {e}")))?
+                    .map_err(|e| {
+                        Error::Internal(format!("cannot keep the rows still to read: {e}"))
+                    })?
             }
             _ => batch,
         };

@@ -578,12 +578,16 @@ impl Dataset {
 
     /// The rows (tagged positions) part `run.part` reads this epoch, padding included,
     /// in order: what an epoch's rows are made of, for elastic resume. Where the epoch is
-    /// dealt (`Split::Rows`: every part reads the whole stream), its rows are places in the whole stream
-    /// ([`rows::dealt_positions`]): all it may hold, as how many is known only once it is
-    /// read, or those left by an earlier elastic resume.
+    /// dealt (`Split::Rows`: every part reads the whole stream), its rows are places in
+    /// that stream ([`rows::dealt_positions`]): all it may hold, as how many is known
+    /// only once it is read, or those left by an earlier elastic resume.
     pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
         if self.dealt_at(run)?.is_some() {
-            if self.ops.iter().any(|op| matches!(op, Op::Transform(t) if t.wants_indices())) {
+            if self
+                .ops
+                .iter()
+                .any(|op| matches!(op, Op::Transform(t) if t.wants_indices()))
+            {
                 return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
             }
             let all = rows::dealt_positions();
