@@ -98,6 +98,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Pool:
 
 MAP_SCHEMA = pa.schema([("id", pa.int64()), ("twice", pa.int64())])
 ID_SCHEMA = pa.schema([("id", pa.int64())])
+TOKENS_SCHEMA = pa.schema([("id", pa.int64()), ("input_ids", pa.list_(pa.int64()))])
 WEIGHT_SCHEMA = pa.schema([("id", pa.int64()), ("w", pa.float64())])
 
 
@@ -146,6 +147,17 @@ def fan(function: Callable[[int], list[int]], row: dict) -> list[dict]:
     return [{"id": j} for j in function(row_id(row))]
 
 
+def tokens(row: dict) -> dict:
+    """A row as a sequence for pack: its id, m.length(id) times."""
+    i = row_id(row)
+    return {"id": i, "input_ids": [i] * m.length(i)}
+
+
+def pack_id(row: dict) -> dict:
+    """A pack's id, as the model numbers it: after its first sequence's."""
+    return {"id": m.PACK_BASE + int(row["input_ids"][0])}
+
+
 def weigh(row: dict) -> dict:
     i = row_id(row)
     return {"id": i, "w": m.weight(i)}
@@ -170,6 +182,9 @@ def engine_op(ds: sf.Dataset, op: m.Op) -> sf.Dataset:
         return ds.map(twice, schema=MAP_SCHEMA)
     if isinstance(op, m.FlatMap):
         return ds.flat_map(functools.partial(fan, m.FLAT_MAPS[op.name]), schema=ID_SCHEMA)
+    if isinstance(op, m.Pack):
+        packed = ds.map(tokens, schema=TOKENS_SCHEMA).pack(op.seq_length, columns=["input_ids"], buffer_rows=op.window)
+        return packed.map(pack_id, schema=ID_SCHEMA)
     assert isinstance(op, m.WeightedSample)
     return ds.map(weigh, schema=WEIGHT_SCHEMA).weighted_sample("w", op.num_samples, seed=op.seed)
 
@@ -241,7 +256,7 @@ class Builder:
         n = m.size(model)
         kinds = ["take", "skip"]
         if not within_part:
-            kinds += ["filter", "map", "flat_map"]
+            kinds += ["filter", "map", "flat_map"] + (["pack"] if self.packable(model) else [])
         if m.addressable(model) and n is not None:
             kinds += ["select", "shard"] + (["split"] if n >= 2 else [])
         if self.seeded:
@@ -260,6 +275,9 @@ class Builder:
             return m.Map()
         if kind == "flat_map":
             return m.FlatMap(self.draw(st.sampled_from(["fan", "one"]), "flat_map"))
+        if kind == "pack":
+            event("op: pack")
+            return m.Pack(self.draw(st.sampled_from([5, 7]), "seq_length"), self.draw(st.sampled_from([1, 3, 8]), "window"))
         if kind == "select":
             assert n is not None
             indices = st.lists(st.integers(0, n - 1), max_size=min(30, 2 * n)) if n else st.just([])
@@ -278,6 +296,18 @@ class Builder:
         if kind == "buffer":
             return m.Shuffle(self.draw(st.integers(0, 3), "seed"), self.draw(st.integers(1, 16), "buffer_size"))
         return m.WeightedSample(self.draw(st.integers(1, 25), "num_samples"), self.draw(st.integers(0, 3), "seed"))
+
+    @staticmethod
+    def packable(model: m.Dataset) -> bool:
+        """Whether the model knows which rows a pack gets together: which rows share a
+        window depends on their order, so no chance may have reordered them within a
+        part (a buffered shuffle, an interleave mixing each part's shares by chance)."""
+        def reorders(d: m.Dataset) -> bool:
+            own = any(isinstance(op, m.Shuffle) and op.buffer_size for op in d.ops)
+            mixed = isinstance(d, m.Interleave) and d.probabilities is not None
+            return own or mixed or (not isinstance(d, m.Source) and any(reorders(p) for p in d.parts))
+
+        return not reorders(model)
 
     @staticmethod
     def weighable(model: m.Dataset) -> bool:

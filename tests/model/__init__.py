@@ -7,7 +7,9 @@ the engine to it. It imports nothing of shardflow; it is slow and obvious on pur
 Rows are integers: a source is a list of shards, each a tuple of row ids in file order,
 and every op maps id sequences to id sequences. Filters, maps and flat_maps are named
 functions of the id (``FILTERS``, ``MAPS``, ``FLAT_MAPS``) so that a test can run the same
-function inside the engine; a weighted_sample reads ``weight(id)``.
+function inside the engine; a weighted_sample reads ``weight(id)``, a pack ``length(id)``
+(each row a sequence of that many tokens; a pack's id is ``PACK_BASE`` + its first
+sequence's).
 
 A reading is divided into parts: ``world_size`` ranks, each read by ``num_workers``
 workers; part ``(rank, worker)``. Division, in order of what decides it:
@@ -83,6 +85,16 @@ FLAT_MAPS: dict[str, Callable[[int], list[int]]] = {
 #: A map keeps rows and ids (the engine's map adds a column, ``twice = 2 * id``).
 MAPS: dict[str, Callable[[int], int]] = {"twice": lambda i: i}
 
+#: A packed row's id: PACK_BASE + the id of its first (longest) sequence, above every
+#: source and flat_map id (sources below FAN_BASE, flat_maps of them below 4 * FAN_BASE).
+PACK_BASE = 1_000_000
+
+
+def length(i: int) -> int:
+    """How many tokens row ``i`` is, to :class:`Pack` (the engine's ``input_ids``: ``i``,
+    that many times)."""
+    return 1 + i % 5
+
 
 def weight(i: int) -> float:
     """A row's weight for ``weighted_sample``: a third of the rows may never be drawn."""
@@ -151,6 +163,19 @@ class FlatMap:
 
 
 @dataclass(frozen=True)
+class Pack:
+    """``pack(seq_length, "bfd", buffer_rows=window)``: each run of ``window`` rows (of
+    :func:`length` tokens each) packed best fit decreasing, as TRL's ``pack_dataset``
+    packs a map batch (:func:`best_fit`); a pack's id is ``PACK_BASE`` + its first
+    sequence's. It keeps every row's tokens once (``seq_length`` is at least every
+    length: nothing truncated) and orders the packs as they were opened; like a
+    flat_map it decides the number of rows, so it is run where a flat_map is."""
+
+    seq_length: int
+    window: int
+
+
+@dataclass(frozen=True)
 class WeightedSample:
     """``weighted_sample(weights, num_samples, seed=...)`` with replacement, the weights
     being ``weight(id)`` of each row."""
@@ -159,7 +184,10 @@ class WeightedSample:
     seed: int = 0
 
 
-Op = Union[Take, Skip, Select, Shard, TrainTestSplit, Shuffle, Filter, Map, FlatMap, WeightedSample]
+Op = Union[Take, Skip, Select, Shard, TrainTestSplit, Shuffle, Filter, Map, FlatMap, Pack, WeightedSample]
+
+#: Ops after which a row's number in the stream tells nothing of the rows before it.
+REMAKES = (FlatMap, Pack)
 
 #: Ops that pick rows by their position: everything before the last one draws as in epoch 0.
 PICKS = (Take, Skip, Select, Shard, TrainTestSplit, WeightedSample)
@@ -245,7 +273,7 @@ def plan_known(ds: Dataset) -> bool:
     run once over the rows, or read into memory), here or in a part. A combination of
     datasets it does not know cannot be cut into shares that come out equal."""
     indexed = [i for i, op in enumerate(ds.ops) if reads_by_index(op)]
-    if any(isinstance(op, (Filter, FlatMap)) for op in ds.ops[indexed[-1] + 1 if indexed else 0 :]):
+    if any(isinstance(op, (Filter, *REMAKES)) for op in ds.ops[indexed[-1] + 1 if indexed else 0 :]):
         return False
     return bool(indexed) or isinstance(ds, Source) or all(plan_known(p) for p in ds.parts)
 
@@ -418,14 +446,45 @@ def apply(op: Op, rows: list[int]) -> list[int]:
 
 
 def per_row(op: Op, rows: list[int]) -> list[int]:
-    """An op that looks at one row at a time (what a part can run on its own rows)."""
+    """An op that a part can run on its own rows: one row at a time, or (a pack) one
+    window of its rows at a time."""
     if isinstance(op, Filter):
         return [i for i in rows if FILTERS[op.name](i)]
     if isinstance(op, Map):
         return [MAPS[op.name](i) for i in rows]
     if isinstance(op, FlatMap):
         return [j for i in rows for j in FLAT_MAPS[op.name](i)]
+    if isinstance(op, Pack):
+        out = []
+        for start in range(0, len(rows), op.window):
+            window = rows[start : start + op.window]
+            out += [PACK_BASE + window[pack[0]] for pack in best_fit([length(i) for i in window], op.seq_length)]
+        return out
     raise TypeError(f"{op} is not a row-by-row op")
+
+
+def best_fit(lengths: list[int], seq_length: int) -> list[list[int]]:
+    """TRL's best fit decreasing (``_pack_bfd``): the sequences (indices into
+    ``lengths``) longest first, ties in their order; each goes to the pack with the least
+    room it fits in, the first to have been left with that room among several, or opens
+    a new pack. The packs in the order they were opened."""
+    order = sorted(range(len(lengths)), key=lambda k: -lengths[k])
+    packs: list[list[int]] = []
+    room: list[int] = []
+    with_room: dict[int, list[int]] = {}
+    for k in order:
+        fits = sorted(r for r, waiting in with_room.items() if r >= lengths[k] and waiting)
+        if fits:
+            p = with_room[fits[0]].pop(0)
+        else:
+            packs.append([])
+            room.append(seq_length)
+            p = len(packs) - 1
+        packs[p].append(k)
+        room[p] -= lengths[k]
+        if room[p] > 0:
+            with_room.setdefault(room[p], []).append(p)
+    return packs
 
 
 def rows(ds: Dataset, epoch: int = 0, observe: Observe | None = None) -> list[int]:
@@ -489,7 +548,7 @@ def size(ds: Dataset) -> int | None:
             n = len(split_range(n, op))
         elif isinstance(op, WeightedSample):
             n = op.num_samples
-        elif isinstance(op, FlatMap):
+        elif isinstance(op, REMAKES):
             n = None
     return n
 
@@ -889,7 +948,7 @@ def anatomy(ds: Dataset, div: Division | None = None) -> Anatomy:
         last = counts[-1]
         in_place = all(isinstance(op, (Take, Skip, Map)) for op in ops[head : last + 1])
         base = Anatomy(last + 1, "contiguous" if in_place and not combined else "dealt")
-    changes = [i for i in range(base.global_ops, len(ops)) if isinstance(ops[i], (Filter, FlatMap))]
+    changes = [i for i in range(base.global_ops, len(ops)) if isinstance(ops[i], (Filter, *REMAKES))]
     if equalizes(div) and base.how == "combined" and not all(plan_known(p) for p in ds.parts):
         # Shares of parts whose rows are not known cannot come out equal: dealt.
         return Anatomy(changes[-1] + 1 if changes else 0, "dealt")
@@ -1082,7 +1141,7 @@ def invariants(
     (nothing missing, nothing padded) and only the counts per part are free; with
     drop_last each part delivers whole batches and leaves out fewer than a batch."""
     a = anatomy(ds, div)
-    per_part_rows = any(isinstance(op, (Filter, FlatMap)) for op in ds.ops[a.per_part :])
+    per_part_rows = any(isinstance(op, (Filter, *REMAKES)) for op in ds.ops[a.per_part :])
     try:
         return _from_parts(parts(ds, div, epoch, observe), ds, div, batch_size, epoch, observe)
     except NotExact:
@@ -1153,7 +1212,10 @@ def _mixed(
         own = {key: [s if can[i] else [] for i, s in enumerate(shares_)] for key, shares_ in unplanned.items()}
     support = {i for s in own.values() for share in s for i in share}
     for op in ds.ops[anatomy(ds, div).global_ops :]:
-        if isinstance(op, (Filter, FlatMap)):
+        if isinstance(op, Pack):
+            # Which rows share a pack depends on each part's order: any may come first.
+            support = {PACK_BASE + i for i in support}
+        elif isinstance(op, (Filter, FlatMap)):
             support = set(per_row(op, sorted(support)))
     inv = Invariants(rows=None, support=support, padding=None, dropped=None, equal_counts=planned and not per_part_rows)
     if not per_part_rows and not shuffled:
@@ -1201,7 +1263,7 @@ def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence
     starts afresh."""
 
     def has_flat_map(d: Dataset) -> bool:
-        return any(isinstance(op, FlatMap) for op in d.ops) or (
+        return any(isinstance(op, REMAKES) for op in d.ops) or (
             not isinstance(d, Source) and any(has_flat_map(p) for p in d.parts)
         )
 
@@ -1219,7 +1281,7 @@ def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence
             return False  # dealt on one division only, or after another op
         # (A nested part dealing its own rows is within the stream dealt.)
         ((_, after),) = cuts
-        return not any(isinstance(op, FlatMap) for op in ds.ops[after:])
+        return not any(isinstance(op, REMAKES) for op in ds.ops[after:])
     return not has_flat_map(ds) and not nested_deals(ds)
 
 
