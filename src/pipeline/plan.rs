@@ -636,7 +636,9 @@ impl Dataset {
 }
 
 /// The stage and seed of the shuffle that permutes unit order: the first shuffle's, unless
-/// a take/skip comes before it (then *which* rows are taken must not depend on the seed).
+/// a take/skip comes before it (then *which* rows are taken must not depend on the seed),
+/// or an op that makes rows of runs of rows (a pack, a batched map that changes the
+/// rows' number: which rows go together must not depend on it either).
 pub(super) fn unit_shuffle_seed(ops: &[Op]) -> Option<(usize, u64)> {
     for (stage, op) in ops.iter().enumerate() {
         match op {
@@ -644,6 +646,7 @@ pub(super) fn unit_shuffle_seed(ops: &[Op]) -> Option<(usize, u64)> {
             Op::Take(_) | Op::Skip(_) | Op::Select(_) | Op::Permute { .. } | Op::Sample { .. } => {
                 return None;
             }
+            Op::Transform(t) if t.batch_rows().is_some() && !t.preserves_rows() => return None,
             Op::Transform(_) => {}
         }
     }
