@@ -505,21 +505,18 @@ impl Deal {
         let (batch, _) = rows::detach(batch);
         let first = self.seen;
         self.seen += batch.num_rows() as u64;
-        let mut positions: Vec<u64> = (first..self.seen)
-            .map(|k| rows::tag(rows::DEALT_LEAF, k))
-            .collect();
-        let batch = match &self.keep {
-            Some(keep) if positions.iter().any(|&p| !keep.contains(p)) => {
-                let kept: Vec<u64> = (0..positions.len() as u64)
-                    .filter(|&j| keep.contains(positions[j as usize]))
-                    .collect();
-                positions = kept.iter().map(|&j| positions[j as usize]).collect();
-                arrow_select::take::take_record_batch(&batch, &arrow_array::UInt64Array::from(kept))
-                    .map_err(|e| {
-                        Error::Internal(format!("cannot keep the rows still to read: {e}"))
-                    })?
-            }
-            _ => batch,
+        let all = (first..self.seen).map(|k| rows::tag(rows::DEALT_LEAF, k));
+        let positions: Vec<u64> = match &self.keep {
+            Some(keep) => all.filter(|&p| keep.contains(p)).collect(),
+            None => all.collect(),
+        };
+        let batch = if positions.len() < batch.num_rows() {
+            let kept = positions.iter().map(|&p| rows::row_of(p) - first);
+            let kept = arrow_array::UInt64Array::from_iter_values(kept);
+            arrow_select::take::take_record_batch(&batch, &kept)
+                .map_err(|e| Error::Internal(format!("cannot keep the rows still to read: {e}")))?
+        } else {
+            batch
         };
         rows::attach(batch, arrow_array::UInt64Array::from(positions))
     }

@@ -582,21 +582,20 @@ impl Dataset {
     /// that stream ([`rows::dealt_positions`]): all it may hold, as how many is known
     /// only once it is read, or those left by an earlier elastic resume.
     pub fn planned_rows(&self, run: &RunOptions) -> Result<RowList> {
-        if self.dealt_at(run)?.is_some() {
-            if self
-                .ops
-                .iter()
-                .any(|op| matches!(op, Op::Transform(t) if t.wants_indices()))
-            {
-                return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
-            }
-            let all = rows::dealt_positions();
-            return Ok(match &run.remaining {
-                Some(remaining) => remaining.within(all).iter().collect(),
-                None => vec![all],
-            });
+        let head = self.head(run.epoch, run.count_rows)?;
+        let split = split_for(self, &head, run)?;
+        if !matches!(split, Split::Rows { .. }) {
+            return self.planned_head_rows(&head, &split, run);
         }
-        self.planned_rows_as_part(run)
+        // A function taking row indices keeps the head's positions past the dealing.
+        if self.takes_indices() {
+            return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
+        }
+        let all = rows::dealt_positions();
+        Ok(match &run.remaining {
+            Some(remaining) => remaining.within(all).iter().collect(),
+            None => vec![all],
+        })
     }
 
     /// Where `run`'s epoch is dealt (`Split::Rows`): after the op of that index
@@ -609,6 +608,13 @@ impl Dataset {
         })
     }
 
+    /// Whether a function in the chain takes row indices (`with_indices`).
+    pub(super) fn takes_indices(&self) -> bool {
+        self.ops
+            .iter()
+            .any(|op| matches!(op, Op::Transform(t) if t.wants_indices()))
+    }
+
     /// [`Dataset::planned_rows`] of a dataset read within a combination, whose rows are
     /// known only by its head's positions: a part that deals its own stream cannot say.
     pub(super) fn planned_rows_as_part(&self, run: &RunOptions) -> Result<RowList> {
@@ -617,10 +623,15 @@ impl Dataset {
         if matches!(split, Split::Rows { .. }) {
             return Err(Error::invalid_argument(ROWS_SPLIT_NOT_ELASTIC));
         }
+        self.planned_head_rows(&head, &split, run)
+    }
+
+    /// The head positions `run`'s reader reads, where the epoch is divided by them.
+    fn planned_head_rows(&self, head: &Head, split: &Split, run: &RunOptions) -> Result<RowList> {
         if let HeadKind::Combined(c) = &head.kind {
             return c.planned_rows(run, self.draws(run.epoch));
         }
-        let part = self.part_rows(&head, &split, run)?.ok_or_else(|| {
+        let part = self.part_rows(head, split, run)?.ok_or_else(|| {
             Error::invalid_argument(
                 "the rows of this dataset are not known, so its epoch cannot be divided anew",
             )

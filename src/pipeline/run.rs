@@ -279,10 +279,7 @@ impl Dataset {
     /// Builds this epoch's stream of batches. Runs on the pipeline thread.
     pub fn stream(&self, run: &RunOptions, stats: Arc<Stats>) -> Result<BatchIter> {
         // A function taking row indices learns them from the rows' positions.
-        let indexed = self
-            .ops
-            .iter()
-            .any(|op| matches!(op, Op::Transform(t) if t.wants_indices()));
+        let indexed = self.takes_indices();
         if indexed && !run.track {
             let tracked = RunOptions {
                 track: true,
