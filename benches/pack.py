@@ -14,8 +14,8 @@ defaults) and read back by each side:
 
 - ``2 ranks, shuffled + packed``: two processes at once (rank 0 and 1 of 2), each
   iterating ``sf.dataset(parquet).shuffle(seed=0).pack(seq_length)`` through
-  ``sf.DataLoader(shuffle=True)``: the wall time until both have finished the epoch,
-  process start included;
+  ``sf.DataLoader(shuffle=True)``: the wall time from telling both (started, imports
+  done) to begin until both have finished the epoch;
 - ``trl, shuffled + packed``: ``pack_dataset`` of ``datasets``' ``load_dataset("parquet")``
   of the same file (loaded and cached beforehand, not timed) after its ``shuffle(seed=0)``,
   then a ``datasets`` iteration of the packs.
@@ -41,13 +41,17 @@ import chat_tokens as bench  # noqa: E402
 import shardflow as sf  # noqa: E402
 
 
-#: One rank of the shuffled, packed epoch: prints the packs it was given.
+#: One rank of the shuffled, packed epoch: started and imported beforehand (as TRL's side
+#: has its imports and its loaded dataset beforehand), it reads the epoch when told to and
+#: prints the packs it was given.
 RANK = """
 import sys
 import shardflow as sf
+print("ready", flush=True)
+sys.stdin.readline()
 ds = sf.dataset({parquet!r}).shuffle(seed=0).pack({seq_length})
 loader = sf.DataLoader(ds, batch_size=16, rank=int(sys.argv[1]), world_size=2, shuffle=True, seed=0)
-print(sum(len(b["input_ids"]) for b in loader))
+print(sum(len(b["input_ids"]) for b in loader), flush=True)
 """
 
 
@@ -93,10 +97,25 @@ def main() -> None:
         pq.write_table(pa.table(columns), parquet)
         on_disk = datasets.load_dataset("parquet", data_files=parquet, split="train", cache_dir=str(Path(directory) / "hf"))
 
-        def two_ranks() -> int:
+        def two_ranks() -> tuple[int, float]:
+            """Both ranks' packs, and the wall time from telling both to start until both
+            have printed theirs."""
             script = RANK.format(parquet=parquet, seq_length=args.seq_length)
-            ranks = [subprocess.Popen([sys.executable, "-c", script, str(r)], stdout=subprocess.PIPE, text=True) for r in range(2)]
-            return sum(int(p.communicate()[0]) for p in ranks if p.wait() == 0 or sys.exit(f"rank failed: {p.returncode}"))
+            ranks = [subprocess.Popen([sys.executable, "-c", script, str(r)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                     for r in range(2)]
+            for p in ranks:
+                assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+            start = time.perf_counter()
+            for p in ranks:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            packs = [int(p.stdout.readline()) for p in ranks if p.stdout is not None]
+            elapsed = time.perf_counter() - start
+            for p in ranks:
+                if p.wait() != 0:
+                    sys.exit(f"rank failed: {p.returncode}")
+            return sum(packs), elapsed
 
         def trl_shuffled() -> int:
             packed = pack_dataset(on_disk.shuffle(seed=0, load_from_cache_file=False), args.seq_length, "bfd", map_kwargs=fresh)
@@ -111,8 +130,11 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, run in runners.items():
                 start = time.perf_counter()
-                counts[name] = run()
-                times[name].append(time.perf_counter() - start)
+                out = run()
+                elapsed = time.perf_counter() - start
+                # The 2-rank runner times its epoch itself (process start left out).
+                counts[name], elapsed = out if isinstance(out, tuple) else (out, elapsed)
+                times[name].append(elapsed)
         # The same rows in the same order, windows of 1,000: the same packs.
         assert counts["tokenize + pack"] == counts["trl pack_dataset"], counts
         medians = {name: statistics.median(t) for name, t in times.items()}

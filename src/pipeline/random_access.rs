@@ -534,6 +534,14 @@ impl RandomAccess {
         }
     }
 
+    /// Whether rows are taken from decoded units (not read as records by range).
+    pub(super) fn decodes_units(&self) -> bool {
+        match &self.rows {
+            Rows::Files(files) => files.records.is_none(),
+            Rows::Concat { parts, .. } => parts.iter().any(|p| p.decodes_units()),
+        }
+    }
+
     /// The rows at `indices`, in that order, as one batch.
     pub fn rows(&self, indices: &[u64]) -> Result<RecordBatch> {
         self.rows_charged(indices, None)
@@ -833,9 +841,12 @@ impl Files {
                 in_parallel(&uncached, |&unit| self.unit_batches(unit, io).map(drop))?;
             }
         }
+        // A request from one unit holds that unit while it takes its rows anyway: its
+        // rows are gathered from it once, not copied out first.
+        let keep_whole = !outgrows || units.len() == 1;
         let picked: Vec<Picked> = units
             .iter()
-            .map(|(unit, offsets)| self.unit_rows(*unit, offsets, partial, !outgrows, io))
+            .map(|(unit, offsets)| self.unit_rows(*unit, offsets, partial, keep_whole, io))
             .collect::<Result<_>>()?;
         // Each unit's first batch among the sources.
         let mut first_batch = Vec::with_capacity(picked.len());
@@ -1208,6 +1219,12 @@ impl GatherSize {
 
     pub(super) fn rows(&self) -> u64 {
         self.rows
+    }
+
+    /// Gathers of about `bytes` at most from now on.
+    pub(super) fn cap_bytes(&mut self, bytes: u64) {
+        self.bytes = self.bytes.min(bytes.max(1));
+        self.rows = (self.bytes / self.row_bytes.max(1)).clamp(1, self.max_rows);
     }
 
     /// Follows the size of the rows of `batch`, the last gather's.
