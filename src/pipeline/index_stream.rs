@@ -138,7 +138,7 @@ impl IndexStream {
             // small gathers then reuse the memory the last one freed, where large ones
             // each fault in fresh pages (a full shuffle of 311 MB of token lists in one
             // row group: 0.75 s in gathers of 128 MiB, 0.42 s in gathers of 8 MB).
-            if self.access.decodes_units() {
+            if self.access.keeps_units() {
                 self.size.cap_bytes(KEPT_GATHER_BYTES);
             }
             return;

@@ -534,11 +534,12 @@ impl RandomAccess {
         }
     }
 
-    /// Whether rows are taken from decoded units (not read as records by range).
-    pub(super) fn decodes_units(&self) -> bool {
+    /// Whether rows are taken from decoded units that the cache keeps (as far as the
+    /// rows decoded so far tell), not read as records by range or by page.
+    pub(super) fn keeps_units(&self) -> bool {
         match &self.rows {
-            Rows::Files(files) => files.records.is_none(),
-            Rows::Concat { parts, .. } => parts.iter().any(|p| p.decodes_units()),
+            Rows::Files(files) => files.records.is_none() && !files.may_outgrow_cache(),
+            Rows::Concat { parts, .. } => parts.iter().all(|p| p.keeps_units()),
         }
     }
 
