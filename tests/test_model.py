@@ -740,6 +740,8 @@ def check_elastic(
     have no positions, never resumes elsewhere: model.resumable_elsewhere)."""
     if m.anatomy(sc.model, old).how == "dealt":
         event("elastic: an epoch dealt round-robin, resumed by its places in the stream")
+        if not m.equalizes(new):
+            event("elastic: a dealt epoch resumed on a division that deals only the rows left")
     rows = collections.Counter(m.rows(sc.model, epoch, observe))
     # An all_exhausted mix of the rows left repeats some of them, as that strategy does:
     # each row at least once.
@@ -857,12 +859,11 @@ def resumed_unless_stranded(
 def stranded_after_resume(
     sc: Scenario, epoch: int, observe: m.Observe, new: m.Division, before: dict[Any, list[list[int]]]
 ) -> bool:
-    """Whether an all_exhausted interleave, followed by nothing or only by ops that keep
-    every row (a map, a buffered shuffle), leaves a new part no row of any dataset when
-    its rows left are divided anew (model.stranded)."""
+    """Whether an all_exhausted interleave that the new division divides part by part
+    (not dealt: see model.anatomy) leaves a new part no row of any dataset when its rows
+    left are divided anew (model.stranded)."""
     ds = sc.model
-    keeps_rows = all(isinstance(op, m.Map) or (isinstance(op, m.Shuffle) and op.buffer_size) for op in ds.ops)
-    if not isinstance(ds, m.Interleave) or ds.stopping != "all_exhausted" or not keeps_rows:
+    if not isinstance(ds, m.Interleave) or ds.stopping != "all_exhausted" or m.anatomy(ds, new).how == "dealt":
         return False
     delivered = flat_counter(before)
     left = [[i for i in m.rows(p, epoch, observe) if not delivered[i]] for p in ds.parts]

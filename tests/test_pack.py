@@ -306,7 +306,8 @@ def test_packs_through_forked_torch_workers_on_ranks_epochs_and_resumes(
     epoch (padding aside), as many packs on each rank, a new order each epoch. Epoch 1
     stopped mid-way on both ranks resumes in a fresh process: on 2 ranks each gives the
     rest of its uninterrupted epoch; on 3 ranks (elastic, from every worker's state) the
-    conversations not yet trained come once each, as many packs on every new rank."""
+    conversations not yet trained come once each, as many packs on every new rank; on 1
+    rank of 2 workers (the job scaled down), exactly once each."""
     import pickle
     import subprocess
     import sys
@@ -367,6 +368,9 @@ def test_packs_through_forked_torch_workers_on_ranks_epochs_and_resumes(
     rest = resumed(2, states)
     for rank in range(2):
         assert sorted(before[rank] + rest[rank]) == sorted(epochs[rank][1]), rank
-    elastic = resumed(3, [s for rank_states in states for s in rank_states])
+    every_state = [s for rank_states in states for s in rank_states]
+    elastic = resumed(3, every_state)
     assert len({len(part) for part in elastic}) == 1, [len(part) for part in elastic]
     padding_only(trained(*before, *elastic), packs_allowed=2 + 3)
+    (alone,) = resumed(1, every_state)
+    assert trained(*before, alone) == collections.Counter(ids)

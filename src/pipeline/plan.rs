@@ -790,7 +790,12 @@ fn filter_pass(ds: &Dataset, head: &Head, split: &Split) -> Option<(Vec<Op>, usi
 pub(super) fn split_for(ds: &Dataset, head: &Head, run: &RunOptions) -> Result<Split> {
     let ops = &ds.ops[head.rest..];
     let split = split(head, ops);
-    if !equalizes(run) {
+    // The rows left of an epoch that was dealt are places in the dealt stream, which
+    // only dealing it again tells apart: a division resuming one deals it where a
+    // division keeping its ranks equal does, whatever its own ranks (the loader checks
+    // that this is where the saving division dealt it).
+    let resumes_dealt = run.remaining.as_ref().is_some_and(|r| r.holds_dealt());
+    if !equalizes(run) && !resumes_dealt {
         return Ok(split);
     }
     let last = last_row_change(ops, &split);
@@ -932,7 +937,7 @@ fn head_positions(runs: &[&[u64]], k: Range<u64>) -> Vec<Range<u64>> {
 pub const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a shuffle buffer, \
     filter or flat_map (or a flat_map or pack on ranks kept equal), so every rank reads the whole \
     stream and keeps its own rows of it; such an epoch resumes on another division only where that \
-    division deals the same stream (several ranks kept equal, or the same take/skip), with no \
+    division deals the same stream after the same op (as ranks kept equal deal it), with no \
     function taking row indices and no combined part dealing its own; here it can resume only on \
     the same number of ranks and workers";
 

@@ -247,6 +247,16 @@ impl RowSet {
         out
     }
 
+    /// Whether it holds places in a dealt stream ([`dealt_positions`]): the rows left
+    /// of an epoch that was dealt.
+    pub fn holds_dealt(&self) -> bool {
+        let dealt = dealt_positions();
+        self.ranges
+            .range(..dealt.end)
+            .next_back()
+            .is_some_and(|(_, &end)| end > dealt.start)
+    }
+
     /// The positions within `bounds`.
     pub fn within(&self, bounds: Range<u64>) -> RowSet {
         RowSet::from_ranges(

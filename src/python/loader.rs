@@ -300,10 +300,15 @@ impl PyDataLoader {
             }
         }
         // A dealt epoch's positions are places in its whole stream: only a division that
-        // deals that same stream can tell its rows by them.
-        if !delivered.is_empty()
-            && dataset.dealt_at(&run(0))? != dataset.dealt_at(&self.run_options(saved[0].epoch))?
-        {
+        // deals that same stream can tell its rows by them. A division resuming them
+        // deals them (see `split_for`), where its ops let it.
+        let saving_deals = dataset.dealt_at(&run(0))?;
+        let resuming = RunOptions {
+            remaining: saving_deals
+                .map(|_| Arc::new(RowSet::from_ranges([rows::dealt_positions()]))),
+            ..self.run_options(saved[0].epoch)
+        };
+        if !delivered.is_empty() && saving_deals != dataset.dealt_at(&resuming)? {
             return Err(crate::error::Error::invalid_argument(
                 pipeline::ROWS_SPLIT_NOT_ELASTIC,
             ));

@@ -1255,8 +1255,11 @@ def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence
     take/skip, or after a flat_map or filter on a division that equalizes its ranks:
     see :func:`anatomy`) have their place in that stream, the same on every division
     that deals it: such an epoch resumes where the old and new ``divisions`` both deal
-    it after the same op, and no flat_map follows (a part's own rows have no place);
-    where one deals it and the other does not, only on the division that dealt it, and
+    it after the same op, and no flat_map follows (a part's own rows have no place). A
+    new division that would not deal it (one rank, or ranks not kept equal) deals the
+    rows left all the same, where a division keeping its ranks equal deals them: the
+    epoch resumes there if that is after the op the old one dealt it. An epoch the old
+    division did not deal resumes only on a division that does not deal it either, and
     so does an epoch divided by place whose :func:`nested` part deals its own rows (a
     take/skip after a combination nested in one, read as one reader reads it). A mix that :func:`remixes` resumes only on the division
     that mixed it. An epoch nothing of which was delivered yet resumes anywhere: it
@@ -1276,6 +1279,9 @@ def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence
     if remixes(ds):
         return False
     cuts = {(a.how, a.global_ops) for a in (anatomy(ds, div) for div in divisions)}
+    if len(divisions) == 2 and anatomy(ds, divisions[0]).how == "dealt" and not equalizes(divisions[1]):
+        # The new division deals the rows left as an equal-ranked one would.
+        cuts = {(a.how, a.global_ops) for a in (anatomy(ds, div) for div in (divisions[0], Division(world_size=2)))}
     if any(how == "dealt" for how, _ in cuts):
         if len(cuts) > 1:
             return False  # dealt on one division only, or after another op
