@@ -32,7 +32,7 @@ from shardflow._native import (
     interleave,
 )
 from shardflow._load import DatasetDict, load_dataset
-from shardflow.features import FixedLen, VarLen
+from shardflow.features import Audio, ClassLabel, Features, FixedLen, Image, LargeList, List, Sequence, Value, VarLen
 from shardflow.errors import (
     AccessDeniedError,
     AlreadyExistsError,
@@ -51,24 +51,32 @@ from shardflow.errors import (
 __all__ = [
     "AccessDeniedError",
     "AlreadyExistsError",
+    "Audio",
     "Batch",
     "BatchIterator",
+    "ClassLabel",
     "DataLoader",
     "Dataset",
     "DatasetDict",
     "DecodeError",
+    "Features",
     "FixedLen",
+    "Image",
     "InternalError",
     "InvalidArgumentError",
+    "LargeList",
+    "List",
     "NotFoundError",
     "ReadError",
     "RecordBatch",
     "SampleIterator",
     "Schema",
     "SchemaError",
+    "Sequence",
     "ShardflowError",
     "TemplateError",
     "Tokenizer",
+    "Value",
     "VarLen",
     "WriteError",
     "__version__",

@@ -800,6 +800,7 @@ impl PreparedShards {
             shards: plain.shards.clone(),
             units: plain.units.clone(),
             skipped_shards: plain.skipped_shards,
+            huggingface: plain.huggingface.clone(),
             jobs: Box::new(ImageJobs {
                 inner: plain.clone(),
                 images,

@@ -129,6 +129,12 @@ impl Format for Parquet {
         let has_rows = |f: &&Arc<ParquetFile>| f.metadata.metadata().file_metadata().num_rows() > 0;
         let first = files.iter().find(has_rows).unwrap_or(&files[0]);
         let schema = first.schema.clone();
+        let huggingface = first
+            .metadata
+            .schema()
+            .metadata()
+            .get(super::reader::HUGGINGFACE_KEY)
+            .cloned();
         for file in files.iter().filter(has_rows) {
             let other = &file.schema;
             if other.fields() != schema.fields() {
@@ -167,6 +173,7 @@ impl Format for Parquet {
             units,
             PreparedParquet { files },
         )
+        .with_huggingface(huggingface)
         .with_skipped_shards(skipped_shards))
     }
 }

@@ -62,6 +62,9 @@ pub trait UnitJobs: Send + Sync {
 }
 
 /// Shards a format has looked at (footers read, schema known), ready to be read.
+/// The metadata key under which `datasets` stores a file's features.
+pub const HUGGINGFACE_KEY: &str = "huggingface";
+
 pub struct PreparedShards {
     /// The format's name as shown in errors ("Parquet", "JSON").
     pub format: &'static str,
@@ -72,6 +75,9 @@ pub struct PreparedShards {
     pub units: Vec<WorkUnit>,
     /// Shards dropped while preparing because they were unreadable and `on_error="skip"`.
     pub skipped_shards: u64,
+    /// The `huggingface` key of the files' metadata: the features (JSON) `datasets`
+    /// wrote them with, where it did.
+    pub huggingface: Option<String>,
     pub(super) jobs: Box<dyn UnitJobs>,
 }
 
@@ -83,13 +89,24 @@ impl PreparedShards {
         units: Vec<WorkUnit>,
         jobs: impl UnitJobs + 'static,
     ) -> Self {
+        // Formats whose schema keeps the file's metadata (Arrow IPC) carry the key in it.
+        let huggingface = schema.metadata().get(HUGGINGFACE_KEY).cloned();
         Self {
             format,
             schema,
             shards,
             units,
             skipped_shards: 0,
+            huggingface,
             jobs: Box::new(jobs),
+        }
+    }
+
+    /// The features `datasets` wrote the files with (see [`Self::huggingface`]).
+    pub fn with_huggingface(self, huggingface: Option<String>) -> Self {
+        Self {
+            huggingface: huggingface.or(self.huggingface),
+            ..self
         }
     }
 

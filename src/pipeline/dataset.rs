@@ -493,6 +493,15 @@ impl Dataset {
     }
 
     /// The schema of the records before this dataset's ops.
+    /// The features (JSON) `datasets` wrote this dataset's files with, where it did
+    /// (a combination's are its parts').
+    pub fn stored_features(&self) -> Result<Option<String>> {
+        match &self.origin {
+            Origin::Files(_) => Ok(self.prepared()?.huggingface.clone()),
+            Origin::Combined(_) => Ok(None),
+        }
+    }
+
     pub fn source_schema(&self) -> Result<SchemaRef> {
         match &self.origin {
             Origin::Files(_) => Ok(self.prepared()?.schema.clone()),

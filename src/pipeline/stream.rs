@@ -66,9 +66,10 @@ pub fn conform(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
 /// The type that values of types `a` and `b` can both be read as, if any: null widens
 /// to anything, narrower to wider integers, integers to floats, text to large text. A
 /// list is one logical type whatever its offsets or item name: `List` and `LargeList`
-/// of any item name unify to `List<item>` (as pyarrow and `datasets` write lists), their
-/// items unified in turn; structs with the same fields in the same order unify field by
-/// field.
+/// of any item name unify to `List<item>` (as pyarrow and `datasets` write lists;
+/// `LargeList<item>` where both are large, as `datasets` keeps its `LargeList`), their
+/// items unified in turn, and fixed-size lists of one size to `FixedSizeList<item>`;
+/// structs with the same fields in the same order unify field by field.
 fn wider(a: &arrow_schema::DataType, b: &arrow_schema::DataType) -> Option<arrow_schema::DataType> {
     use arrow_schema::{DataType as T, Field};
     if a == b {
@@ -88,12 +89,24 @@ fn wider(a: &arrow_schema::DataType, b: &arrow_schema::DataType) -> Option<arrow
         (T::Utf8 | T::LargeUtf8, T::Utf8 | T::LargeUtf8) => Some(T::LargeUtf8),
         (T::Binary | T::LargeBinary, T::Binary | T::LargeBinary) => Some(T::LargeBinary),
         (T::List(x) | T::LargeList(x), T::List(y) | T::LargeList(y)) => {
-            let item = wider(x.data_type(), y.data_type())?;
-            Some(T::List(Arc::new(Field::new(
+            let item = Arc::new(Field::new(
                 "item",
-                item,
+                wider(x.data_type(), y.data_type())?,
                 x.is_nullable() || y.is_nullable(),
-            ))))
+            ));
+            // Large lists stay large (whose item Parquet names "element", IPC "item").
+            Some(match (a, b) {
+                (T::LargeList(_), T::LargeList(_)) => T::LargeList(item),
+                _ => T::List(item),
+            })
+        }
+        // Parquet names a fixed-size list's item "element", Arrow IPC "item".
+        (T::FixedSizeList(x, n), T::FixedSizeList(y, m)) if n == m => {
+            let item = wider(x.data_type(), y.data_type())?;
+            Some(T::FixedSizeList(
+                Arc::new(Field::new("item", item, x.is_nullable() || y.is_nullable())),
+                *n,
+            ))
         }
         (T::Struct(x), T::Struct(y))
             if x.len() == y.len() && x.iter().zip(y.iter()).all(|(f, g)| f.name() == g.name()) =>

@@ -690,6 +690,10 @@ impl PyDataset {
         schema: &Bound<'_, PyAny>,
         on_invalid: &str,
     ) -> PyResult<PyDataset> {
+        // Features (`datasets`' or shardflow's) cast to their Arrow types.
+        let schema = &py
+            .import("shardflow.features")?
+            .call_method1("_cast_schema", (schema,))?;
         let target = schema_from_py(schema)?;
         let invalid_to_null = match on_invalid {
             "raise" => false,
@@ -719,10 +723,29 @@ impl PyDataset {
         dtype: &Bound<'_, PyAny>,
         on_invalid: &str,
     ) -> PyResult<PyDataset> {
-        let pa = py.import("pyarrow")?;
-        let field = pa.getattr("field")?.call1((column, dtype))?;
-        let schema = pa.getattr("schema")?.call1((PyList::new(py, [field])?,))?;
+        let schema = py
+            .import("shardflow.features")?
+            .call_method1("_cast_schema", (dtype, column))?;
         self.cast(py, &schema, on_invalid)
+    }
+
+    /// The columns' features as `datasets` describes them (`shardflow.features.Features`:
+    /// `Value`, `ClassLabel`, `List`, `Image`, `Audio`, ...): those the files were
+    /// written with (their `huggingface` metadata), carried through renames, selections
+    /// and casts; a column a function made or changed has the feature its Arrow type
+    /// infers. `schema` keeps the Arrow schema.
+    #[getter]
+    fn features<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let recipe = PyList::new(
+            py,
+            self.recipe
+                .iter()
+                .map(|(method, args)| (*method, args.clone_ref(py))),
+        )?;
+        let stored = py.detach(|| self.inner.stored_features())?;
+        let schema = self.schema(py)?;
+        py.import("shardflow.features")?
+            .call_method1("_features_of", (recipe, stored, schema))
     }
 
     /// The Arrow schema of the records this dataset yields, as an object with the Arrow
