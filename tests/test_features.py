@@ -106,8 +106,11 @@ def test_files_datasets_wrote_read_with_their_features(written: tuple[datasets.D
     assert ds.features.to_dict() == reference.features.to_dict()
     label = ds.features["label"]
     assert isinstance(label, sf.ClassLabel) and label.int2str(2) == "mixed"
-    # The Arrow schema stays as it is.
-    assert pa.schema(ds.schema).field("label").type == pa.int64()
+    # The Arrow schema stays as it is (the images as stored, not decoded).
+    stored = sf.dataset(parquet if kind == "parquet" else arrow, format_options={"decode_images": {}})
+    assert pa.schema(stored.schema).field("label").type == pa.int64()
+    assert pa.schema(stored.schema).field("image").type == pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    assert stored.features.to_dict() == reference.features.to_dict()
     # Projected, the columns read keep theirs.
     assert sf.dataset(parquet, columns=["text", "label"]).features.to_dict() == reference.select_columns(["text", "label"]).features.to_dict()
 

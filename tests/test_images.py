@@ -410,3 +410,40 @@ def test_decoded_photos_across_ranks_workers_epochs_and_a_resume_in_a_new_proces
                     str(tmp_path / "after.pkl")], check=True)
     after = pickle.loads((tmp_path / "after.pkl").read_bytes())
     assert check(before) + check(after) == check(whole)
+
+
+def test_hf_image_columns_decode_as_datasets_decodes_them(tmp_path: Path, photos: list[Image.Image], fashion: np.ndarray) -> None:
+    """A Parquet file `datasets` wrote with `Image` features (the photographs as JPEG,
+    Fashion-MNIST as PNG, and one `Image(mode="L")` column): its images are decoded on the
+    pool, each equal to `datasets`' own decoding (PIL), pixels as numpy; the features
+    still say `Image`; `decode_images={}` reads the stored `{bytes, path}`; an image with
+    a path and no bytes is an error naming it. Through a DataLoader on 2 ranks as well."""
+    import datasets
+
+    jpegs = [encode(p, "JPEG", quality=90) for p in photos] * 3
+    pngs = [encode(Image.fromarray(a), "PNG") for a in fashion[: len(jpegs)]]
+    features = datasets.Features({"photo": datasets.Image(), "grey": datasets.Image(mode="L"), "item": datasets.Image(), "n": datasets.Value("int64")})
+    rows = {"photo": [{"bytes": b, "path": None} for b in jpegs], "grey": [{"bytes": b, "path": None} for b in jpegs],
+            "item": [{"bytes": b, "path": None} for b in pngs], "n": list(range(len(jpegs)))}
+    reference = datasets.Dataset.from_dict(rows, features=features)
+    path = tmp_path / "hf.parquet"
+    reference.to_parquet(str(path))
+    ds = sf.dataset(path)
+    assert ds.features.to_dict() == reference.features.to_dict()
+    for ours, theirs in zip(ds, reference):
+        np.testing.assert_array_equal(ours["item"][..., 0], np.asarray(theirs["item"]))  # PNG: exact
+        for column, channels in (("photo", 3), ("grey", 1)):
+            want = np.asarray(theirs[column])
+            got = ours[column] if channels == 3 else ours[column][..., 0]
+            assert got.shape == want.shape, column
+            diff = np.abs(got.astype(int) - want.astype(int))
+            assert diff.max() <= JPEG_MAX_DIFF and diff.mean() <= JPEG_MEAN_DIFF, column
+    seen = sorted(int(n) for rank in range(2) for b in sf.DataLoader(ds, batch_size=2, rank=rank, world_size=2) for n in b["n"])
+    assert seen == list(range(len(jpegs)))
+    stored = sf.dataset(path, format_options={"decode_images": {}})
+    assert stored[0]["photo"]["bytes"] == jpegs[0]
+    by_path = tmp_path / "by_path.parquet"
+    image_only = datasets.Features({"photo": datasets.Image()}).arrow_schema  # with its huggingface metadata
+    pq.write_table(pa.table({"photo": [{"bytes": None, "path": "/elsewhere/a.jpg"}]}, schema=image_only), by_path)
+    with pytest.raises(sf.DecodeError, match="only a path"):
+        list(sf.dataset(by_path))

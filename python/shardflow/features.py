@@ -404,11 +404,23 @@ class Features(dict):  # type: ignore[type-arg]
         return "{" + ", ".join(f"{name!r}: {f!r}" for name, f in self.items()) + "}"
 
 
+def _decoded_image(pa_type: Any) -> bool:
+    """Whether a column of ``pa_type`` holds decoded images: uint8 tensors, of one
+    shape (a fixed-size list) or each of its own (``{data, shape}``)."""
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(pa_type):
+        return pa_type.value_type == pa.uint8()
+    return pa.types.is_struct(pa_type) and {pa_type.field(i).name for i in range(pa_type.num_fields)} == {"data", "shape"}
+
+
 def _fitting(feature: Any, pa_type: Any) -> Any:
     """``feature`` where it describes a column of ``pa_type`` (a feature shardflow
     does not read is trusted), else the one inferred from the type."""
     if feature is None:
         return _infer(pa_type)
+    if isinstance(feature, Image) and _decoded_image(pa_type):
+        return feature  # decoded on the pool: the pixels of the `Image` it was
     if isinstance(feature, Feature):
         return Feature(feature.spec, pa_type)
     if _arrow_type(feature).equals(pa_type):

@@ -47,10 +47,7 @@ impl ImageSpec {
     ) -> Result<ImageDecode> {
         let mut columns = Vec::new();
         for (i, field) in schema.fields().iter().enumerate() {
-            let binary = matches!(
-                field.data_type(),
-                DataType::Binary | DataType::LargeBinary | DataType::BinaryView
-            );
+            let binary = image_bytes_type(field.data_type());
             let wanted = if !self.by_column.is_empty() {
                 self.by_column.get(field.name()).map(|ch| (*ch, None))
             } else if format == "raw" {
@@ -124,6 +121,53 @@ impl ImageSpec {
             pixels: BufferPool::keeping(POOLED_PIXEL_BUFFERS),
         })
     }
+}
+
+/// Whether a column of this type holds image bytes: a binary column, or a struct with a
+/// binary `bytes` field (an `Image` column as `datasets` stores it: `{bytes, path}`).
+fn image_bytes_type(data_type: &DataType) -> bool {
+    let binary = |t: &DataType| {
+        matches!(
+            t,
+            DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+        )
+    };
+    match data_type {
+        DataType::Struct(fields) => fields
+            .iter()
+            .any(|f| f.name() == "bytes" && binary(f.data_type())),
+        other => binary(other),
+    }
+}
+
+/// The image bytes of a column [`image_bytes_type`] accepts: a struct's `bytes`, null
+/// where the struct is. An image given by its `path` alone (no bytes) is an error: it
+/// would otherwise read as no image.
+fn image_bytes(column: &ArrayRef) -> std::result::Result<ArrayRef, String> {
+    let Some(images) = column.as_struct_opt() else {
+        return Ok(column.clone());
+    };
+    let Some(bytes) = images.column_by_name("bytes") else {
+        return Ok(column.clone());
+    };
+    if let Some(paths) = images.column_by_name("path") {
+        let by_path = (0..images.len())
+            .find(|&row| images.is_valid(row) && bytes.is_null(row) && paths.is_valid(row));
+        if let Some(row) = by_path {
+            let path = arrow_cast::display::array_value_to_string(paths, row).unwrap_or_default();
+            return Err(format!(
+                "row {row}'s image is only a path ({path:?}), with no bytes: shardflow decodes the bytes stored in the data"
+            ));
+        }
+    }
+    let nulls = NullBuffer::union(images.nulls(), bytes.nulls());
+    let data = bytes
+        .to_data()
+        .into_builder()
+        .nulls(nulls)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(arrow_array::make_array(data))
 }
 
 #[derive(Debug, Clone)]
@@ -418,7 +462,9 @@ impl ImageDecode {
         let mut bad_rows = vec![false; rows];
         let mut first_error: Option<String> = None;
         for column in &self.columns {
-            let input = arrow_cast::cast(batch.column(column.index), &DataType::LargeBinary)
+            let bytes = image_bytes(batch.column(column.index))
+                .map_err(|e| Error::decode(url, "image", Position::Unknown, e))?;
+            let input = arrow_cast::cast(&bytes, &DataType::LargeBinary)
                 .map_err(|e| Error::Internal(format!("image column: {e}")))?;
             let input = input.as_binary::<i64>();
             let (decoded, outcomes) = match self.fixed {

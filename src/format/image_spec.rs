@@ -166,7 +166,8 @@ impl ImageSpec {
                 ));
             }
         }
-        if spec.by_extension.is_empty() && spec.by_column.is_empty() {
+        let resizes = taken.contains_key("resize") || taken.contains_key("center_crop");
+        if spec.by_extension.is_empty() && spec.by_column.is_empty() && resizes {
             return Err(bad(
                 "resize",
                 "resize and center_crop need decode= (or decode_images=) to say which images",
@@ -191,6 +192,43 @@ impl ImageSpec {
             ));
         }
         Ok(Some(spec))
+    }
+
+    /// Whether it decodes no column (`decode_images={}`: not even the `Image` columns
+    /// of a dataset's features).
+    pub fn decodes_nothing(&self) -> bool {
+        self.by_extension.is_empty() && self.by_column.is_empty()
+    }
+
+    /// The `Image` columns of the features `datasets` wrote (the `huggingface` metadata
+    /// key's JSON), decoded as `datasets` decodes them on access: each into its
+    /// feature's `mode` (`"L"` grey, `"RGBA"`, else RGB); none where `decode` is false.
+    /// `None` where there are none among the columns read (`schema`).
+    pub fn from_features(huggingface: &str, schema: &arrow_schema::Schema) -> Option<Self> {
+        let json: serde_json::Value = serde_json::from_str(huggingface).ok()?;
+        let features = json.get("info")?.get("features")?.as_object()?;
+        let by_column: BTreeMap<String, Channels> = features
+            .iter()
+            .filter(|(name, f)| {
+                schema.index_of(name).is_ok()
+                    && f.get("_type").and_then(|t| t.as_str()) == Some("Image")
+                    && f.get("decode").and_then(|d| d.as_bool()) != Some(false)
+            })
+            .map(|(name, f)| {
+                let channels = match f.get("mode").and_then(|m| m.as_str()) {
+                    Some("L") => Channels::Grey,
+                    Some("RGBA") => Channels::Rgba,
+                    _ => Channels::Rgb,
+                };
+                (name.clone(), channels)
+            })
+            .collect();
+        (!by_column.is_empty()).then(|| ImageSpec {
+            by_extension: BTreeMap::new(),
+            by_column,
+            resize: None,
+            crop: None,
+        })
     }
 
     /// The output images' `(height, width)`, when they have one (a crop, or an exact

@@ -446,17 +446,28 @@ impl Dataset {
             .clone())
     }
 
-    /// The format's shards as they are read: with image columns decoded, when asked.
+    /// The format's shards as they are read: with image columns decoded, when asked, or
+    /// where the files' features (`datasets`') say a column is an `Image`.
     pub(super) fn as_read(&self, plain: Arc<PreparedShards>) -> Result<Arc<PreparedShards>> {
         let source = self.files()?;
-        match &source.options.images {
-            None => Ok(plain),
-            Some(spec) => Ok(Arc::new(PreparedShards::with_images(
+        let from_features = || {
+            plain
+                .huggingface
+                .as_deref()
+                .and_then(|json| format::image_spec::ImageSpec::from_features(json, &plain.schema))
+        };
+        let spec = match &source.options.images {
+            Some(spec) => Some(spec.clone()),
+            None => from_features(),
+        };
+        match spec {
+            Some(spec) if !spec.decodes_nothing() => Ok(Arc::new(PreparedShards::with_images(
                 &plain,
-                spec,
+                &spec,
                 source.format.name(),
                 source.options.on_error,
             )?)),
+            _ => Ok(plain),
         }
     }
 

@@ -743,9 +743,23 @@ impl PyDataset {
                 .map(|(method, args)| (*method, args.clone_ref(py))),
         )?;
         let stored = py.detach(|| self.inner.stored_features())?;
-        let schema = self.schema(py)?;
+        // The columns' storage types: decoded images are tensors (an Arrow extension
+        // type pyarrow may not read), and their feature is still the `Image` they were.
+        let schema = self.schema(py)?.schema;
+        let fields: Vec<arrow_schema::Field> = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                f.as_ref()
+                    .clone()
+                    .with_metadata(std::collections::HashMap::new())
+            })
+            .collect();
+        let storage = super::arrow_ffi::PySchema {
+            schema: Arc::new(arrow_schema::Schema::new(fields)),
+        };
         py.import("shardflow.features")?
-            .call_method1("_features_of", (recipe, stored, schema))
+            .call_method1("_features_of", (recipe, stored, storage))
     }
 
     /// The Arrow schema of the records this dataset yields, as an object with the Arrow
