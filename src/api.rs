@@ -380,6 +380,7 @@ impl Writer {
             overwrite: self.overwrite,
             threads: self.threads,
             memory_limit: self.memory_limit,
+            huggingface: None,
         };
         let storage = match self.dataset.inner.storage() {
             Some(storage) if self.storage.0.is_empty() => storage,

@@ -184,3 +184,18 @@ def test_cast_takes_features_and_concatenate_keeps_them(written: tuple[datasets.
     assert own.features.to_dict() == {"label": {"names": ["x", "y", "z"], "_type": "ClassLabel"}}
     both = sf.concatenate([sf.dataset(parquet), sf.dataset(arrow)])
     assert both.features.to_dict() == datasets.concatenate_datasets([reference, reference]).features.to_dict()
+
+
+def test_written_shards_keep_the_features_for_datasets(written: tuple[datasets.Dataset, str, str], tmp_path: Path) -> None:
+    """`write` stores the features in the Parquet shards' `huggingface` metadata:
+    `datasets` reads shardflow's shards with them, and so does shardflow."""
+    reference, parquet, _ = written
+    ds = sf.dataset(parquet).select_columns(["label", "text", "tags", "meta"]).rename_column("label", "sentiment")
+    ds = ds.cast_column("sentiment", sf.ClassLabel(names=["bad", "good", "both"]))
+    ds.write(str(tmp_path / "out"), format="parquet", max_rows_per_shard=10)
+    shards = sorted(str(p) for p in (tmp_path / "out").glob("*.parquet"))
+    theirs = datasets.load_dataset("parquet", data_files=shards, split="train", cache_dir=str(tmp_path / "hf"))
+    assert theirs.features.to_dict() == ds.features.to_dict()
+    assert theirs.features["sentiment"].names == ["bad", "good", "both"]
+    assert sf.dataset(shards).features.to_dict() == ds.features.to_dict()
+    assert [r["sentiment"] for r in theirs] == [r["label"] for r in reference]

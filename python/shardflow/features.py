@@ -488,4 +488,15 @@ def _features_of(recipe: list[tuple[str, Any]], stored: str | None, schema: Any)
     return Features({field.name: _fitting(tracked.get(field.name), field.type) for field in schema})
 
 
+
+def _stored_json(features: Features) -> str:
+    """The ``huggingface`` metadata value `datasets` writes for ``features``: the
+    columns as written (decoded images are tensors now: theirs is what their type
+    infers, which `datasets` reads back the same)."""
+    import json
+
+    written = {name: f for name, f in features.items() if not isinstance(f, Image) or f.decode is False}
+    return json.dumps({"info": {"features": Features(written).to_dict()}})
+
+
 __all__ = ["Audio", "ClassLabel", "Feature", "Features", "FixedLen", "Image", "LargeList", "List", "Sequence", "Value", "VarLen", "from_hf"]

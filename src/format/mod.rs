@@ -33,7 +33,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::source::ShardMeta;
 
-pub use reader::{Format, PreparedShards, ReadOptions, UnitJobs};
+pub use reader::{Format, HUGGINGFACE_KEY, PreparedShards, ReadOptions, UnitJobs};
 pub use tensor::{
     EXTENSION_METADATA_KEY, EXTENSION_NAME_KEY, TENSOR_EXTENSION, VARIABLE_TENSOR_EXTENSION,
     is_variable_tensor, shape_product, tensor_field, tensor_shape, variable_tensor_field,

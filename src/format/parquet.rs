@@ -133,7 +133,7 @@ impl Format for Parquet {
             .metadata
             .schema()
             .metadata()
-            .get(super::reader::HUGGINGFACE_KEY)
+            .get(super::HUGGINGFACE_KEY)
             .cloned();
         for file in files.iter().filter(has_rows) {
             let other = &file.schema;

@@ -1253,6 +1253,15 @@ impl PyDataset {
             },
             memory_limit: positive("memory_limit", memory_limit)?
                 .unwrap_or(pipeline::DEFAULT_MEMORY_LIMIT),
+            // The features as `datasets` stores them, for the formats that keep them.
+            huggingface: match format {
+                "parquet" => Some(
+                    py.import("shardflow.features")?
+                        .call_method1("_stored_json", (self.features(py)?,))?
+                        .extract()?,
+                ),
+                _ => None,
+            },
         };
         let storage = match (storage_options, self.inner.storage()) {
             (Some(given), _) => Storage::new(StorageOptions::parse(&parse_options(given)?)?)?,

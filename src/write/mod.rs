@@ -45,6 +45,9 @@ pub struct WriteOptions {
     /// pipeline reading ahead, half for rows handed to writer threads and not yet
     /// encoded (see [`write`] for what the encoders add).
     pub memory_limit: u64,
+    /// The features (`datasets`' JSON) to store in a Parquet shard's `huggingface`
+    /// metadata key, so that `datasets` reads the shards with them.
+    pub huggingface: Option<String>,
 }
 
 impl WriteOptions {
@@ -153,8 +156,13 @@ pub fn write(
     progress: &mut dyn FnMut(u64, u64) -> Result<()>,
 ) -> Result<Manifest> {
     let format = options.format;
-    let schema = dataset.schema()?;
+    let mut schema = dataset.schema()?;
     format.check_schema(&schema)?;
+    if let Some(features) = &options.huggingface {
+        let mut metadata = schema.metadata().clone();
+        metadata.insert(crate::format::HUGGINGFACE_KEY.to_string(), features.clone());
+        schema = Arc::new(schema.as_ref().clone().with_metadata(metadata));
+    }
     let destination = Destination::new(dest, storage)?;
     // Overwriting shards while they are read would corrupt both.
     if let Some(shard) = dataset
