@@ -1259,10 +1259,10 @@ def resumable_elsewhere(ds: Dataset, delivered: bool = True, divisions: Sequence
     new division that would not deal it (one rank, or ranks not kept equal) deals the
     rows left all the same, where a division keeping its ranks equal deals them: the
     epoch resumes there if that is after the op the old one dealt it. An epoch the old
-    division did not deal resumes only on a division that does not deal it either, and
-    so does an epoch divided by place whose :func:`nested` part deals its own rows (a
-    take/skip after a combination nested in one, read as one reader reads it). A mix that :func:`remixes` resumes only on the division
-    that mixed it. An epoch nothing of which was delivered yet resumes anywhere: it
+    division did not deal does not resume on a division that deals it; one divided by
+    place whose :func:`nested` part deals its own rows (a take/skip after a combination
+    nested in one, read as one reader reads it) resumes only on the division that saved
+    it. A mix that :func:`remixes` resumes only on the division that mixed it. An epoch nothing of which was delivered yet resumes anywhere: it
     starts afresh."""
 
     def has_flat_map(d: Dataset) -> bool:
