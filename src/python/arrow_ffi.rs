@@ -30,6 +30,25 @@ pub struct PySchema {
     pub schema: arrow_schema::SchemaRef,
 }
 
+impl PySchema {
+    /// The same columns with their storage types (extension types' metadata dropped).
+    pub fn storage(&self) -> PySchema {
+        let fields: Vec<arrow_schema::Field> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| {
+                f.as_ref()
+                    .clone()
+                    .with_metadata(std::collections::HashMap::new())
+            })
+            .collect();
+        PySchema {
+            schema: std::sync::Arc::new(arrow_schema::Schema::new(fields)),
+        }
+    }
+}
+
 #[pymethods]
 impl PySchema {
     #[pyo3(signature = (requested_schema=None))]

@@ -743,21 +743,9 @@ impl PyDataset {
                 .map(|(method, args)| (*method, args.clone_ref(py))),
         )?;
         let stored = py.detach(|| self.inner.stored_features())?;
-        // The columns' storage types: decoded images are tensors (an Arrow extension
-        // type pyarrow may not read), and their feature is still the `Image` they were.
-        let schema = self.schema(py)?.schema;
-        let fields: Vec<arrow_schema::Field> = schema
-            .fields()
-            .iter()
-            .map(|f| {
-                f.as_ref()
-                    .clone()
-                    .with_metadata(std::collections::HashMap::new())
-            })
-            .collect();
-        let storage = super::arrow_ffi::PySchema {
-            schema: Arc::new(arrow_schema::Schema::new(fields)),
-        };
+        // Decoded images are tensors (an Arrow extension type pyarrow may not read);
+        // their feature is still the `Image` they were.
+        let storage = self.schema(py)?.storage();
         py.import("shardflow.features")?
             .call_method1("_features_of", (recipe, stored, storage))
     }
