@@ -123,7 +123,11 @@ class ClassLabel:
         self.num_classes: int = len(self.names)
         self._index = {name: i for i, name in enumerate(self.names)}
 
-    pa_type = property(lambda self: __import__("pyarrow").int64())
+    @property
+    def pa_type(self) -> Any:
+        import pyarrow as pa
+
+        return pa.int64()
 
     def str2int(self, values: Any) -> Any:
         """The label of a name (or of each of a list of names)."""
@@ -252,6 +256,10 @@ class Feature:
         return f"{self.spec['_type']}({fields})"
 
 
+#: shardflow's own feature types.
+_OURS = (Value, ClassLabel, List, LargeList, Image, Audio, Feature)
+
+
 def _arrow_type(feature: Any) -> Any:
     import pyarrow as pa
 
@@ -321,11 +329,12 @@ def _from_dict(spec: Any) -> Any:
 
 def from_hf(feature: Any) -> Any:
     """A `datasets` feature (or a dict of them) as shardflow's, by its JSON."""
-    if isinstance(feature, dict):
+    if isinstance(feature, dict):  # `datasets.Features` too
         return {name: from_hf(f) for name, f in feature.items()}
-    to_dict = getattr(type(feature), "to_dict", None)
-    if to_dict is not None:  # `datasets.Features`
-        return _from_dict(feature.to_dict())
+    if isinstance(feature, list):  # `datasets`' old spelling of a list
+        return List(from_hf(feature[0]))
+    if isinstance(feature, _OURS):
+        return feature
     from dataclasses import asdict, is_dataclass
 
     name = type(feature).__name__
@@ -425,7 +434,9 @@ def _fitting(feature: Any, pa_type: Any) -> Any:
         return Feature(feature.spec, pa_type)
     if _arrow_type(feature).equals(pa_type):
         return feature
-    if isinstance(feature, dict) and __import__("pyarrow").types.is_struct(pa_type):
+    import pyarrow as pa
+
+    if isinstance(feature, dict) and pa.types.is_struct(pa_type):
         return {pa_type.field(i).name: _fitting(feature.get(pa_type.field(i).name), pa_type.field(i).type) for i in range(pa_type.num_fields)}
     return _infer(pa_type)
 
@@ -433,8 +444,7 @@ def _fitting(feature: Any, pa_type: Any) -> Any:
 
 def _is_feature(obj: Any) -> bool:
     """Whether ``obj`` is a feature (shardflow's or `datasets`'), not an Arrow type."""
-    ours = (Value, ClassLabel, List, LargeList, Image, Audio, Feature)
-    return isinstance(obj, ours) or type(obj).__module__.startswith("datasets.")
+    return isinstance(obj, _OURS) or type(obj).__module__.startswith("datasets.")
 
 
 def _cast_schema(spec: Any, column: str | None = None) -> Any:
@@ -449,7 +459,7 @@ def _cast_schema(spec: Any, column: str | None = None) -> Any:
             return pa.schema([pa.field(column, spec)])
         spec = {column: spec}
     if isinstance(spec, dict) and all(_is_feature(f) or isinstance(f, (dict, list)) for f in spec.values()):
-        return Features({name: from_hf(f) if not isinstance(f, (dict, list)) else _from_dict(_to_dict(f)) for name, f in spec.items()}).arrow_schema
+        return Features({name: from_hf(f) for name, f in spec.items()}).arrow_schema
     return spec
 
 
