@@ -423,6 +423,13 @@ def _decoded_image(pa_type: Any) -> bool:
     return pa.types.is_struct(pa_type) and {pa_type.field(i).name for i in range(pa_type.num_fields)} == {"data", "shape"}
 
 
+def _decoded_audio(pa_type: Any) -> bool:
+    """Whether a column of ``pa_type`` holds decoded audio: ``{array, sampling_rate, path}``."""
+    import pyarrow as pa
+
+    return pa.types.is_struct(pa_type) and [pa_type.field(i).name for i in range(pa_type.num_fields)] == ["array", "sampling_rate", "path"]
+
+
 def _fitting(feature: Any, pa_type: Any) -> Any:
     """``feature`` where it describes a column of ``pa_type`` (a feature shardflow
     does not read is trusted), else the one inferred from the type."""
@@ -430,6 +437,8 @@ def _fitting(feature: Any, pa_type: Any) -> Any:
         return _infer(pa_type)
     if isinstance(feature, Image) and _decoded_image(pa_type):
         return feature  # decoded on the pool: the pixels of the `Image` it was
+    if isinstance(feature, Audio) and _decoded_audio(pa_type):
+        return feature
     if isinstance(feature, Feature):
         return Feature(feature.spec, pa_type)
     if _arrow_type(feature).equals(pa_type):
@@ -461,6 +470,42 @@ def _cast_schema(spec: Any, column: str | None = None) -> Any:
     if isinstance(spec, dict) and all(_is_feature(f) or isinstance(f, (dict, list)) for f in spec.values()):
         return Features({name: from_hf(f) for name, f in spec.items()}).arrow_schema
     return spec
+
+
+#: Verbs that run the user's code on rows: a cast that changes how a media column
+#: decodes (where it is read) cannot come after them, as they saw it decoded as it was.
+_FUNCTION_VERBS = frozenset({"map", "filter", "flat_map", "batch"})
+
+
+def _cast_plan(schema: Any, recipe: list[tuple[str, Any]]) -> tuple[Any, str | None]:
+    """Splits what ``cast`` casts to (``schema``, from ``_cast_schema``) in two: the
+    Arrow schema of the columns an Arrow cast converts, and the JSON of the `Image` /
+    `Audio` features given (``{column: feature}``, columns named as the files name
+    them): those set how the columns decode as they are read, as `datasets` decodes a
+    cell by its feature when it is accessed."""
+    import json
+
+    import pyarrow as pa
+
+    schema = pa.schema(schema)
+    stored = (schema.metadata or {}).get(b"huggingface")
+    features = json.loads(stored).get("info", {}).get("features", {}) if stored else {}
+    media = {name: f for name, f in features.items() if name in schema.names and isinstance(f, dict) and f.get("_type") in ("Image", "Audio")}
+    if not media:
+        return schema, None
+    ran = [verb for verb, _ in recipe[1:] if verb in _FUNCTION_VERBS]
+    if ran:
+        raise ValueError(f"cast to {', '.join(f['_type'] for f in media.values())} after {ran[0]}: it sets how {sorted(media)} decode where they are read, and {ran[0]} saw them decoded as they were; cast before {ran[0]}")
+    if recipe[0][0] in ("concatenate", "interleave"):
+        raise ValueError(f"cast to {', '.join(f['_type'] for f in media.values())} after {recipe[0][0]}: cast each dataset before combining them")
+    # The files' name for each column, undoing the renames since.
+    source = {name: name for name in media}
+    for verb, args in reversed(recipe[1:]):
+        if verb == "rename_columns":
+            back = {new: old for old, new in dict(args[0]).items()}
+            source = {name: back.get(was, was) for name, was in source.items()}
+    rest = pa.schema([f for f in schema if f.name not in media], metadata=schema.metadata)
+    return rest, json.dumps({source[name]: f for name, f in media.items()})
 
 
 def _renamed(features: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:

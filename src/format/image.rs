@@ -18,24 +18,19 @@
 
 use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, BooleanArray, FixedSizeListArray, RecordBatch, UInt8Array};
-use arrow_buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
+use arrow_array::{Array, ArrayRef, FixedSizeListArray, UInt8Array};
+use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use fast_image_resize::images::Image as FirImage;
 use fast_image_resize::{FilterType as FirFilter, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::{DynamicImage, ImageFormat};
 use rayon::prelude::*;
 
+use super::cells::{CellDecoder, Outcomes, cell_bytes, guarded, media_bytes_type, nulls_of};
 use super::image_spec::{Channels, ImageSpec, Resize, bad};
-use super::reader::PreparedShards;
-use super::{
-    BatchSink, DecodeTask, Decoded, OnError, UnitJob, UnitJobs, WorkUnit, tensor_field,
-    variable_tensor_field,
-};
+use super::{OnError, tensor_field, variable_tensor_field};
 use crate::buffers::BufferPool;
-use crate::error::{Error, Position, Result};
-use crate::source::ShardMeta;
+use crate::error::{Error, Result};
 
 impl ImageSpec {
     /// Resolves the spec against the decoded schema: which columns hold images.
@@ -47,7 +42,7 @@ impl ImageSpec {
     ) -> Result<ImageDecode> {
         let mut columns = Vec::new();
         for (i, field) in schema.fields().iter().enumerate() {
-            let binary = image_bytes_type(field.data_type());
+            let binary = media_bytes_type(field.data_type());
             let wanted = if !self.by_column.is_empty() {
                 self.by_column.get(field.name()).map(|ch| (*ch, None))
             } else if format == "raw" {
@@ -123,59 +118,48 @@ impl ImageSpec {
     }
 }
 
-/// Whether a column of this type holds image bytes: a binary column, or a struct with a
-/// binary `bytes` field (an `Image` column as `datasets` stores it: `{bytes, path}`).
-fn image_bytes_type(data_type: &DataType) -> bool {
-    let binary = |t: &DataType| {
-        matches!(
-            t,
-            DataType::Binary | DataType::LargeBinary | DataType::BinaryView
-        )
-    };
-    match data_type {
-        DataType::Struct(fields) => fields
-            .iter()
-            .any(|f| f.name() == "bytes" && binary(f.data_type())),
-        other => binary(other),
-    }
-}
-
-/// The image bytes of a column [`image_bytes_type`] accepts: a struct's `bytes`, null
-/// where the struct is. An image given by its `path` alone (no bytes) is an error: it
-/// would otherwise read as no image.
-fn image_bytes(column: &ArrayRef) -> std::result::Result<ArrayRef, String> {
-    let Some(images) = column.as_struct_opt() else {
-        return Ok(column.clone());
-    };
-    let Some(bytes) = images.column_by_name("bytes") else {
-        return Ok(column.clone());
-    };
-    if let Some(paths) = images.column_by_name("path") {
-        let by_path = (0..images.len())
-            .find(|&row| images.is_valid(row) && bytes.is_null(row) && paths.is_valid(row));
-        if let Some(row) = by_path {
-            let path = arrow_cast::display::array_value_to_string(paths, row).unwrap_or_default();
-            return Err(format!(
-                "row {row}'s image is only a path ({path:?}), with no bytes: shardflow decodes the bytes stored in the data"
-            ));
-        }
-    }
-    let nulls = NullBuffer::union(images.nulls(), bytes.nulls());
-    let data = bytes
-        .to_data()
-        .into_builder()
-        .nulls(nulls)
-        .build()
-        .map_err(|e| e.to_string())?;
-    Ok(arrow_array::make_array(data))
-}
-
 #[derive(Debug, Clone)]
 struct ImageColumn {
     index: usize,
     channels: Channels,
     /// For raw files: the image types allowed (by extension name).
     allowed: Option<Vec<String>>,
+}
+
+impl CellDecoder for ImageDecode {
+    fn media(&self) -> &'static str {
+        "image"
+    }
+
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn on_error(&self) -> OnError {
+        self.on_error
+    }
+
+    fn columns(&self) -> Vec<usize> {
+        self.columns.iter().map(|c| c.index).collect()
+    }
+
+    fn decode_column(
+        &self,
+        index: usize,
+        column: &ArrayRef,
+    ) -> std::result::Result<(ArrayRef, Outcomes), String> {
+        let image_column = self
+            .columns
+            .iter()
+            .find(|c| c.index == index)
+            .ok_or("not an image column")?;
+        let input = cell_bytes(column, "image")?;
+        match self.fixed {
+            Some(shape) => self.decode_fixed(image_column, &input, shape),
+            None => self.decode_own_sizes(image_column, &input),
+        }
+        .map_err(|e| e.to_string())
+    }
 }
 
 /// Decodes a prepared dataset's image columns; see the module docs.
@@ -448,57 +432,6 @@ impl ImageDecode {
         Ok(())
     }
 
-    /// Decodes the image columns of `batch` (read from `url`); returns the batch and
-    /// the rows dropped (under `on_error="skip"`, when `may_skip`), by their place in
-    /// `batch`.
-    pub fn apply(
-        &self,
-        batch: RecordBatch,
-        url: &str,
-        may_skip: bool,
-    ) -> Result<(RecordBatch, Vec<u64>)> {
-        let rows = batch.num_rows();
-        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-        let mut bad_rows = vec![false; rows];
-        let mut first_error: Option<String> = None;
-        for column in &self.columns {
-            let bytes = image_bytes(batch.column(column.index))
-                .map_err(|e| Error::decode(url, "image", Position::Unknown, e))?;
-            let input = arrow_cast::cast(&bytes, &DataType::LargeBinary)
-                .map_err(|e| Error::Internal(format!("image column: {e}")))?;
-            let input = input.as_binary::<i64>();
-            let (decoded, outcomes) = match self.fixed {
-                Some(shape) => self.decode_fixed(column, input, shape)?,
-                None => self.decode_own_sizes(column, input)?,
-            };
-            columns[column.index] = decoded;
-            for (row, outcome) in outcomes.into_iter().enumerate() {
-                if let Err(e) = outcome {
-                    bad_rows[row] = true;
-                    first_error.get_or_insert_with(|| {
-                        format!(
-                            "row {row} of the batch, column {:?}: {e}",
-                            batch.schema().field(column.index).name()
-                        )
-                    });
-                }
-            }
-        }
-        let out = RecordBatch::try_new(self.schema.clone(), columns)
-            .map_err(|e| Error::Internal(format!("decoded images: {e}")))?;
-        let Some(message) = first_error else {
-            return Ok((out, Vec::new()));
-        };
-        if self.on_error == OnError::Raise || !may_skip {
-            return Err(Error::decode(url, "image", Position::Unknown, message));
-        }
-        let keep = BooleanArray::new(BooleanBuffer::from_iter(bad_rows.iter().map(|b| !b)), None);
-        let skipped = (0..rows as u64).filter(|&r| bad_rows[r as usize]).collect();
-        let kept = arrow_select::filter::filter_record_batch(&out, &keep)
-            .map_err(|e| Error::Internal(format!("dropping undecodable images: {e}")))?;
-        Ok((kept, skipped))
-    }
-
     /// A column's images decoded into the fixed shape (one tensor per row, zeros for a
     /// null or undecodable one), and each row's outcome.
     fn decode_fixed(
@@ -506,7 +439,7 @@ impl ImageDecode {
         column: &ImageColumn,
         input: &arrow_array::LargeBinaryArray,
         (height, width): (u32, u32),
-    ) -> Result<(ArrayRef, Vec<std::result::Result<(), String>>)> {
+    ) -> Result<(ArrayRef, Outcomes)> {
         let size = height as usize * width as usize * column.channels.count();
         // Zeroed: a null or undecodable row is all zeros.
         let mut pixels = self.pixels.take(input.len() * size);
@@ -536,7 +469,7 @@ impl ImageDecode {
         &self,
         column: &ImageColumn,
         input: &arrow_array::LargeBinaryArray,
-    ) -> Result<(ArrayRef, Vec<std::result::Result<(), String>>)> {
+    ) -> Result<(ArrayRef, Outcomes)> {
         let channels = column.channels.count();
         let images: Vec<std::result::Result<Option<(Vec<u8>, u32, u32)>, String>> = (0..input
             .len())
@@ -609,74 +542,6 @@ impl ImageDecode {
         Ok((Arc::new(array), outcomes))
     }
 
-    /// `task` with its batches' images decoded.
-    fn wrap_task(self: &Arc<Self>, url: String, task: DecodeTask) -> DecodeTask {
-        let images = self.clone();
-        Box::new(move |sink: &mut BatchSink| {
-            // Rows dropped here, by their place among the rows the task decoded.
-            let mut dropped = Vec::new();
-            let mut decoded_rows = 0u64;
-            let mut failed = None;
-            let mut decoding = |batch: RecordBatch| {
-                if failed.is_some() {
-                    return;
-                }
-                let rows = batch.num_rows() as u64;
-                match images.apply(batch, &url, true) {
-                    Ok((batch, bad)) => {
-                        dropped.extend(bad.into_iter().map(|r| decoded_rows + r));
-                        sink(batch);
-                    }
-                    Err(e) => failed = Some(e),
-                }
-                decoded_rows += rows;
-            };
-            let rest = task(&mut decoding)?;
-            for batch in rest.batches {
-                decoding(batch);
-            }
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            // A decoded row's place among the task's records steps over the records the
-            // task itself skipped before it.
-            let mut skipped = rest.skipped;
-            let mut before = skipped.clone();
-            before.sort_unstable();
-            for row in dropped {
-                let mut place = row;
-                for &s in &before {
-                    if s <= place {
-                        place += 1;
-                    } else {
-                        break;
-                    }
-                }
-                skipped.push(place);
-            }
-            skipped.sort_unstable();
-            Ok(Decoded {
-                batches: Vec::new(),
-                skipped,
-            })
-        })
-    }
-}
-
-/// `decode`, with a panic in a decoder (a bug there) reported as this image's error.
-fn guarded<T>(
-    decode: impl FnOnce() -> std::result::Result<T, String>,
-) -> std::result::Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode))
-        .unwrap_or_else(|panic| Err(crate::error::panic_message(&*panic)))
-}
-
-/// The nulls of an image column's input: a missing image is a missing tensor.
-fn nulls_of(input: &arrow_array::LargeBinaryArray) -> Option<NullBuffer> {
-    input
-        .nulls()
-        .cloned()
-        .map(|n| NullBuffer::new(n.inner().clone()))
 }
 
 /// Copies the `(width, height)` window at `(left, top)` of `image` into `out`, with
@@ -730,93 +595,6 @@ fn pillow_luma(rgb: [u8; 3]) -> u8 {
     ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8
 }
 
-/// A prepared dataset's jobs with their batches' images decoded on the decode threads.
-/// It wraps the format's prepared shards, or their indexed form: the record index is
-/// built from the format's own records (`record_codec`), and images are decoded once,
-/// on the way out.
-pub struct ImageJobs {
-    pub inner: Arc<super::PreparedShards>,
-    pub images: Arc<ImageDecode>,
-}
-
-impl UnitJobs for ImageJobs {
-    fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
-        let url = shard.url.clone();
-        match self.inner.job(unit) {
-            UnitJob::Ready(task) => UnitJob::Ready(self.images.wrap_task(url, task)),
-            UnitJob::Ranges { ranges, decode } => {
-                let images = self.images.clone();
-                UnitJob::Ranges {
-                    ranges,
-                    decode: Box::new(move |fetched, sink| {
-                        let task: DecodeTask =
-                            Box::new(move |sink: &mut BatchSink| decode(fetched, sink));
-                        images.wrap_task(url, task)(sink)
-                    }),
-                }
-            }
-            UnitJob::Stream(job) => {
-                let images = self.images.clone();
-                UnitJob::Stream(Box::new(move |reader, emit| {
-                    job(reader, &mut |task| {
-                        emit(images.wrap_task(url.clone(), task))
-                    })
-                }))
-            }
-        }
-    }
-
-    fn record_codec(&self) -> Option<Arc<dyn super::index::RecordCodec>> {
-        self.inner.record_codec()
-    }
-
-    fn record_access(&self) -> Option<super::index::RecordAccess> {
-        let mut access = self.inner.record_access()?;
-        access.codec = Arc::new(ImageCodec {
-            inner: access.codec,
-            images: self.images.clone(),
-        });
-        Some(access)
-    }
-}
-
-/// Random access's record decoder with images decoded. Rows were counted by the index,
-/// so an image that does not decode is an error here even under `on_error="skip"`.
-struct ImageCodec {
-    inner: Arc<dyn super::index::RecordCodec>,
-    images: Arc<ImageDecode>,
-}
-
-impl super::index::RecordCodec for ImageCodec {
-    fn scan(
-        &self,
-        shard: &ShardMeta,
-        stream: Box<dyn std::io::Read + Send>,
-        key: String,
-    ) -> Result<super::index::ShardIndex> {
-        self.inner.scan(shard, stream, key)
-    }
-
-    fn decode_records(
-        &self,
-        shard: &ShardMeta,
-        index: &super::index::ShardIndex,
-        data: bytes::Bytes,
-        first: u64,
-    ) -> Result<Decoded> {
-        let decoded = self.inner.decode_records(shard, index, data, first)?;
-        let batches = decoded
-            .batches
-            .into_iter()
-            .map(|b| self.images.apply(b, &shard.url, false).map(|(b, _)| b))
-            .collect::<Result<_>>()?;
-        Ok(Decoded {
-            batches,
-            skipped: decoded.skipped,
-        })
-    }
-}
-
 /// Where a center crop of `crop` pixels starts along an axis of `size` pixels, as
 /// torchvision's `center_crop` places it: `round((size - crop) / 2)` (halves to even)
 /// where the image is large enough; where it is smaller, torchvision first pads it with
@@ -827,30 +605,5 @@ fn crop_start(size: u32, crop: u32) -> i64 {
         ((size as f64 - crop as f64) / 2.0).round_ties_even() as i64
     } else {
         -(((crop - size) / 2) as i64)
-    }
-}
-
-impl PreparedShards {
-    /// `plain` (format `format`) with the image columns `spec` names decoded (see
-    /// [`image`]).
-    pub fn with_images(
-        plain: &Arc<Self>,
-        spec: &ImageSpec,
-        format: &'static str,
-        on_error: OnError,
-    ) -> Result<Self> {
-        let images = Arc::new(spec.bind(format, &plain.schema, on_error)?);
-        Ok(Self {
-            format: plain.format,
-            schema: images.schema.clone(),
-            shards: plain.shards.clone(),
-            units: plain.units.clone(),
-            skipped_shards: plain.skipped_shards,
-            huggingface: plain.huggingface.clone(),
-            jobs: Box::new(ImageJobs {
-                inner: plain.clone(),
-                images,
-            }),
-        })
     }
 }

@@ -2,6 +2,7 @@
 //! ([`ReadOptions`]), and what preparing shards gives the pipeline ([`PreparedShards`]:
 //! the schema, the work units and the jobs that decode them).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
@@ -27,6 +28,10 @@ pub struct ReadOptions {
     pub on_error: OnError,
     /// Image columns to decode, taken out of `format_options` (see `image_spec`).
     pub images: Option<ImageSpec>,
+    /// Features a cast gave media columns (`Image`, `Audio`: `datasets`' JSON of each,
+    /// by column), over those the files were written with: they say how the columns
+    /// decode as they are read.
+    pub media_features: BTreeMap<String, serde_json::Value>,
 }
 
 /// Makes each work unit's job for one prepared dataset: the format-specific part.

@@ -4,6 +4,7 @@
 //! format, fingerprint, prepared footers and record indexes, the source schema). How an
 //! epoch divides it is `plan`'s; reading it, `run`'s; combinations, `combine`'s.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
@@ -446,29 +447,34 @@ impl Dataset {
             .clone())
     }
 
-    /// The format's shards as they are read: with image columns decoded, when asked, or
-    /// where the files' features (`datasets`') say a column is an `Image`.
+    /// The format's shards as they are read: with image and audio columns decoded, where
+    /// the files' features (`datasets`') or a cast say a column is an `Image` or
+    /// `Audio`, and image columns where `decode_images` asks.
     pub(super) fn as_read(&self, plain: Arc<PreparedShards>) -> Result<Arc<PreparedShards>> {
         let source = self.files()?;
-        let from_features = || {
-            plain
-                .huggingface
-                .as_deref()
-                .and_then(|json| format::image_spec::ImageSpec::from_features(json, &plain.schema))
-        };
-        let spec = match &source.options.images {
+        let features = format::media_features(
+            plain.huggingface.as_deref(),
+            &source.options.media_features,
+        );
+        let images = match &source.options.images {
             Some(spec) => Some(spec.clone()),
-            None => from_features(),
+            None => features.as_deref().and_then(|json| {
+                format::image_spec::ImageSpec::from_features(json, &plain.schema)
+            }),
         };
-        match spec {
-            Some(spec) if !spec.decodes_nothing() => Ok(Arc::new(PreparedShards::with_images(
-                &plain,
-                &spec,
-                source.format.name(),
-                source.options.on_error,
-            )?)),
-            _ => Ok(plain),
+        let mut read = plain;
+        if let Some(spec) = images.filter(|spec| !spec.decodes_nothing()) {
+            let decoder = spec.bind(source.format.name(), &read.schema, source.options.on_error)?;
+            read = Arc::new(PreparedShards::with_cells(&read, Arc::new(decoder)));
         }
+        let audio = features
+            .as_deref()
+            .and_then(|json| format::audio::AudioSpec::from_features(json, &read.schema));
+        if let Some(spec) = audio {
+            let decoder = spec.bind(&read.schema, source.options.on_error)?;
+            read = Arc::new(PreparedShards::with_cells(&read, Arc::new(decoder)));
+        }
+        Ok(read)
     }
 
     /// The prepared shards with every row counted: stream formats' record indexes are
@@ -511,6 +517,38 @@ impl Dataset {
             Origin::Files(_) => Ok(self.prepared()?.huggingface.clone()),
             Origin::Combined(_) => Ok(None),
         }
+    }
+
+    /// This dataset with `features` (`datasets`' JSON of an `Image` or `Audio` feature,
+    /// by column, as the files name them) setting how those columns decode where they
+    /// are read (see `ReadOptions::media_features`): a cast to a media feature.
+    pub fn with_media_features(
+        &self,
+        features: BTreeMap<String, serde_json::Value>,
+    ) -> Result<Dataset> {
+        let Origin::Files(source) = &self.origin else {
+            return Err(Error::invalid_argument(
+                "a cast to Image or Audio sets how the files' columns decode: cast each dataset before combining them",
+            ));
+        };
+        let plain = self.prepared_pair()?.0;
+        if let Some(missing) = features.keys().find(|c| plain.schema.index_of(c).is_err()) {
+            return Err(Error::invalid_argument(format!(
+                "a cast to Image or Audio decodes a column the files have; {missing:?} is not one (columns: {:?})",
+                plain.schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+            )));
+        }
+        let mut options = source.options.clone();
+        options.media_features.extend(features);
+        Ok(Dataset {
+            origin: Origin::Files(DataSource::new(
+                source.shards.clone(),
+                source.format.clone(),
+                options,
+                source.storage.clone(),
+            )),
+            ops: self.ops.clone(),
+        })
     }
 
     pub fn source_schema(&self) -> Result<SchemaRef> {

@@ -33,16 +33,22 @@ pub struct PySchema {
 impl PySchema {
     /// The same columns with their storage types (extension types' metadata dropped).
     pub fn storage(&self) -> PySchema {
-        let fields: Vec<arrow_schema::Field> = self
-            .schema
-            .fields()
-            .iter()
-            .map(|f| {
-                f.as_ref()
-                    .clone()
-                    .with_metadata(std::collections::HashMap::new())
-            })
-            .collect();
+        /// The field with no metadata, nor any in a struct's fields.
+        fn bare(field: &arrow_schema::Field) -> arrow_schema::Field {
+            let field = field
+                .clone()
+                .with_metadata(std::collections::HashMap::new());
+            match field.data_type() {
+                arrow_schema::DataType::Struct(children) => {
+                    let children: arrow_schema::Fields =
+                        children.iter().map(|c| bare(c)).collect();
+                    field.with_data_type(arrow_schema::DataType::Struct(children))
+                }
+                _ => field,
+            }
+        }
+        let fields: Vec<arrow_schema::Field> =
+            self.schema.fields().iter().map(|f| bare(f)).collect();
         PySchema {
             schema: std::sync::Arc::new(arrow_schema::Schema::new(fields)),
         }

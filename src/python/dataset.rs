@@ -140,7 +140,7 @@ impl PyDataset {
     }
 
     /// This dataset with a column verb added, its schema checked now where known.
-    fn columns(
+    pub(super) fn columns(
         &self,
         py: Python<'_>,
         verb: pipeline::Columns,
@@ -690,28 +690,7 @@ impl PyDataset {
         schema: &Bound<'_, PyAny>,
         on_invalid: &str,
     ) -> PyResult<PyDataset> {
-        // Features (`datasets`' or shardflow's) cast to their Arrow types.
-        let schema = &py
-            .import("shardflow.features")?
-            .call_method1("_cast_schema", (schema,))?;
-        let target = schema_from_py(schema)?;
-        let invalid_to_null = match on_invalid {
-            "raise" => false,
-            "null" => true,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "on_invalid must be \"raise\" or \"null\", not {other:?}"
-                )));
-            }
-        };
-        let args = PyDict::new(py);
-        args.set_item("schema", schema)?;
-        args.set_item("on_invalid", on_invalid)?;
-        let op = pipeline::Columns::Cast {
-            target,
-            invalid_to_null,
-        };
-        self.columns(py, op, "cast", args.into_any())
+        self.cast_to(py, schema, on_invalid)
     }
 
     /// Casts one column to `dtype` (a pyarrow `DataType`); see `cast`.
@@ -736,24 +715,13 @@ impl PyDataset {
     /// infers. `schema` keeps the Arrow schema.
     #[getter]
     fn features<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let recipe = PyList::new(
-            py,
-            self.recipe
-                .iter()
-                .map(|(method, args)| (*method, args.clone_ref(py))),
-        )?;
-        let stored = py.detach(|| self.inner.stored_features())?;
-        // Decoded images are tensors (an Arrow extension type pyarrow may not read);
-        // their feature is still the `Image` they were.
-        let storage = self.schema(py)?.storage();
-        py.import("shardflow.features")?
-            .call_method1("_features_of", (recipe, stored, storage))
+        self.features_of(py)
     }
 
     /// The Arrow schema of the records this dataset yields, as an object with the Arrow
     /// PyCapsule interface (`pyarrow.schema(ds.schema)`).
     #[getter]
-    fn schema(&self, py: Python<'_>) -> PyResult<super::arrow_ffi::PySchema> {
+    pub(super) fn schema(&self, py: Python<'_>) -> PyResult<super::arrow_ffi::PySchema> {
         let schema = py.detach(|| self.inner.schema())?;
         Ok(super::arrow_ffi::PySchema { schema })
     }

@@ -13,6 +13,7 @@ mod chat_verbs;
 mod column_types;
 mod dataset;
 mod errors;
+mod feature_verbs;
 mod fork;
 mod from_python;
 mod loader;

@@ -55,6 +55,7 @@ pub fn dataset(
             .unwrap_or_default(),
         on_error: OnError::parse(on_error)?,
         images: None,
+        media_features: Default::default(),
     };
     let storage = storage_from(storage_options)?;
     let inner =

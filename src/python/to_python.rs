@@ -456,6 +456,29 @@ pub fn field_values(py: Python<'_>, column: &ArrayRef, field: &Field) -> PyResul
     if crate::format::is_variable_tensor(field) {
         return variable_tensors(py, column.as_ref());
     }
+    if let DataType::Struct(children) = column.data_type()
+        && children.iter().any(|c| crate::format::is_variable_tensor(c))
+    {
+        // Decoded audio (`{array, sampling_rate, path}`): dicts whose tensors are arrays.
+        let cells = column.as_struct();
+        let values = children
+            .iter()
+            .zip(cells.columns())
+            .map(|(child, values)| field_values(py, values, child))
+            .collect::<PyResult<Vec<_>>>()?;
+        return (0..n)
+            .map(|i| {
+                if cells.is_null(i) {
+                    return Ok(py.None());
+                }
+                let dict = PyDict::new(py);
+                for (child, values) in children.iter().zip(&values) {
+                    dict.set_item(child.name(), values[i].bind(py))?;
+                }
+                Ok(dict.into_any().unbind())
+            })
+            .collect();
+    }
     // Fixed-size lists of numbers are tensors: one array per sample (a view of the
     // batch's), as in the batch output, rather than a list of Python numbers.
     let tensor = declared_tensor_shape(field).is_some() || tensor_parts(column.as_ref()).is_some();

@@ -1,0 +1,451 @@
+//! Audio decoding on the decode threads: the `Audio` columns `datasets` stores (`{bytes,
+//! path}` structs, or plain bytes) become `{array, sampling_rate, path}` structs, as
+//! `datasets`' `Audio` feature decodes a cell, with no FFmpeg: containers and codecs by
+//! symphonia (WAV/PCM, FLAC, MP3, Ogg Vorbis, AAC and ALAC in MP4), resampling by
+//! rubato's FFT resampler.
+//!
+//! `array` is float32, samples scaled to [-1, 1) as libsndfile and FFmpeg scale them.
+//! With `num_channels` unset (or 1) it is one channel, `(samples,)`: the channels'
+//! mean, as `datasets`' `["array"]` gives it. With `num_channels=N > 1` it is
+//! `(N, samples)`, channel after channel (torchcodec's layout); a mono clip is
+//! repeated in each. Resampling to the feature's `sampling_rate` happens after.
+//!
+//! No clip may decode to more than 512 MiB of samples (the bound images have too); a
+//! clip that does not decode (truncated, a lying header, no audio, a codec not built in,
+//! Opus among them) is its row's `DecodeError`, or under `on_error="skip"` a skipped row.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float32Array, Int32Array, StructArray};
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
+use rayon::prelude::*;
+use rubato::Resampler;
+use symphonia::core::codecs::audio::AudioDecoderOptions;
+use symphonia::core::codecs::audio::well_known::CODEC_ID_OPUS;
+use symphonia::core::formats::probe::Hint;
+use symphonia::core::formats::{FormatOptions, TrackType};
+use symphonia::core::io::MediaSourceStream;
+use symphonia::core::meta::MetadataOptions;
+
+use super::cells::{CellDecoder, Outcomes, cell_bytes, guarded, media_bytes_type, nulls_of};
+use super::{OnError, variable_tensor_field};
+use crate::error::{Error, Result};
+
+/// The most samples (all channels) one clip may decode to: 512 MiB of float32.
+const MAX_SAMPLES: usize = (512 << 20) / 4;
+
+/// How one column decodes: `datasets`' `Audio(sampling_rate, num_channels)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AudioFeature {
+    /// Resample to this rate; `None`: keep the clip's own.
+    pub sampling_rate: Option<u32>,
+    /// `None` or 1: the channels' mean; `N`: `N` channels.
+    pub num_channels: Option<u16>,
+}
+
+impl AudioFeature {
+    /// Dimensions of `array`: 1 (samples) or 2 (channels, samples).
+    fn channels_kept(&self) -> Option<usize> {
+        self.num_channels
+            .map(usize::from)
+            .filter(|&n| n > 1)
+    }
+}
+
+/// The `Audio` columns of a dataset and how each decodes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AudioSpec {
+    by_column: BTreeMap<String, AudioFeature>,
+}
+
+impl AudioSpec {
+    /// The `Audio` columns of the features `datasets` wrote (the `huggingface` metadata
+    /// key's JSON), decoded as `datasets` decodes them on access; none where `decode` is
+    /// false. `None` where there are none among the columns read (`schema`).
+    pub fn from_features(huggingface: &str, schema: &Schema) -> Option<Self> {
+        let json: serde_json::Value = serde_json::from_str(huggingface).ok()?;
+        let features = json.get("info")?.get("features")?.as_object()?;
+        let by_column: BTreeMap<String, AudioFeature> = features
+            .iter()
+            .filter(|(name, f)| {
+                schema.index_of(name).is_ok()
+                    && f.get("_type").and_then(|t| t.as_str()) == Some("Audio")
+                    && f.get("decode").and_then(|d| d.as_bool()) != Some(false)
+            })
+            .map(|(name, f)| {
+                let number = |key: &str| f.get(key).and_then(|v| v.as_u64());
+                let feature = AudioFeature {
+                    sampling_rate: number("sampling_rate").map(|r| r.min(u32::MAX as u64) as u32),
+                    num_channels: number("num_channels").map(|n| n.min(u16::MAX as u64) as u16),
+                };
+                (name.clone(), feature)
+            })
+            .collect();
+        (!by_column.is_empty()).then_some(AudioSpec { by_column })
+    }
+
+    /// Resolves the spec against the schema read: the decoded columns' places and types.
+    pub fn bind(&self, schema: &SchemaRef, on_error: OnError) -> Result<AudioDecode> {
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut columns = Vec::new();
+        for (name, feature) in &self.by_column {
+            let Ok(index) = schema.index_of(name) else {
+                continue;
+            };
+            let field = schema.field(index);
+            if !media_bytes_type(field.data_type()) {
+                return Err(Error::invalid_argument(format!(
+                    "column {name:?} ({}) holds no audio bytes",
+                    field.data_type()
+                )));
+            }
+            if feature.sampling_rate == Some(0) || feature.num_channels == Some(0) {
+                return Err(Error::invalid_argument(format!(
+                    "column {name:?}: an Audio feature's sampling_rate and num_channels are positive"
+                )));
+            }
+            fields[index] = Field::new(name, DataType::Struct(clip_fields(feature)), true);
+            columns.push((index, *feature));
+        }
+        Ok(AudioDecode {
+            columns,
+            on_error,
+            schema: Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
+        })
+    }
+}
+
+/// A decoded clip's fields, as `datasets` gives a cell: `array`, `sampling_rate`, `path`.
+fn clip_fields(feature: &AudioFeature) -> Fields {
+    let array = match feature.channels_kept() {
+        Some(channels) => variable_tensor_field("array", DataType::Float32, &[Some(channels), None]),
+        None => variable_tensor_field("array", DataType::Float32, &[None]),
+    };
+    vec![
+        array,
+        Field::new("sampling_rate", DataType::Int32, true),
+        Field::new("path", DataType::Utf8, true),
+    ]
+    .into()
+}
+
+/// Decodes a prepared dataset's `Audio` columns; see the module docs.
+#[derive(Debug)]
+pub struct AudioDecode {
+    columns: Vec<(usize, AudioFeature)>,
+    on_error: OnError,
+    schema: SchemaRef,
+}
+
+/// One decoded clip: `channels` planes of `frames` samples each, one after another.
+struct Clip {
+    samples: Vec<f32>,
+    channels: usize,
+    frames: usize,
+    rate: u32,
+}
+
+/// Decodes a whole clip into planes of float32 samples.
+fn decode_clip(bytes: &[u8]) -> std::result::Result<Clip, String> {
+    let source = MediaSourceStream::new(Box::new(std::io::Cursor::new(bytes)), Default::default());
+    let mut format = symphonia::default::get_probe()
+        .probe(
+            &Hint::new(),
+            source,
+            FormatOptions::default(),
+            MetadataOptions::default(),
+        )
+        .map_err(|e| format!("not an audio file shardflow reads (WAV, FLAC, MP3, Ogg, MP4): {e}"))?;
+    let track = format
+        .default_track(TrackType::Audio)
+        .ok_or("the file holds no audio track")?;
+    let track_id = track.id;
+    let params = track
+        .codec_params
+        .as_ref()
+        .and_then(|p| p.audio())
+        .ok_or("the audio track has no codec parameters")?
+        .clone();
+    if params.codec == CODEC_ID_OPUS {
+        return Err("Opus audio: shardflow does not decode Opus yet (no mature pure-Rust decoder)".into());
+    }
+    let mut decoder = symphonia::default::get_codecs()
+        .make_audio_decoder(&params, &AudioDecoderOptions::default())
+        .map_err(|e| format!("a codec shardflow does not decode ({:?}): {e}", params.codec))?;
+    let mut planes: Vec<Vec<f32>> = Vec::new();
+    let mut rate = params.sample_rate;
+    let mut total = 0usize;
+    while let Some(packet) = format.next_packet().map_err(|e| e.to_string())? {
+        if packet.track_id != track_id {
+            continue;
+        }
+        let decoded = decoder.decode(&packet).map_err(|e| e.to_string())?;
+        let channels = decoded.spec().channels().count();
+        if planes.is_empty() {
+            planes = vec![Vec::new(); channels];
+            rate = rate.or(Some(decoded.spec().rate()));
+        } else if channels != planes.len() {
+            return Err(format!(
+                "the channel count changes from {} to {channels} within the clip",
+                planes.len()
+            ));
+        }
+        let frames = decoded.frames();
+        total += frames * channels;
+        if total > MAX_SAMPLES {
+            return Err(format!(
+                "more than {MAX_SAMPLES} samples decoded (512 MiB): longer than a clip shardflow decodes"
+            ));
+        }
+        let start = planes.first().map_or(0, Vec::len);
+        let mut tails: Vec<&mut [f32]> = planes
+            .iter_mut()
+            .map(|plane| {
+                plane.resize(start + frames, 0.0);
+                &mut plane[start..]
+            })
+            .collect();
+        decoded.copy_to_slice_planar::<f32, _>(&mut tails);
+    }
+    let rate = rate.filter(|&r| r > 0).ok_or("the clip has no sample rate")?;
+    let channels = planes.len();
+    let frames = planes.first().map_or(0, Vec::len);
+    Ok(Clip {
+        samples: planes.concat(),
+        channels,
+        frames,
+        rate,
+    })
+}
+
+impl Clip {
+    /// The clip in `feature`'s channels: their mean (summed in order, then divided, as
+    /// numpy's `mean` over float32), or the channels kept (a mono clip repeated).
+    fn to_channels(self, feature: &AudioFeature) -> std::result::Result<Self, String> {
+        let wanted = feature.channels_kept().unwrap_or(1);
+        if wanted == self.channels {
+            return Ok(self);
+        }
+        let frames = self.frames;
+        if self.channels == 1 {
+            return Ok(Clip {
+                samples: self.samples.repeat(wanted),
+                channels: wanted,
+                ..self
+            });
+        }
+        if wanted > 1 {
+            return Err(format!(
+                "num_channels={wanted} from a clip of {} channels: shardflow mixes channels only down to one",
+                self.channels
+            ));
+        }
+        let mut mean = self.samples[..frames].to_vec();
+        for plane in self.samples.chunks_exact(frames.max(1)).skip(1) {
+            for (m, s) in mean.iter_mut().zip(plane) {
+                *m += s;
+            }
+        }
+        let n = self.channels as f32;
+        mean.iter_mut().for_each(|m| *m /= n);
+        Ok(Clip {
+            samples: mean,
+            channels: 1,
+            ..self
+        })
+    }
+
+    /// The clip at `rate`: rubato's FFT resampler, its start-up delay trimmed, the
+    /// output `ceil(frames * rate / own rate)` frames long.
+    fn resampled(self, rate: u32) -> std::result::Result<Self, String> {
+        if rate == self.rate || self.frames == 0 {
+            return Ok(Clip { rate, ..self });
+        }
+        let (channels, frames) = (self.channels, self.frames);
+        // The FFT block is a whole number of the rates' smallest common blocks, and an
+        // even number of input samples: the resampler's delay (half a block) is then a
+        // whole number of output samples, trimmed exactly. (With an odd block, 441
+        // samples for 44.1 kHz to 16 kHz, the output is half an input sample late.)
+        let gcd = gcd(self.rate, rate) as usize;
+        let smallest = self.rate as usize / gcd;
+        let mut blocks = 512usize.div_ceil(smallest);
+        if smallest % 2 == 1 {
+            blocks += blocks % 2;
+        }
+        let mut resampler = rubato::Fft::<f32>::new_custom(
+            self.rate as usize,
+            rate as usize,
+            blocks * smallest,
+            1,
+            channels,
+            rubato::WindowFunction::BlackmanHarris2,
+            rubato::FixedSync::Input,
+        )
+        .map_err(|e| format!("resampling {} Hz to {rate} Hz: {e}", self.rate))?;
+        let needed = resampler.process_all_needed_output_len(frames);
+        if needed.saturating_mul(channels) > MAX_SAMPLES {
+            return Err(format!(
+                "resampled to {rate} Hz, the clip is more than {MAX_SAMPLES} samples"
+            ));
+        }
+        let input = rubato::audioadapter_buffers::direct::SequentialSlice::new(
+            &self.samples,
+            channels,
+            frames,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut out = vec![0f32; needed * channels];
+        let mut output =
+            rubato::audioadapter_buffers::direct::SequentialSlice::new_mut(&mut out, channels, needed)
+                .map_err(|e| e.to_string())?;
+        let (_, produced) = resampler
+            .process_all_into_buffer(&input, &mut output, frames, None)
+            .map_err(|e| format!("resampling {} Hz to {rate} Hz: {e}", self.rate))?;
+        let samples = out
+            .chunks_exact(needed)
+            .flat_map(|plane| &plane[..produced])
+            .copied()
+            .collect();
+        Ok(Clip {
+            samples,
+            channels,
+            frames: produced,
+            rate,
+        })
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+impl AudioDecode {
+    /// One cell decoded as `feature` says.
+    fn decode_one(
+        &self,
+        bytes: &[u8],
+        feature: &AudioFeature,
+    ) -> std::result::Result<Clip, String> {
+        let clip = decode_clip(bytes)?.to_channels(feature)?;
+        match feature.sampling_rate {
+            Some(rate) => clip.resampled(rate),
+            None => Ok(clip),
+        }
+    }
+}
+
+impl CellDecoder for AudioDecode {
+    fn media(&self) -> &'static str {
+        "audio"
+    }
+
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn on_error(&self) -> OnError {
+        self.on_error
+    }
+
+    fn columns(&self) -> Vec<usize> {
+        self.columns.iter().map(|(index, _)| *index).collect()
+    }
+
+    fn decode_column(
+        &self,
+        index: usize,
+        column: &ArrayRef,
+    ) -> std::result::Result<(ArrayRef, Outcomes), String> {
+        let feature = self
+            .columns
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, f)| *f)
+            .ok_or("not an audio column")?;
+        let input = cell_bytes(column, "audio")?;
+        let paths: Option<ArrayRef> = column
+            .as_struct_opt()
+            .and_then(|cells| cells.column_by_name("path"))
+            .map(|p| arrow_cast::cast(p, &DataType::Utf8))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let clips: Vec<std::result::Result<Option<Clip>, String>> = (0..input.len())
+            .into_par_iter()
+            .map(|row| match input.is_null(row) {
+                true => Ok(None),
+                false => guarded(|| self.decode_one(input.value(row), &feature)).map(Some),
+            })
+            .collect();
+        let kept = feature.channels_kept();
+        let mut values = Vec::with_capacity(
+            clips
+                .iter()
+                .map(|c| c.as_ref().map_or(0, |c| c.as_ref().map_or(0, |c| c.samples.len())))
+                .sum(),
+        );
+        let mut offsets = Vec::with_capacity(input.len() + 1);
+        offsets.push(0i64);
+        let mut shapes = Vec::with_capacity(input.len() * 2);
+        let mut rates = Vec::with_capacity(input.len());
+        let mut outcomes = Vec::with_capacity(input.len());
+        for clip in clips {
+            let (channels, frames, rate) = match clip {
+                Ok(Some(clip)) => {
+                    values.extend_from_slice(&clip.samples);
+                    outcomes.push(Ok(()));
+                    (clip.channels, clip.frames, Some(clip.rate as i32))
+                }
+                Ok(None) => {
+                    outcomes.push(Ok(()));
+                    (kept.unwrap_or(1), 0, None)
+                }
+                Err(e) => {
+                    outcomes.push(Err(e));
+                    (kept.unwrap_or(1), 0, None)
+                }
+            };
+            if kept.is_some() {
+                shapes.push(channels as i32);
+            }
+            shapes.push(frames as i32);
+            rates.push(rate);
+            offsets.push(values.len() as i64);
+        }
+        let fields = clip_fields(&feature);
+        let DataType::Struct(tensor_fields) = fields[0].data_type().clone() else {
+            return Err("a variable-shape tensor is a struct".into());
+        };
+        let ndim = if kept.is_some() { 2 } else { 1 };
+        let data = arrow_array::LargeListArray::try_new(
+            Arc::new(Field::new_list_field(DataType::Float32, false)),
+            arrow_buffer::OffsetBuffer::new(offsets.into()),
+            Arc::new(Float32Array::from(values)),
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        let shape = FixedSizeListArray::try_new(
+            Arc::new(Field::new_list_field(DataType::Int32, false)),
+            ndim,
+            Arc::new(Int32Array::from(shapes)),
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        let nulls = nulls_of(&input);
+        let array = StructArray::try_new(
+            tensor_fields,
+            vec![Arc::new(data), Arc::new(shape)],
+            nulls.clone(),
+        )
+        .map_err(|e| e.to_string())?;
+        let paths = paths.unwrap_or_else(|| arrow_array::new_null_array(&DataType::Utf8, input.len()));
+        let cells = StructArray::try_new(
+            fields,
+            vec![Arc::new(array), Arc::new(Int32Array::from(rates)), paths],
+            nulls,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((Arc::new(cells), outcomes))
+    }
+}
