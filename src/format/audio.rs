@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float32Array, Int32Array, StructArray};
+use arrow_array::types::Float32Type;
+use arrow_array::{Array, ArrayRef, Int32Array, StructArray};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 use rayon::prelude::*;
 use rubato::Resampler;
@@ -48,9 +49,7 @@ pub struct AudioFeature {
 impl AudioFeature {
     /// Dimensions of `array`: 1 (samples) or 2 (channels, samples).
     fn channels_kept(&self) -> Option<usize> {
-        self.num_channels
-            .map(usize::from)
-            .filter(|&n| n > 1)
+        self.num_channels.map(usize::from).filter(|&n| n > 1)
     }
 }
 
@@ -120,7 +119,9 @@ impl AudioSpec {
 /// A decoded clip's fields, as `datasets` gives a cell: `array`, `sampling_rate`, `path`.
 fn clip_fields(feature: &AudioFeature) -> Fields {
     let array = match feature.channels_kept() {
-        Some(channels) => variable_tensor_field("array", DataType::Float32, &[Some(channels), None]),
+        Some(channels) => {
+            variable_tensor_field("array", DataType::Float32, &[Some(channels), None])
+        }
         None => variable_tensor_field("array", DataType::Float32, &[None]),
     };
     vec![
@@ -157,7 +158,9 @@ fn decode_clip(bytes: &[u8]) -> std::result::Result<Clip, String> {
             FormatOptions::default(),
             MetadataOptions::default(),
         )
-        .map_err(|e| format!("not an audio file shardflow reads (WAV, FLAC, MP3, Ogg, MP4): {e}"))?;
+        .map_err(|e| {
+            format!("not an audio file shardflow reads (WAV, FLAC, MP3, Ogg, MP4): {e}")
+        })?;
     let track = format
         .default_track(TrackType::Audio)
         .ok_or("the file holds no audio track")?;
@@ -169,11 +172,18 @@ fn decode_clip(bytes: &[u8]) -> std::result::Result<Clip, String> {
         .ok_or("the audio track has no codec parameters")?
         .clone();
     if params.codec == CODEC_ID_OPUS {
-        return Err("Opus audio: shardflow does not decode Opus yet (no mature pure-Rust decoder)".into());
+        return Err(
+            "Opus audio: shardflow does not decode Opus yet (no mature pure-Rust decoder)".into(),
+        );
     }
     let mut decoder = symphonia::default::get_codecs()
         .make_audio_decoder(&params, &AudioDecoderOptions::default())
-        .map_err(|e| format!("a codec shardflow does not decode ({:?}): {e}", params.codec))?;
+        .map_err(|e| {
+            format!(
+                "a codec shardflow does not decode ({:?}): {e}",
+                params.codec
+            )
+        })?;
     let mut planes: Vec<Vec<f32>> = Vec::new();
     let mut rate = params.sample_rate;
     let mut total = 0usize;
@@ -209,7 +219,9 @@ fn decode_clip(bytes: &[u8]) -> std::result::Result<Clip, String> {
             .collect();
         decoded.copy_to_slice_planar::<f32, _>(&mut tails);
     }
-    let rate = rate.filter(|&r| r > 0).ok_or("the clip has no sample rate")?;
+    let rate = rate
+        .filter(|&r| r > 0)
+        .ok_or("the clip has no sample rate")?;
     let channels = planes.len();
     let frames = planes.first().map_or(0, Vec::len);
     Ok(Clip {
@@ -264,16 +276,17 @@ impl Clip {
             return Ok(Clip { rate, ..self });
         }
         let (channels, frames) = (self.channels, self.frames);
-        // The FFT block is a whole number of the rates' smallest common blocks, and an
-        // even number of input samples: the resampler's delay (half a block) is then a
-        // whole number of output samples, trimmed exactly. (With an odd block, 441
-        // samples for 44.1 kHz to 16 kHz, the output is half an input sample late.)
+        // The FFT blocks are a whole number of the rates' smallest common blocks, and an
+        // even number of samples in and out: the resampler's delay (half a block) is then
+        // a whole number of output samples, trimmed exactly. (With odd blocks, 441 in
+        // for 44.1 kHz to 16 kHz, the output is half an input sample late.)
         let gcd = gcd(self.rate, rate) as usize;
-        let smallest = self.rate as usize / gcd;
-        let mut blocks = 512usize.div_ceil(smallest);
-        if smallest % 2 == 1 {
+        let (smallest_in, smallest_out) = (self.rate as usize / gcd, rate as usize / gcd);
+        let mut blocks = 512usize.div_ceil(smallest_in);
+        if smallest_in % 2 == 1 || smallest_out % 2 == 1 {
             blocks += blocks % 2;
         }
+        let smallest = smallest_in;
         let mut resampler = rubato::Fft::<f32>::new_custom(
             self.rate as usize,
             rate as usize,
@@ -297,9 +310,10 @@ impl Clip {
         )
         .map_err(|e| e.to_string())?;
         let mut out = vec![0f32; needed * channels];
-        let mut output =
-            rubato::audioadapter_buffers::direct::SequentialSlice::new_mut(&mut out, channels, needed)
-                .map_err(|e| e.to_string())?;
+        let mut output = rubato::audioadapter_buffers::direct::SequentialSlice::new_mut(
+            &mut out, channels, needed,
+        )
+        .map_err(|e| e.to_string())?;
         let (_, produced) = resampler
             .process_all_into_buffer(&input, &mut output, frames, None)
             .map_err(|e| format!("resampling {} Hz to {rate} Hz: {e}", self.rate))?;
@@ -379,73 +393,42 @@ impl CellDecoder for AudioDecode {
             })
             .collect();
         let kept = feature.channels_kept();
-        let mut values = Vec::with_capacity(
-            clips
-                .iter()
-                .map(|c| c.as_ref().map_or(0, |c| c.as_ref().map_or(0, |c| c.samples.len())))
-                .sum(),
-        );
-        let mut offsets = Vec::with_capacity(input.len() + 1);
-        offsets.push(0i64);
-        let mut shapes = Vec::with_capacity(input.len() * 2);
-        let mut rates = Vec::with_capacity(input.len());
-        let mut outcomes = Vec::with_capacity(input.len());
-        for clip in clips {
-            let (channels, frames, rate) = match clip {
-                Ok(Some(clip)) => {
-                    values.extend_from_slice(&clip.samples);
-                    outcomes.push(Ok(()));
-                    (clip.channels, clip.frames, Some(clip.rate as i32))
-                }
-                Ok(None) => {
-                    outcomes.push(Ok(()));
-                    (kept.unwrap_or(1), 0, None)
-                }
-                Err(e) => {
-                    outcomes.push(Err(e));
-                    (kept.unwrap_or(1), 0, None)
-                }
-            };
-            if kept.is_some() {
-                shapes.push(channels as i32);
-            }
-            shapes.push(frames as i32);
-            rates.push(rate);
-            offsets.push(values.len() as i64);
-        }
-        let fields = clip_fields(&feature);
-        let DataType::Struct(tensor_fields) = fields[0].data_type().clone() else {
-            return Err("a variable-shape tensor is a struct".into());
+        let rates: Int32Array = clips
+            .iter()
+            .map(|c| {
+                c.as_ref()
+                    .ok()
+                    .and_then(|c| c.as_ref())
+                    .map(|c| c.rate as i32)
+            })
+            .collect();
+        let rows = clips
+            .into_iter()
+            .map(|clip| {
+                clip.map(|c| {
+                    c.map(|c| {
+                        let shape = match kept {
+                            Some(_) => vec![c.channels as i32, c.frames as i32],
+                            None => vec![c.frames as i32],
+                        };
+                        (c.samples, shape)
+                    })
+                })
+            })
+            .collect();
+        let empty: &[i32] = match kept {
+            Some(channels) => &[channels as i32, 0],
+            None => &[0],
         };
-        let ndim = if kept.is_some() { 2 } else { 1 };
-        let data = arrow_array::LargeListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::Float32, false)),
-            arrow_buffer::OffsetBuffer::new(offsets.into()),
-            Arc::new(Float32Array::from(values)),
-            None,
-        )
-        .map_err(|e| e.to_string())?;
-        let shape = FixedSizeListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::Int32, false)),
-            ndim,
-            Arc::new(Int32Array::from(shapes)),
-            None,
-        )
-        .map_err(|e| e.to_string())?;
         let nulls = nulls_of(&input);
-        let array = StructArray::try_new(
-            tensor_fields,
-            vec![Arc::new(data), Arc::new(shape)],
-            nulls.clone(),
-        )
-        .map_err(|e| e.to_string())?;
-        let paths = paths.unwrap_or_else(|| arrow_array::new_null_array(&DataType::Utf8, input.len()));
-        let cells = StructArray::try_new(
-            fields,
-            vec![Arc::new(array), Arc::new(Int32Array::from(rates)), paths],
-            nulls,
-        )
-        .map_err(|e| e.to_string())?;
+        let (array, outcomes) =
+            super::variable_tensor_column::<Float32Type>(rows, empty, nulls.clone())?;
+        let fields = clip_fields(&feature);
+        let paths =
+            paths.unwrap_or_else(|| arrow_array::new_null_array(&DataType::Utf8, input.len()));
+        let cells =
+            StructArray::try_new(fields, vec![Arc::new(array), Arc::new(rates), paths], nulls)
+                .map_err(|e| e.to_string())?;
         Ok((Arc::new(cells), outcomes))
     }
 }

@@ -238,7 +238,9 @@ impl UnitJobs for CellJobs {
             UnitJob::Stream(job) => {
                 let decoder = self.decoder.clone();
                 UnitJob::Stream(Box::new(move |reader, emit| {
-                    job(reader, &mut |task| emit(wrap_task(&decoder, url.clone(), task)))
+                    job(reader, &mut |task| {
+                        emit(wrap_task(&decoder, url.clone(), task))
+                    })
                 }))
             }
         }

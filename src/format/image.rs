@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use arrow_array::types::UInt8Type;
 use arrow_array::{Array, ArrayRef, FixedSizeListArray, UInt8Array};
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -479,69 +480,22 @@ impl ImageDecode {
                 false => guarded(|| self.decode_own_size(column, input.value(row))).map(Some),
             })
             .collect();
-        let total: usize = images
-            .iter()
-            .map(|i| {
-                i.as_ref()
-                    .map_or(0, |i| i.as_ref().map_or(0, |(p, _, _)| p.len()))
+        let rows = images
+            .into_iter()
+            .map(|image| {
+                image.map(|i| {
+                    i.map(|(pixels, h, w)| (pixels, vec![h as i32, w as i32, channels as i32]))
+                })
             })
-            .sum();
-        let mut values = Vec::with_capacity(total);
-        let mut offsets = Vec::with_capacity(input.len() + 1);
-        let mut shapes = Vec::with_capacity(input.len() * 3);
-        offsets.push(0i64);
-        let mut outcomes = Vec::with_capacity(input.len());
-        for image in images {
-            let (h, w) = match image {
-                Ok(Some((pixels, h, w))) => {
-                    values.extend_from_slice(&pixels);
-                    outcomes.push(Ok(()));
-                    (h as i32, w as i32)
-                }
-                Ok(None) => {
-                    outcomes.push(Ok(()));
-                    (0, 0)
-                }
-                Err(e) => {
-                    outcomes.push(Err(e));
-                    (0, 0)
-                }
-            };
-            shapes.extend([h, w, channels as i32]);
-            offsets.push(values.len() as i64);
-        }
-        let DataType::Struct(fields) =
-            variable_tensor_field("", DataType::UInt8, &[None, None, Some(channels)])
-                .data_type()
-                .clone()
-        else {
-            return Err(Error::Internal(
-                "a variable-shape tensor is a struct".into(),
-            ));
-        };
-        let data = arrow_array::LargeListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::UInt8, false)),
-            arrow_buffer::OffsetBuffer::new(offsets.into()),
-            Arc::new(UInt8Array::from(values)),
-            None,
-        )
-        .map_err(|e| Error::Internal(format!("image column: {e}")))?;
-        let shape = FixedSizeListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::Int32, false)),
-            3,
-            Arc::new(arrow_array::Int32Array::from(shapes)),
-            None,
-        )
-        .map_err(|e| Error::Internal(format!("image column: {e}")))?;
-        let array = arrow_array::StructArray::try_new(
-            fields,
-            vec![Arc::new(data), Arc::new(shape)],
+            .collect();
+        let (array, outcomes) = super::variable_tensor_column::<UInt8Type>(
+            rows,
+            &[0, 0, channels as i32],
             nulls_of(input),
         )
-        .map_err(|e| Error::Internal(format!("image column: {e}")))?;
+        .map_err(Error::Internal)?;
         Ok((Arc::new(array), outcomes))
     }
-
 }
 
 /// Copies the `(width, height)` window at `(left, top)` of `image` into `out`, with

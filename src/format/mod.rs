@@ -37,8 +37,9 @@ use crate::source::ShardMeta;
 
 pub use reader::{Format, HUGGINGFACE_KEY, PreparedShards, ReadOptions, UnitJobs};
 pub use tensor::{
-    EXTENSION_METADATA_KEY, EXTENSION_NAME_KEY, TENSOR_EXTENSION, VARIABLE_TENSOR_EXTENSION,
-    is_variable_tensor, shape_product, tensor_field, tensor_shape, variable_tensor_field,
+    DecodedTensor, EXTENSION_METADATA_KEY, EXTENSION_NAME_KEY, TENSOR_EXTENSION,
+    VARIABLE_TENSOR_EXTENSION, is_variable_tensor, shape_product, tensor_field, tensor_shape,
+    variable_tensor_column, variable_tensor_field,
 };
 pub use unit::{
     BatchSink, DecodeRanges, DecodeTask, Decoded, EmitTask, OnError, StreamJob, UnitJob, WorkUnit,

@@ -52,9 +52,11 @@ pub fn variable_tensor_field(name: &str, leaf: DataType, uniform: &[Option<usize
     let ndim = uniform.len() as i32;
     let storage = DataType::Struct(
         vec![
+            // `List`, as the canonical type has it (pyarrow reads no other): a batch
+            // holds at most 2^31 values (see `variable_tensor_column`).
             Field::new(
                 "data",
-                DataType::LargeList(Arc::new(Field::new_list_field(leaf, false))),
+                DataType::List(Arc::new(Field::new_list_field(leaf, false))),
                 false,
             ),
             Field::new(
@@ -79,6 +81,87 @@ pub fn variable_tensor_field(name: &str, leaf: DataType, uniform: &[Option<usize
             format!("{{\"uniform_shape\":{uniform}}}"),
         ),
     ])
+}
+
+/// Each row's decoded tensor: its values (row-major) and shape; `None` for a null row;
+/// `Err` for one that did not decode (why).
+pub type DecodedTensor<T> = std::result::Result<Option<(Vec<T>, Vec<i32>)>, String>;
+
+/// A variable-shape tensor column (see [`variable_tensor_field`]) of `rows` (a null or
+/// undecodable row holds no values, of shape `empty`), and each row's outcome. `Err`
+/// where the batch's values pass 2^31, more than the type's offsets count.
+pub fn variable_tensor_column<T: arrow_array::ArrowPrimitiveType>(
+    rows: Vec<DecodedTensor<T::Native>>,
+    empty: &[i32],
+    nulls: Option<arrow_buffer::NullBuffer>,
+) -> std::result::Result<
+    (
+        arrow_array::StructArray,
+        Vec<std::result::Result<(), String>>,
+    ),
+    String,
+> {
+    let total: usize = rows
+        .iter()
+        .map(|r| {
+            r.as_ref()
+                .map_or(0, |r| r.as_ref().map_or(0, |(v, _)| v.len()))
+        })
+        .sum();
+    if total > i32::MAX as usize {
+        return Err(format!(
+            "{total} values decoded in one batch, more than a variable-shape tensor column holds (2^31): resize, crop, or read smaller batches"
+        ));
+    }
+    let mut values = Vec::with_capacity(total);
+    let mut offsets = Vec::with_capacity(rows.len() + 1);
+    offsets.push(0i32);
+    let mut shapes = Vec::with_capacity(rows.len() * empty.len());
+    let mut outcomes = Vec::with_capacity(rows.len());
+    for row in rows {
+        match row {
+            Ok(Some((decoded, shape))) => {
+                values.extend_from_slice(&decoded);
+                shapes.extend(shape);
+                outcomes.push(Ok(()));
+            }
+            Ok(None) => {
+                shapes.extend_from_slice(empty);
+                outcomes.push(Ok(()));
+            }
+            Err(e) => {
+                shapes.extend_from_slice(empty);
+                outcomes.push(Err(e));
+            }
+        }
+        offsets.push(values.len() as i32);
+    }
+    let leaf = T::DATA_TYPE;
+    let DataType::Struct(fields) =
+        variable_tensor_field("", leaf.clone(), &vec![None; empty.len()])
+            .data_type()
+            .clone()
+    else {
+        return Err("a variable-shape tensor is a struct".into());
+    };
+    let data = arrow_array::ListArray::try_new(
+        Arc::new(Field::new_list_field(leaf, false)),
+        arrow_buffer::OffsetBuffer::new(offsets.into()),
+        Arc::new(arrow_array::PrimitiveArray::<T>::from_iter_values(values)),
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    let shape = arrow_array::FixedSizeListArray::try_new(
+        Arc::new(Field::new_list_field(DataType::Int32, false)),
+        empty.len() as i32,
+        Arc::new(arrow_array::Int32Array::from(shapes)),
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    let array =
+        arrow_array::StructArray::try_new(fields, vec![Arc::new(data), Arc::new(shape)], nulls)
+            .map_err(|e| e.to_string())?;
+    Ok((array, outcomes))
 }
 
 /// Whether `field` holds variable-shape tensors (see [`variable_tensor_field`]).

@@ -452,15 +452,13 @@ impl Dataset {
     /// `Audio`, and image columns where `decode_images` asks.
     pub(super) fn as_read(&self, plain: Arc<PreparedShards>) -> Result<Arc<PreparedShards>> {
         let source = self.files()?;
-        let features = format::media_features(
-            plain.huggingface.as_deref(),
-            &source.options.media_features,
-        );
+        let features =
+            format::media_features(plain.huggingface.as_deref(), &source.options.media_features);
         let images = match &source.options.images {
             Some(spec) => Some(spec.clone()),
-            None => features.as_deref().and_then(|json| {
-                format::image_spec::ImageSpec::from_features(json, &plain.schema)
-            }),
+            None => features
+                .as_deref()
+                .and_then(|json| format::image_spec::ImageSpec::from_features(json, &plain.schema)),
         };
         let mut read = plain;
         if let Some(spec) = images.filter(|spec| !spec.decodes_nothing()) {
@@ -535,7 +533,12 @@ impl Dataset {
         if let Some(missing) = features.keys().find(|c| plain.schema.index_of(c).is_err()) {
             return Err(Error::invalid_argument(format!(
                 "a cast to Image or Audio decodes a column the files have; {missing:?} is not one (columns: {:?})",
-                plain.schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                plain
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name())
+                    .collect::<Vec<_>>()
             )));
         }
         let mut options = source.options.clone();

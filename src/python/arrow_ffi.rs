@@ -40,8 +40,7 @@ impl PySchema {
                 .with_metadata(std::collections::HashMap::new());
             match field.data_type() {
                 arrow_schema::DataType::Struct(children) => {
-                    let children: arrow_schema::Fields =
-                        children.iter().map(|c| bare(c)).collect();
+                    let children: arrow_schema::Fields = children.iter().map(|c| bare(c)).collect();
                     field.with_data_type(arrow_schema::DataType::Struct(children))
                 }
                 _ => field,

@@ -6,8 +6,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::dataset::PyDataset;
 use super::arrow_ffi::schema_from_py;
+use super::dataset::PyDataset;
 use crate::pipeline;
 
 impl PyDataset {

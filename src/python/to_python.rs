@@ -457,7 +457,9 @@ pub fn field_values(py: Python<'_>, column: &ArrayRef, field: &Field) -> PyResul
         return variable_tensors(py, column.as_ref());
     }
     if let DataType::Struct(children) = column.data_type()
-        && children.iter().any(|c| crate::format::is_variable_tensor(c))
+        && children
+            .iter()
+            .any(|c| crate::format::is_variable_tensor(c))
     {
         // Decoded audio (`{array, sampling_rate, path}`): dicts whose tensors are arrays.
         let cells = column.as_struct();
