@@ -11,6 +11,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow_buffer::{BooleanBuffer, NullBuffer};
 use arrow_schema::{DataType, SchemaRef};
+use rayon::prelude::*;
 
 use super::reader::PreparedShards;
 use super::{BatchSink, DecodeTask, Decoded, OnError, UnitJob, UnitJobs, WorkUnit};
@@ -157,7 +158,9 @@ pub fn decode_batch(
     Ok((kept, skipped))
 }
 
-/// `task` with its batches' cells decoded.
+/// `task` with its batches' cells decoded. Batches are decoded a group at a time, each
+/// group's cells in parallel on the pool: a format gives wide rows (a clip or a photo of
+/// a megabyte) in batches of one or two, and one task's batches come one after another.
 fn wrap_task(decoder: &Arc<dyn CellDecoder>, url: String, task: DecodeTask) -> DecodeTask {
     let decoder = decoder.clone();
     Box::new(move |sink: &mut BatchSink| {
@@ -165,24 +168,45 @@ fn wrap_task(decoder: &Arc<dyn CellDecoder>, url: String, task: DecodeTask) -> D
         let mut dropped = Vec::new();
         let mut decoded_rows = 0u64;
         let mut failed = None;
-        let mut decoding = |batch: RecordBatch| {
-            if failed.is_some() {
+        let mut pending: Vec<RecordBatch> = Vec::new();
+        let group_rows = 4 * rayon::current_num_threads();
+        let mut decode_pending = |pending: &mut Vec<RecordBatch>, sink: &mut BatchSink| {
+            if failed.is_some() || pending.is_empty() {
+                pending.clear();
                 return;
             }
-            let rows = batch.num_rows() as u64;
-            match decode_batch(decoder.as_ref(), batch, &url, true) {
-                Ok((batch, bad)) => {
-                    dropped.extend(bad.into_iter().map(|r| decoded_rows + r));
-                    sink(batch);
+            // Each batch of the group on its own pool thread (and each batch's cells on
+            // as many as it has rows), then handed on in order.
+            let decoded: Vec<Result<(RecordBatch, Vec<u64>)>> = std::mem::take(pending)
+                .into_par_iter()
+                .map(|batch| decode_batch(decoder.as_ref(), batch, &url, true))
+                .collect();
+            for outcome in decoded {
+                match outcome {
+                    Ok((batch, bad)) => {
+                        let rows = (batch.num_rows() + bad.len()) as u64;
+                        dropped.extend(bad.into_iter().map(|r| decoded_rows + r));
+                        decoded_rows += rows;
+                        sink(batch);
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        return;
+                    }
                 }
-                Err(e) => failed = Some(e),
             }
-            decoded_rows += rows;
         };
-        let rest = task(&mut decoding)?;
+        let mut grouping = |batch: RecordBatch, sink: &mut BatchSink| {
+            pending.push(batch);
+            if pending.iter().map(RecordBatch::num_rows).sum::<usize>() >= group_rows {
+                decode_pending(&mut pending, sink);
+            }
+        };
+        let rest = task(&mut |batch| grouping(batch, sink))?;
         for batch in rest.batches {
-            decoding(batch);
+            grouping(batch, sink);
         }
+        decode_pending(&mut pending, sink);
         if let Some(e) = failed {
             return Err(e);
         }
