@@ -447,3 +447,52 @@ def test_hf_image_columns_decode_as_datasets_decodes_them(tmp_path: Path, photos
     pq.write_table(pa.table({"photo": [{"bytes": None, "path": "/elsewhere/a.jpg"}]}, schema=image_only), by_path)
     with pytest.raises(sf.DecodeError, match="only a path"):
         list(sf.dataset(by_path))
+
+
+def test_hub_images_of_every_format_and_orientation_decode_as_datasets_decodes_them(tmp_path: Path, photos: list[Image.Image]) -> None:
+    """An `Image(mode="RGB")` column `datasets` wrote holding every kind the Hub has:
+    JPEG (one with an EXIF orientation, one CMYK), PNG (RGB, RGBA, grey, palette),
+    WebP (lossless), GIF, TIFF and BMP. Each decodes as `datasets` decodes it: PIL's
+    `exif_transpose` and `convert("RGB")`; exact for the lossless formats, within the
+    JPEG tolerance otherwise. Through `sf.load_dataset` on the Hub layout, and a
+    loader on 2 ranks."""
+    import datasets
+
+    small = photos[1].crop((0, 0, 320, 200))  # 320 x 200 of the photograph
+    rotated = Image.Exif()
+    rotated[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
+    flipped = Image.Exif()
+    flipped[0x0112] = 2  # mirror
+    palette = small.convert("P", palette=Image.Palette.ADAPTIVE, colors=32)
+    cells = [
+        ("jpeg", encode(small, "JPEG", quality=90)),
+        ("jpeg, EXIF rotated", encode(small, "JPEG", quality=90, exif=rotated)),
+        ("jpeg, EXIF mirrored", encode(small, "JPEG", quality=90, exif=flipped)),
+        ("jpeg, CMYK", encode(small.convert("CMYK"), "JPEG", quality=90)),
+        ("png", encode(small, "PNG")),
+        ("png, RGBA", encode(small.convert("RGBA"), "PNG")),
+        ("png, grey", encode(small.convert("L"), "PNG")),
+        ("png, palette", encode(palette, "PNG")),
+        ("png, EXIF rotated", encode(small, "PNG", exif=rotated)),
+        ("webp, lossless", encode(small, "WEBP", lossless=True)),
+        ("gif", encode(palette, "GIF")),
+        ("tiff", encode(small, "TIFF")),
+        ("bmp", encode(small, "BMP")),
+    ]
+    features = datasets.Features({"image": datasets.Image(mode="RGB"), "kind": datasets.Value("string")})
+    written = datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for _, b in cells], "kind": [k for k, _ in cells]}).cast(features)
+    (tmp_path / "data").mkdir()
+    written.to_parquet(str(tmp_path / "data" / "train-00000-of-00001.parquet"))
+    ds = sf.load_dataset(str(tmp_path), split="train")
+    assert ds.features.to_dict() == written.features.to_dict()
+    for ours, theirs in zip(ds, written):
+        want = np.asarray(theirs["image"])
+        kind = theirs["kind"]
+        assert ours["image"].shape == want.shape, kind
+        if kind.startswith("jpeg"):
+            diff = np.abs(ours["image"].astype(int) - want.astype(int))
+            assert diff.max() <= JPEG_MAX_DIFF and diff.mean() <= JPEG_MEAN_DIFF, kind
+        else:
+            np.testing.assert_array_equal(ours["image"], want, err_msg=kind)
+    seen = sorted(str(k) for rank in range(2) for b in sf.DataLoader(ds, batch_size=3, rank=rank, world_size=2, drop_last=False, output="numpy") for k in b["kind"])
+    assert set(seen) == {k for k, _ in cells}

@@ -188,6 +188,9 @@ fn extension_of(format: ImageFormat) -> &'static str {
         ImageFormat::Jpeg => "jpg",
         ImageFormat::Png => "png",
         ImageFormat::WebP => "webp",
+        ImageFormat::Gif => "gif",
+        ImageFormat::Tiff => "tiff",
+        ImageFormat::Bmp => "bmp",
         _ => "other",
     }
 }
@@ -248,6 +251,15 @@ fn decode_jpeg(
     decoder
         .decode_into(&mut buf[..size])
         .map_err(|e| e.to_string())?;
+    let orientation = decoder
+        .exif()
+        .and_then(|exif| image::metadata::Orientation::from_exif_chunk(exif))
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    let (w, h) = if orientation == image::metadata::Orientation::NoTransforms {
+        (w, h)
+    } else {
+        oriented(buf, size, (w as u32, h as u32), pixel_type, orientation)?
+    };
     if channels == Channels::Grey && pixel_type == PixelType::U8x3 {
         // In place: pixel i's grey level goes to byte i, which its RGB bytes start at or past.
         for i in 0..w * h {
@@ -256,6 +268,26 @@ fn decode_jpeg(
         return Ok((w as u32, h as u32, PixelType::U8));
     }
     Ok((w as u32, h as u32, pixel_type))
+}
+
+/// The first `size` bytes of `buf` (a `w x h` image of `pixel_type`) turned as the
+/// EXIF `orientation` says, in place; the new `(width, height)` as `usize`s.
+fn oriented(
+    buf: &mut [u8],
+    size: usize,
+    (w, h): (u32, u32),
+    pixel_type: PixelType,
+    orientation: image::metadata::Orientation,
+) -> std::result::Result<(usize, usize), String> {
+    let pixels = buf[..size].to_vec();
+    let mut img = match pixel_type {
+        PixelType::U8 => image::GrayImage::from_raw(w, h, pixels).map(DynamicImage::ImageLuma8),
+        _ => image::RgbImage::from_raw(w, h, pixels).map(DynamicImage::ImageRgb8),
+    }
+    .ok_or("decoded pixels of the wrong size")?;
+    img.apply_orientation(orientation);
+    buf[..size].copy_from_slice(img.as_bytes());
+    Ok((img.width() as usize, img.height() as usize))
 }
 
 impl ImageDecode {
@@ -318,21 +350,26 @@ impl ImageDecode {
 
 /// The image type of `bytes`, checked against what `column` may hold.
 fn image_format(column: &ImageColumn, bytes: &[u8]) -> std::result::Result<ImageFormat, String> {
-    let format =
-        image::guess_format(bytes).map_err(|_| "not a JPEG, PNG or WebP image".to_string())?;
+    let format = image::guess_format(bytes)
+        .map_err(|_| "not a JPEG, PNG, WebP, GIF, TIFF or BMP image".to_string())?;
     if !matches!(
         format,
-        ImageFormat::Jpeg | ImageFormat::Png | ImageFormat::WebP
+        ImageFormat::Jpeg
+            | ImageFormat::Png
+            | ImageFormat::WebP
+            | ImageFormat::Gif
+            | ImageFormat::Tiff
+            | ImageFormat::Bmp
     ) {
         return Err(format!(
-            "a {format:?} image; shardflow decodes JPEG, PNG and WebP"
+            "a {format:?} image; shardflow decodes JPEG, PNG, WebP, GIF, TIFF and BMP"
         ));
     }
     if let Some(allowed) = &column.allowed {
         let ext = extension_of(format);
         let ok = allowed
             .iter()
-            .any(|a| a == ext || (ext == "jpg" && a == "jpeg"));
+            .any(|a| a == ext || (ext == "jpg" && a == "jpeg") || (ext == "tiff" && a == "tif"));
         if !ok {
             return Err(format!("a {ext} image, and decode= names only {allowed:?}"));
         }
@@ -361,9 +398,20 @@ fn decode_pixels(
     if format == ImageFormat::Jpeg && column.channels != Channels::Rgba {
         return decode_jpeg(bytes, column.channels, pixels);
     }
+    use image::ImageDecoder;
     let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
-    reader.limits(image::Limits::default());
-    let img = reader.decode().map_err(|e| e.to_string())?;
+    let mut limits = image::Limits::default();
+    reader.limits(limits.clone());
+    let mut decoder = reader.into_decoder().map_err(|e| e.to_string())?;
+    limits
+        .reserve(decoder.total_bytes())
+        .map_err(|e| e.to_string())?;
+    // As `datasets` decodes: the EXIF orientation applied (PIL's `exif_transpose`).
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    let mut img = DynamicImage::from_decoder(decoder).map_err(|e| e.to_string())?;
+    img.apply_orientation(orientation);
     let (w, h) = (img.width(), img.height());
     let (decoded, pixel_type) = match column.channels {
         // No copy when the decoder made RGB8 already (most PNGs).

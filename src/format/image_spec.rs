@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 use crate::options::{OptionValue, Options};
 
 const KEYS: [&str; 4] = ["decode", "decode_images", "resize", "center_crop"];
-pub(super) const IMAGE_EXTENSIONS: [&str; 4] = ["jpg", "jpeg", "png", "webp"];
+pub(super) const IMAGE_EXTENSIONS: [&str; 8] =
+    ["jpg", "jpeg", "png", "webp", "gif", "tif", "tiff", "bmp"];
 
 /// Pixel layout of a decoded image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
