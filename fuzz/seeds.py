@@ -152,9 +152,27 @@ def other_seeds(corpus: Path) -> None:
         (corpus / target / "seed-small").write_bytes(bytes([0, 1, 0, 3, 1, 2, 3, 0x42, 0x01, 0x40, 5]))
 
 
+def media_seeds(corpus: Path) -> None:
+    """Image cells (flags bit 1 clear) by Pillow and audio cells (bit 1 set) by
+    libsndfile, one of each kind a Hub dataset holds."""
+    import soundfile
+    from PIL import Image
+
+    pixels = Image.fromarray((np.arange(24 * 16 * 3) % 251).astype(np.uint8).reshape(16, 24, 3))
+    for fmt, kwargs in (("JPEG", {"quality": 80}), ("PNG", {}), ("WEBP", {"lossless": True}), ("GIF", {}), ("TIFF", {}), ("BMP", {})):
+        out = io.BytesIO()
+        pixels.save(out, fmt, **kwargs)
+        save(corpus, "media", fmt.lower(), out.getvalue())
+    tone = 0.5 * np.sin(np.arange(1600) / 8.0)
+    for name, fmt, subtype in (("wav", "WAV", "PCM_16"), ("flac", "FLAC", "PCM_16"), ("mp3", "MP3", "MPEG_LAYER_III"), ("ogg", "OGG", "VORBIS")):
+        out = io.BytesIO()
+        soundfile.write(out, np.stack([tone, -tone], axis=1), 8000, format=fmt, subtype=subtype)
+        save(corpus, "media", name, out.getvalue(), flags=2 | 4)
+
+
 def main() -> None:
     corpus = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "corpus"
-    for make in (arrow_seeds, jsonl_seeds, numpy_seeds, tar_seeds, other_seeds, tfrecord_seeds):
+    for make in (arrow_seeds, jsonl_seeds, numpy_seeds, tar_seeds, other_seeds, tfrecord_seeds, media_seeds):
         make(corpus)
     print(f"seeds written under {corpus}")
 

@@ -44,6 +44,7 @@ pub const TARGETS: &[&str] = &[
     "tfrecord_framed",
     "npy_header",
     "tar_members",
+    "media",
 ];
 
 /// Whether a panic is one shardflow expects and turns into a `DecodeError` naming the
@@ -89,6 +90,7 @@ pub fn run(target: &str, data: &[u8]) {
         "tfrecord_framed" => read_shard("tfrecord", "tfrecord", flags, &framed_tfrecord(body)),
         "npy_header" => read_shard("npy", "npy", flags, &npy_with_header(body)),
         "tar_members" => read_shard("webdataset", "tar", flags, &tar_members(body)),
+        "media" => media_cell(flags, body),
         other => panic!("unknown fuzz target {other:?}; the targets are {TARGETS:?}"),
     }
 }
@@ -145,6 +147,58 @@ fn check_error(error: &Error, path: &str) {
             Some(path),
             "the error does not name the file: {other}"
         ),
+    }
+}
+
+/// One cell of a Hub `Image` or `Audio` column decoded as the pool decodes it: it
+/// decodes, or it is its row's error (or, skipping, its row dropped), naming the file;
+/// never a panic.
+///
+/// `flags`: bit 0 skips instead of raising; bit 1 reads the cell as audio, else as an
+/// image; bits 2-3 choose the feature's options (a mode, a rate, a channel count).
+fn media_cell(flags: u8, body: &[u8]) {
+    use arrow_schema::{DataType, Field, Schema};
+
+    use crate::format::cells::{CellDecoder, decode_batch};
+
+    const URL: &str = "fuzz/cell.parquet";
+    let on_error = if flags & 1 == 1 {
+        OnError::Skip
+    } else {
+        OnError::Raise
+    };
+    let audio = flags & 2 == 2;
+    let feature = match ((flags >> 2) & 3, audio) {
+        (1, true) => serde_json::json!({"_type": "Audio", "sampling_rate": 16000}),
+        (2, true) => serde_json::json!({"_type": "Audio", "sampling_rate": 8000, "num_channels": 2}),
+        (_, true) => serde_json::json!({"_type": "Audio"}),
+        (1, false) => serde_json::json!({"_type": "Image", "mode": "L"}),
+        (2, false) => serde_json::json!({"_type": "Image", "mode": "RGBA"}),
+        (_, false) => serde_json::json!({"_type": "Image"}),
+    };
+    let features = serde_json::json!({"info": {"features": {"cell": feature}}}).to_string();
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "cell",
+        DataType::LargeBinary,
+        true,
+    )]));
+    let decoder: Arc<dyn CellDecoder> = if audio {
+        let spec = crate::format::audio::AudioSpec::from_features(&features, &schema)
+            .expect("an Audio feature");
+        Arc::new(spec.bind(&schema, on_error).expect("a binary column"))
+    } else {
+        let spec = crate::format::image_spec::ImageSpec::from_features(&features, &schema)
+            .expect("an Image feature");
+        Arc::new(
+            spec.bind("parquet", &schema, on_error)
+                .expect("a binary column"),
+        )
+    };
+    let cells = arrow_array::LargeBinaryArray::from(vec![Some(body)]);
+    let batch = RecordBatch::try_new(schema, vec![Arc::new(cells)]).expect("one column");
+    match decode_batch(decoder.as_ref(), batch, URL, true) {
+        Ok((out, skipped)) => assert_eq!(out.num_rows() + skipped.len(), 1, "the cell's row is lost"),
+        Err(e) => check_error(&e, URL),
     }
 }
 
