@@ -308,3 +308,25 @@ def test_resampled_audio_across_ranks_workers_epochs_and_a_resume_in_a_new_proce
     assert [n for n, _ in before + after] == [n for n, _ in whole]
     for (n, a), (m, b) in zip(before + after, whole):
         np.testing.assert_array_equal(a, b)
+
+
+def test_written_audio_reads_back_in_datasets(tmp_path: Path, hub_layout: tuple[Path, list[bytes], object]) -> None:
+    """`write` of decoded clips: `datasets` reads the shards back with the clips'
+    samples and the other features (the class names); the decoded column's feature is
+    what its type infers, not an `Audio` it no longer holds. Written as stored
+    (`Audio(decode=False)`), the cells are the files' bytes."""
+    import datasets
+
+    root, data, written = hub_layout
+    ds = sf.load_dataset(str(root), split="train").cast_column("audio", sf.Audio(sampling_rate=8000))
+    ds.write(str(tmp_path / "decoded"), "parquet")
+    back = datasets.load_dataset("parquet", data_files=str(tmp_path / "decoded" / "*.parquet"), split="train")
+    assert back.features["kind"] == written.features["kind"]
+    assert not isinstance(back.features["audio"], datasets.Audio)
+    for ours, theirs in zip(ds, back):
+        assert theirs["audio"]["sampling_rate"] == 8000 and theirs["n"] == ours["n"]
+    stored = sf.load_dataset(str(root), split="train").cast_column("audio", sf.Audio(decode=False))
+    stored.write(str(tmp_path / "stored"), "parquet")
+    back = datasets.load_dataset("parquet", data_files=str(tmp_path / "stored" / "*.parquet"), split="train")
+    assert back.features["audio"] == datasets.Audio(decode=False)
+    assert [r["audio"]["bytes"] for r in back] == data

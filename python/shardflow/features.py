@@ -418,6 +418,8 @@ def _decoded_image(pa_type: Any) -> bool:
     shape (a fixed-size list) or each of its own (``{data, shape}``)."""
     import pyarrow as pa
 
+    if pa_type is None:
+        return False
     if pa.types.is_fixed_size_list(pa_type):
         return pa_type.value_type == pa.uint8()
     return pa.types.is_struct(pa_type) and {pa_type.field(i).name for i in range(pa_type.num_fields)} == {"data", "shape"}
@@ -427,7 +429,7 @@ def _decoded_audio(pa_type: Any) -> bool:
     """Whether a column of ``pa_type`` holds decoded audio: ``{array, sampling_rate, path}``."""
     import pyarrow as pa
 
-    return pa.types.is_struct(pa_type) and [pa_type.field(i).name for i in range(pa_type.num_fields)] == ["array", "sampling_rate", "path"]
+    return pa_type is not None and pa.types.is_struct(pa_type) and [pa_type.field(i).name for i in range(pa_type.num_fields)] == ["array", "sampling_rate", "path"]
 
 
 def _fitting(feature: Any, pa_type: Any) -> Any:
@@ -544,13 +546,21 @@ def _features_of(recipe: list[tuple[str, Any]], stored: str | None, schema: Any)
 
 
 
-def _stored_json(features: Features) -> str:
-    """The ``huggingface`` metadata value `datasets` writes for ``features``: the
-    columns as written (decoded images are tensors now: theirs is what their type
-    infers, which `datasets` reads back the same)."""
+def _stored_json(features: Features, schema: Any) -> str:
+    """The ``huggingface`` metadata value `datasets` writes for ``features`` of columns
+    of ``schema``: the columns as written (decoded images are tensors and decoded audio
+    `{array, sampling_rate, path}` now: theirs is what their type infers, which
+    `datasets` reads back the same)."""
     import json
 
-    written = {name: f for name, f in features.items() if not isinstance(f, Image) or f.decode is False}
+    import pyarrow as pa
+
+    types = {field.name: field.type for field in pa.schema(schema)}
+    written = {
+        name: f
+        for name, f in features.items()
+        if not (isinstance(f, Image) and _decoded_image(types.get(name))) and not (isinstance(f, Audio) and _decoded_audio(types.get(name)))
+    }
     return json.dumps({"info": {"features": Features(written).to_dict()}})
 
 
