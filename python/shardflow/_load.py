@@ -30,11 +30,28 @@ _BUILDERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "webdataset": ("webdataset", (".tar",)),
     "hdf5": ("hdf5", (".hdf5", ".h5")),
 }
+# `datasets`' folder builders: the column each file becomes, and the files' extensions
+# (theirs: those PIL and libsndfile/FFmpeg open; a file of one shardflow does not
+# decode is its row's DecodeError, never a file passed over).
+_FOLDERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "imagefolder": ("image", (
+        ".blp", ".bmp", ".dib", ".bufr", ".cur", ".pcx", ".dcx", ".dds", ".ps", ".eps", ".fit", ".fits", ".fli",
+        ".flc", ".ftc", ".ftu", ".gbr", ".gif", ".grib", ".png", ".apng", ".jp2", ".j2k", ".jpc", ".jpf", ".jpx",
+        ".j2c", ".icns", ".ico", ".im", ".iim", ".tif", ".tiff", ".jfif", ".jpe", ".jpg", ".jpeg", ".mpg", ".mpeg",
+        ".msp", ".pcd", ".pxr", ".pbm", ".pgm", ".ppm", ".pnm", ".psd", ".bw", ".rgb", ".rgba", ".sgi", ".ras",
+        ".tga", ".icb", ".vda", ".vst", ".webp", ".wmf", ".emf", ".xbm", ".xpm")),
+    "audiofolder": ("audio", (
+        ".aiff", ".au", ".avr", ".caf", ".flac", ".htk", ".svx", ".mat4", ".mat5", ".mpc2k", ".ogg", ".paf", ".pvf",
+        ".raw", ".rf64", ".sd2", ".sds", ".ircam", ".voc", ".w64", ".wav", ".nist", ".wavex", ".wve", ".xi", ".mp3",
+        ".opus", ".3gp", ".3g2", ".avi", ".asf", ".flv", ".mp4", ".mov", ".m4v", ".mkv", ".webm", ".f4v",
+        ".wmv", ".wma", ".ogm", ".mxf", ".nut", ".m4a")),
+}
+_METADATA_FILES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")
 # Every extension HF knows, with its builder (what `infer_module_for_data_files` counts).
 _EXTENSION_TO_BUILDER = {ext: name for name, (_, exts) in _BUILDERS.items() for ext in exts} | {
     ".txt": "text", ".xml": "xml", ".conll": "conll", ".conllu": "conll", ".eval": "eval",
     ".lance": "lance", ".vortex": "vortex", ".toml": "harbor", ".md": "harbor",
-}
+} | {ext: name for name, (_, exts) in _FOLDERS.items() for ext in exts}
 # On a draw, HF prefers these, in this order, then the extension's name.
 _FAVOURITES = (".parquet", ".lance", ".vortex", ".arrow", ".jsonl", ".json", ".csv")
 
@@ -303,6 +320,8 @@ def _split_datasets(
     import shardflow
 
     builder = _builder([f for files in splits.values() for f in files])
+    if builder in _FOLDERS:
+        return _folder_splits(builder, repo, splits, dataset_args)
     if builder not in _BUILDERS:
         raise shardflow.InvalidArgumentError(
             f"{repo.root}: its data files are for the {builder!r} builder of `datasets`, which shardflow does not read"
@@ -321,6 +340,52 @@ def _split_datasets(
             [e[0] for e in entries], format=fmt, storage_options=repo.storage_options,
             _listing=listing, **dataset_args,
         )
+    return out
+
+
+def _folder_splits(builder: str, repo: _Repo, splits: dict[str, list[str]], dataset_args: dict[str, Any]) -> dict[str, Any]:
+    """`datasets`' `imagefolder` / `audiofolder`: a row per image or audio file, its
+    column an `Image` / `Audio` decoded on the pool; a `label` `ClassLabel` of the
+    sorted folder names where there is more than one and every file sits at one depth
+    (`drop_labels=False` forces it, `True` drops it). Metadata files (`metadata.csv`,
+    `.jsonl`, `.parquet`) are not joined yet: refused unless `drop_metadata=True`."""
+    import shardflow
+    from shardflow.features import Audio, ClassLabel, Image
+
+    column, extensions = _FOLDERS[builder]
+    drop_labels = dataset_args.pop("drop_labels", None)
+    drop_metadata = dataset_args.pop("drop_metadata", None)
+    media = {s: [f for f in files if os.path.splitext(f)[1].lower() in extensions] for s, files in splits.items()}
+    metadata = sorted(f for files in splits.values() for f in files if f.rsplit("/", 1)[-1] in _METADATA_FILES)
+    if metadata and not drop_metadata:
+        raise shardflow.InvalidArgumentError(
+            f"{repo.root}: {metadata[0]}: shardflow does not join a folder's metadata files yet; "
+            "drop_metadata=True reads the files without it"
+        )
+    every = [f for files in media.values() for f in files]
+    # A file's label is its folder's name; its depth, the folders above it.
+    paths = [repo.files[f][0].replace(os.sep, "/") for f in every]
+    names = sorted({p.rsplit("/", 2)[-2] if p.count("/") else "" for p in paths})
+    depths = {p.count("/") for p in paths}
+    add_labels = (len(names) > 1 and len(depths) == 1) if drop_labels is None else not drop_labels
+    feature = Image() if column == "image" else Audio()
+    out = {}
+    for split, files in media.items():
+        if not files:
+            raise _not_found(f"{repo.root}: split {split!r} has no {builder} files ({column} files)")
+        entries = [repo.files[f] for f in files]
+        options = {"label": True, "label_names": names} if add_labels else {}
+        ds = shardflow.dataset(
+            [e[0] for e in entries], format="raw", format_options=options, storage_options=repo.storage_options,
+            _listing=entries if repo.remote else None, **dataset_args,
+        )
+        features = {column: feature}
+        if add_labels:
+            ds = ds.select_columns(["bytes", "label_id"]).rename_columns({"bytes": column, "label_id": "label"})
+            features["label"] = ClassLabel(names=names)
+        else:
+            ds = ds.select_columns(["bytes"]).rename_columns({"bytes": column})
+        out[split] = ds.cast(features)
     return out
 
 
@@ -388,7 +453,15 @@ def load_dataset(
     del streaming  # every shardflow dataset streams, and reads by index too
     if token is not None:
         storage_options = {**(storage_options or {}), "hf_token": token}
-    if path in _BUILDERS or path in _EXTENSION_TO_BUILDER.values():
+    if path in _FOLDERS:
+        if data_dir is None and data_files is None:
+            raise ValueError(f"load_dataset({path!r}) needs data_dir= or data_files=")
+        root, sub = _repo_root(data_dir or ".", revision)
+        repo = _Repo(root, storage_options)
+        base = sub if data_dir else ""
+        patterns = _sanitize(data_files) if data_files is not None else _default_patterns(sorted(_below(repo, base)))
+        splits = _folder_splits(path, repo, _split_files(repo, base, patterns), dataset_args)
+    elif path in _BUILDERS or path in _EXTENSION_TO_BUILDER.values():
         if data_files is None:
             raise ValueError(f"load_dataset({path!r}) needs data_files=")
         splits = _builder_splits(path, data_files, data_dir, storage_options, dataset_args)

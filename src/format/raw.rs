@@ -2,7 +2,8 @@
 //! `__key__` is the path below the dataset's common directory, without its extension.
 //! With `format_options={"label": True}` each sample also gets `label`, the name of its
 //! parent directory, and `label_id`, that name's index among the sorted distinct names
-//! (as torchvision's `ImageFolder` numbers classes).
+//! (as torchvision's `ImageFolder` numbers classes), or its index in `label_names` where
+//! given (the names of every split, as `datasets`' folder builders number them).
 
 use std::sync::Arc;
 
@@ -64,6 +65,7 @@ impl Format for Raw {
     ) -> Result<PreparedShards> {
         let mut opts = options.format_options.reader("raw");
         let with_labels = opts.bool("label", false)?;
+        let given_names = opts.strings("label_names")?;
         opts.finish()?;
         if options.schema.is_some() || options.features.is_some() {
             return Err(Error::invalid_argument(
@@ -81,21 +83,34 @@ impl Format for Raw {
             // 64-bit offsets: a file, or a batch of them, may pass 2 GiB.
             Field::new("bytes", DataType::LargeBinary, false),
         ];
-        let labels = with_labels.then(|| {
-            let mut names: Vec<&str> = paths.iter().map(|p| parent_name(p)).collect();
-            names.sort_unstable();
-            names.dedup();
-            paths
-                .iter()
-                .map(|p| {
-                    let name = parent_name(p);
-                    (
-                        name.to_string(),
-                        names.binary_search(&name).unwrap_or(0) as i64,
-                    )
-                })
-                .collect()
-        });
+        let labels = match with_labels {
+            false => None,
+            true => {
+                let mut names: Vec<&str> = match &given_names {
+                    Some(given) => given.iter().map(String::as_str).collect(),
+                    None => paths.iter().map(|p| parent_name(p)).collect(),
+                };
+                if given_names.is_none() {
+                    names.sort_unstable();
+                    names.dedup();
+                }
+                let ids: std::collections::HashMap<&str, usize> =
+                    names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+                let labels = paths
+                    .iter()
+                    .map(|p| {
+                        let name = parent_name(p);
+                        let id = *ids.get(name).ok_or_else(|| {
+                            Error::invalid_argument(format!(
+                                "{p}: its folder {name:?} is not one of label_names {names:?}"
+                            ))
+                        })?;
+                        Ok((name.to_string(), id as i64))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Some(labels)
+            }
+        };
         if with_labels {
             fields.push(Field::new("label", DataType::Utf8, false));
             fields.push(Field::new("label_id", DataType::Int64, false));
