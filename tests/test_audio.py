@@ -11,6 +11,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -330,3 +331,38 @@ def test_written_audio_reads_back_in_datasets(tmp_path: Path, hub_layout: tuple[
     back = datasets.load_dataset("parquet", data_files=str(tmp_path / "stored" / "*.parquet"), split="train")
     assert back.features["audio"] == datasets.Audio(decode=False)
     assert [r["audio"]["bytes"] for r in back] == data
+
+
+def test_the_local_hub_and_s3_give_the_clips_local_files_give(hub_layout: tuple[Path, list[bytes], object], seaweed: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The same repo served by the local Hub (`sf.load_dataset("org/speech")`) and laid
+    out under an S3 prefix: the same features, and every clip resampled to the same
+    samples as from the local folder."""
+    from hubserver import HubServer
+    from servers import S3_KEY, S3_SECRET
+
+    root, _, written = hub_layout
+
+    def clips(ds: Any) -> list[tuple[int, np.ndarray]]:
+        ds = ds.cast_column("audio", sf.Audio(sampling_rate=16000))
+        assert ds.features.to_dict() == written.cast_column("audio", __import__("datasets").Audio(sampling_rate=16000)).features.to_dict()
+        return [(int(r["n"]), r["audio"]["array"]) for r in ds]
+
+    local = clips(sf.load_dataset(str(root), split="train"))
+    server = HubServer({"org/speech": {"main": root}}, token="secret")
+    try:
+        for key, value in {"HF_ENDPOINT": server.url, "HF_TOKEN": "secret", "HF_HOME": str(tmp_path / "hf")}.items():
+            monkeypatch.setenv(key, value)
+        from_hub = clips(sf.load_dataset("org/speech", split="train"))
+    finally:
+        server.stop()
+    client = seaweed.client()
+    client.create_bucket(Bucket="speech")
+    for path in root.rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), "speech", f"repo/{path.relative_to(root).as_posix()}")
+    options = {"endpoint_url": seaweed.s3_url, "access_key_id": S3_KEY, "secret_access_key": S3_SECRET, "region": "us-east-1"}
+    from_s3 = clips(sf.load_dataset("s3://speech/repo", split="train", storage_options=options))
+    for other in (from_hub, from_s3):
+        assert [n for n, _ in other] == [n for n, _ in local]
+        for (_, a), (_, b) in zip(other, local):
+            np.testing.assert_array_equal(a, b)
