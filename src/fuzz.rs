@@ -170,7 +170,9 @@ fn media_cell(flags: u8, body: &[u8]) {
     let audio = flags & 2 == 2;
     let feature = match ((flags >> 2) & 3, audio) {
         (1, true) => serde_json::json!({"_type": "Audio", "sampling_rate": 16000}),
-        (2, true) => serde_json::json!({"_type": "Audio", "sampling_rate": 8000, "num_channels": 2}),
+        (2, true) => {
+            serde_json::json!({"_type": "Audio", "sampling_rate": 8000, "num_channels": 2})
+        }
         (_, true) => serde_json::json!({"_type": "Audio"}),
         (1, false) => serde_json::json!({"_type": "Image", "mode": "L"}),
         (2, false) => serde_json::json!({"_type": "Image", "mode": "RGBA"}),
@@ -197,7 +199,9 @@ fn media_cell(flags: u8, body: &[u8]) {
     let cells = arrow_array::LargeBinaryArray::from(vec![Some(body)]);
     let batch = RecordBatch::try_new(schema, vec![Arc::new(cells)]).expect("one column");
     match decode_batch(decoder.as_ref(), batch, URL, true) {
-        Ok((out, skipped)) => assert_eq!(out.num_rows() + skipped.len(), 1, "the cell's row is lost"),
+        Ok((out, skipped)) => {
+            assert_eq!(out.num_rows() + skipped.len(), 1, "the cell's row is lost")
+        }
         Err(e) => check_error(&e, URL),
     }
 }

@@ -281,7 +281,7 @@ def test_resampled_audio_across_ranks_workers_epochs_and_a_resume_in_a_new_proce
         for loader in ranks:
             for batch in loader:
                 arrays = batch["audio"]["array"]
-                assert isinstance(arrays, list) or isinstance(arrays, torch.Tensor)
+                assert isinstance(arrays, list) and all(isinstance(a, torch.Tensor) for a in arrays)
                 for n, clip in zip(batch["n"].tolist(), arrays):
                     np.testing.assert_array_equal(np.asarray(clip), expected[n])
                     order.append(n)

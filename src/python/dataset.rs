@@ -1213,7 +1213,10 @@ impl PyDataset {
             huggingface: match format {
                 "parquet" => Some(
                     py.import("shardflow.features")?
-                        .call_method1("_stored_json", (self.features(py)?, self.schema(py)?.storage()))?
+                        .call_method1(
+                            "_stored_json",
+                            (self.features(py)?, self.schema(py)?.storage()),
+                        )?
                         .extract()?,
                 ),
                 _ => None,

@@ -868,25 +868,41 @@ fn lists_to_torch<'py>(
     Ok(PyList::new(py, tensors)?.into_any())
 }
 
-fn to_output(py: Python<'_>, batch: RecordBatch, output: Output) -> PyResult<Py<PyAny>> {
+fn to_output<'py>(py: Python<'py>, batch: RecordBatch, output: Output) -> PyResult<Py<PyAny>> {
     match output {
         Output::Torch { pin } => {
             let columns = batch_to_numpy(py, &batch)?;
             let out = to_torch(py, columns.as_any(), pin)?;
-            // Images of their own sizes are a list of tensors in every batch, even one
-            // whose images happen to share a size.
+            // Images of their own sizes (and decoded clips' `array`) are a list of
+            // tensors in every batch, even one whose tensors happen to share a shape.
+            let ragged = |values: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyAny>> {
+                let tensors = values
+                    .try_iter()?
+                    .map(|value| match value? {
+                        value if value.is_none() => Ok(value),
+                        value => to_torch(py, &value, pin),
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                Ok(PyList::new(py, tensors)?.into_any())
+            };
             for field in batch.schema().fields() {
-                if crate::format::is_variable_tensor(field)
-                    && let Some(images) = columns.get_item(field.name())?
+                let Some(values) = columns.get_item(field.name())? else {
+                    continue;
+                };
+                if crate::format::is_variable_tensor(field) {
+                    out.set_item(field.name(), ragged(values)?)?;
+                } else if let arrow_schema::DataType::Struct(children) = field.data_type()
+                    && let Ok(values) = values.cast_into::<PyDict>()
+                    && let Ok(converted) = out.get_item(field.name())
                 {
-                    let tensors = images
-                        .try_iter()?
-                        .map(|image| match image? {
-                            image if image.is_none() => Ok(image),
-                            image => to_torch(py, &image, pin),
-                        })
-                        .collect::<PyResult<Vec<_>>>()?;
-                    out.set_item(field.name(), PyList::new(py, tensors)?)?;
+                    for child in children
+                        .iter()
+                        .filter(|c| crate::format::is_variable_tensor(c))
+                    {
+                        if let Some(child_values) = values.get_item(child.name())? {
+                            converted.set_item(child.name(), ragged(child_values)?)?;
+                        }
+                    }
                 }
             }
             Ok(out.unbind())
