@@ -199,3 +199,73 @@ def test_written_shards_keep_the_features_for_datasets(written: tuple[datasets.D
     assert theirs.features["sentiment"].names == ["bad", "good", "both"]
     assert sf.dataset(shards).features.to_dict() == ds.features.to_dict()
     assert [r["sentiment"] for r in theirs] == [r["label"] for r in reference]
+
+
+CARD = """---
+configs:
+- config_name: default
+  data_files: data/train.*
+- config_name: other
+  data_files: data/train.*
+dataset_info:
+- config_name: default
+  features:
+  - name: text
+    dtype: string
+  - name: label
+    dtype:
+      class_label:
+        names:
+          '0': neg
+          '1': pos
+          '2': mixed
+  - name: tags
+    sequence: string
+  - name: spans
+    list:
+    - name: start
+      dtype: int64
+  - name: meta
+    struct:
+    - name: source
+      dtype: string
+  - name: score
+    dtype: float64
+  splits:
+  - name: train
+    num_examples: 4
+- config_name: other
+  features:
+  - name: text
+    dtype: large_string
+---
+# A card whose files carry no features of their own
+"""
+
+
+def test_a_repo_card_gives_the_features_its_files_lack(tmp_path: Path) -> None:
+    """A repo of JSON Lines (no `huggingface` metadata) whose README's `dataset_info`
+    names the features: `ds.features` is what `datasets` reads from the card (class
+    names included) and the rows are cast to it; files that carry features keep theirs."""
+    import json
+
+    rows = [{"text": f"t{i}", "label": i % 3, "tags": ["a"] * i, "spans": [{"start": i}], "meta": {"source": "x"}, "score": i / 2} for i in range(4)]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "README.md").write_text(CARD)
+    ours = sf.load_dataset(str(tmp_path), split="train")
+    theirs = datasets.load_dataset(str(tmp_path), split="train")
+    assert ours.features.to_dict() == theirs.features.to_dict()
+    assert ours.features["label"].int2str(2) == "mixed"
+    assert [r["label"] for r in ours] == [r["label"] for r in theirs]
+    # Infos of several configs that the card does not declare are passed over, by both.
+    (tmp_path / "README.md").write_text(CARD.replace("configs:\n- config_name: default\n  data_files: data/train.*\n- config_name: other\n  data_files: data/train.*\n", ""))
+    ours = sf.load_dataset(str(tmp_path), split="train")
+    theirs = datasets.load_dataset(str(tmp_path), split="train", download_mode="force_redownload")
+    assert ours.features.to_dict() == theirs.features.to_dict()
+    assert ours.features["label"] == sf.Value("int64")
+    # Files with features of their own keep them, whatever the card says.
+    written = datasets.Dataset.from_dict({"text": ["a"], "label": [1]}, features=datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["x", "y"])}))
+    (tmp_path / "data" / "train.jsonl").unlink()
+    written.to_parquet(str(tmp_path / "data" / "train.parquet"))
+    assert sf.load_dataset(str(tmp_path), split="train").features["label"].names == ["x", "y"]

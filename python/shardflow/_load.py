@@ -257,23 +257,94 @@ def _is_repo_id(path: str) -> bool:
     return bool(_REPO_ID.match(path)) and not os.path.exists(path)
 
 
-def _card_configs(repo: _Repo) -> list[dict[str, Any]]:
-    """The README.md YAML `configs:` list (empty without a card or the block)."""
+def _card(repo: _Repo) -> dict[str, Any]:
+    """The README.md YAML block (empty without a card or the block)."""
     if "README.md" not in repo.files:
-        return []
+        return {}
     text = repo.read_text("README.md")
     if not text.startswith("---"):
-        return []
+        return {}
     end = text.find("\n---", 3)
     if end < 0:
-        return []
+        return {}
     import yaml
 
     card = yaml.safe_load(text[3:end]) or {}
+    return card if isinstance(card, dict) else {}
+
+
+def _card_configs(card: dict[str, Any], root: str) -> list[dict[str, Any]]:
+    """The card's `configs:` list."""
     configs = card.get("configs") or []
     if not isinstance(configs, list) or not all(isinstance(c, dict) and "config_name" in c for c in configs):
-        raise ValueError(f"{repo.root}: README.md's configs must be a list of mappings with config_name")
+        raise ValueError(f"{root}: README.md's configs must be a list of mappings with config_name")
     return configs
+
+
+def _card_features(card: dict[str, Any], name: str | None) -> dict[str, Any] | None:
+    """The `dataset_info.features` of the card for config `name` (one mapping, or a list
+    of them by `config_name`), in `datasets`' JSON form (`Features._from_yaml_list`)."""
+    info = card.get("dataset_info")
+    if isinstance(info, list) and len(info) > 1 and not card.get("configs"):
+        return None  # as `datasets`: infos of several configs, none of them declared
+    if isinstance(info, list):
+        wanted = name or "default"
+        info = next((i for i in info if isinstance(i, dict) and i.get("config_name", "default") == wanted), None)
+    if not isinstance(info, dict) or not isinstance(info.get("features"), list):
+        return None
+    return _from_yaml(info["features"])
+
+
+def _from_yaml(obj: Any) -> Any:
+    """`datasets`' `Features._from_yaml_list`: the card's list of `{name, dtype | class_label
+    | list | sequence | struct ...}` as the features' JSON."""
+    import copy
+
+    from shardflow.features import _arrow_type_of_dtype
+
+    def camel(name: str) -> str:
+        return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+    def unsimplify(feature: dict[str, Any]) -> dict[str, Any]:
+        for list_type in ("large_list", "list", "sequence"):
+            if isinstance(feature.get(list_type), str):
+                feature[list_type] = {"dtype": feature[list_type]}
+        label = feature.get("class_label")
+        if isinstance(label, dict) and isinstance(label.get("names"), dict):
+            ids = sorted(label["names"], key=int)
+            if ids and [int(i) for i in ids] != list(range(int(ids[-1]) + 1)):
+                raise ValueError(f"ClassLabel expected a value for all label ids [0:{int(ids[-1]) + 1}] but some ids are missing.")
+            label["names"] = [label["names"][i] for i in ids]
+        return feature
+
+    def inner(obj: Any) -> Any:
+        if isinstance(obj, list):
+            names = [feature.pop("name") for feature in obj]
+            return {name: inner(feature) for name, feature in zip(names, obj)}
+        if not isinstance(obj, dict):
+            raise TypeError(f"Expected a dict but got a {type(obj)}: {obj}")
+        if not obj:
+            return {}
+        kind = next(iter(obj))
+        if kind in ("large_list", "list", "sequence"):
+            if kind == "sequence" and isinstance(obj[kind], list):
+                feature = inner(unsimplify(obj).pop(kind))
+                return {name: {"feature": sub, **obj, "_type": "List"} for name, sub in feature.items()}
+            feature = inner(unsimplify(obj).pop(kind))
+            return {"feature": feature, **obj, "_type": "LargeList" if kind == "large_list" else "List"}
+        if kind == "struct":
+            return inner(obj["struct"])
+        if kind == "dtype":
+            if isinstance(obj["dtype"], str):
+                try:
+                    _arrow_type_of_dtype(obj["dtype"])
+                    return {**obj, "_type": "Value"}
+                except ValueError:
+                    return {"_type": camel(obj["dtype"])}
+            return inner(obj["dtype"])
+        return {"_type": camel(kind), **unsimplify(obj)[kind]}
+
+    return inner(copy.deepcopy(obj))
 
 
 def _default_config(configs: list[dict[str, Any]]) -> str | None:
@@ -341,6 +412,19 @@ def _split_datasets(
             _listing=listing, **dataset_args,
         )
     return out
+
+
+def _with_card_features(ds: Any, card: dict[str, Any]) -> Any:
+    """`ds` with the card's features where its files carry none of their own (as
+    `datasets` reads a repo: the files' `huggingface` metadata first): cast to them, the
+    columns it has."""
+    from shardflow.features import Features
+
+    if ds._stored_features is not None:
+        return ds
+    columns = set(ds.schema.names)
+    features = Features.from_dict({name: spec for name, spec in card.items() if name in columns})
+    return ds.cast(features) if features else ds
 
 
 def _folder_splits(builder: str, repo: _Repo, splits: dict[str, list[str]], dataset_args: dict[str, Any]) -> dict[str, Any]:
@@ -473,7 +557,8 @@ def load_dataset(
                 raise _not_found(f"{path}: no such folder, and not a Hub repo id (org/name)")
             root, sub = _repo_root(path, revision)
         repo = _Repo(root, storage_options)
-        configs = _card_configs(repo)
+        card = _card(repo)
+        configs = _card_configs(card, repo.root)
         config: dict[str, Any] = {}
         if configs:
             names = [c["config_name"] for c in configs]
@@ -496,6 +581,9 @@ def load_dataset(
         else:
             patterns = _default_patterns(sorted(_below(repo, base)))
         splits = _split_datasets(repo, _split_files(repo, base, patterns), dataset_args)
+        features = _card_features(card, name)
+        if features:
+            splits = {s: _with_card_features(ds, features) for s, ds in splits.items()}
     if split is not None:
         return _select_split(splits, split)
     return DatasetDict(splits)

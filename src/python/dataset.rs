@@ -718,6 +718,13 @@ impl PyDataset {
         self.features_of(py)
     }
 
+    /// The features' JSON the files were written with (their `huggingface` metadata),
+    /// where they carry it.
+    #[getter]
+    fn _stored_features(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        Ok(py.detach(|| self.inner.stored_features())?)
+    }
+
     /// The Arrow schema of the records this dataset yields, as an object with the Arrow
     /// PyCapsule interface (`pyarrow.schema(ds.schema)`).
     #[getter]
