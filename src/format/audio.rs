@@ -30,7 +30,9 @@ use symphonia::core::formats::{FormatOptions, TrackType};
 use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 
-use super::cells::{CellDecoder, Outcomes, cell_bytes, guarded, media_bytes_type, nulls_of};
+use super::cells::{
+    CellDecoder, Outcomes, cell_bytes, guarded, media_bytes_type, media_columns, nulls_of,
+};
 use super::{OnError, variable_tensor_field};
 use crate::error::{Error, Result};
 
@@ -64,22 +66,15 @@ impl AudioSpec {
     /// key's JSON), decoded as `datasets` decodes them on access; none where `decode` is
     /// false. `None` where there are none among the columns read (`schema`).
     pub fn from_features(huggingface: &str, schema: &Schema) -> Option<Self> {
-        let json: serde_json::Value = serde_json::from_str(huggingface).ok()?;
-        let features = json.get("info")?.get("features")?.as_object()?;
-        let by_column: BTreeMap<String, AudioFeature> = features
-            .iter()
-            .filter(|(name, f)| {
-                schema.index_of(name).is_ok()
-                    && f.get("_type").and_then(|t| t.as_str()) == Some("Audio")
-                    && f.get("decode").and_then(|d| d.as_bool()) != Some(false)
-            })
+        let by_column: BTreeMap<String, AudioFeature> = media_columns(huggingface, schema, "Audio")
+            .into_iter()
             .map(|(name, f)| {
                 let number = |key: &str| f.get(key).and_then(|v| v.as_u64());
                 let feature = AudioFeature {
                     sampling_rate: number("sampling_rate").map(|r| r.min(u32::MAX as u64) as u32),
                     num_channels: number("num_channels").map(|n| n.min(u16::MAX as u64) as u16),
                 };
-                (name.clone(), feature)
+                (name, feature)
             })
             .collect();
         (!by_column.is_empty()).then_some(AudioSpec { by_column })

@@ -206,24 +206,18 @@ impl ImageSpec {
     /// feature's `mode` (`"L"` grey, `"RGBA"`, else RGB); none where `decode` is false.
     /// `None` where there are none among the columns read (`schema`).
     pub fn from_features(huggingface: &str, schema: &arrow_schema::Schema) -> Option<Self> {
-        let json: serde_json::Value = serde_json::from_str(huggingface).ok()?;
-        let features = json.get("info")?.get("features")?.as_object()?;
-        let by_column: BTreeMap<String, Channels> = features
-            .iter()
-            .filter(|(name, f)| {
-                schema.index_of(name).is_ok()
-                    && f.get("_type").and_then(|t| t.as_str()) == Some("Image")
-                    && f.get("decode").and_then(|d| d.as_bool()) != Some(false)
-            })
-            .map(|(name, f)| {
-                let channels = match f.get("mode").and_then(|m| m.as_str()) {
-                    Some("L") => Channels::Grey,
-                    Some("RGBA") => Channels::Rgba,
-                    _ => Channels::Rgb,
-                };
-                (name.clone(), channels)
-            })
-            .collect();
+        let by_column: BTreeMap<String, Channels> =
+            super::cells::media_columns(huggingface, schema, "Image")
+                .into_iter()
+                .map(|(name, f)| {
+                    let channels = match f.get("mode").and_then(|m| m.as_str()) {
+                        Some("L") => Channels::Grey,
+                        Some("RGBA") => Channels::Rgba,
+                        _ => Channels::Rgb,
+                    };
+                    (name, channels)
+                })
+                .collect();
         (!by_column.is_empty()).then(|| ImageSpec {
             by_extension: BTreeMap::new(),
             by_column,
