@@ -178,7 +178,7 @@ def report(title: str, unit: str, rows: list[tuple[str, float]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=20_000)
-    parser.add_argument("--clips", type=int, default=600)
+    parser.add_argument("--clips", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", default="images,audio")
     args = parser.parse_args()

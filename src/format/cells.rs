@@ -185,6 +185,9 @@ pub fn decode_batch(
     Ok((kept, skipped))
 }
 
+/// Encoded bytes a group of batches decoded together holds, at least (see `wrap_task`).
+const GROUP_BYTES: usize = 4 << 20;
+
 /// `task` with its batches' cells decoded. Batches are decoded a group at a time, each
 /// group's cells in parallel on the pool: a format gives wide rows (a clip or a photo of
 /// a megabyte) in batches of one or two, and one task's batches come one after another.
@@ -223,9 +226,14 @@ fn wrap_task(decoder: &Arc<dyn CellDecoder>, url: String, task: DecodeTask) -> D
                 }
             }
         };
+        // A group holds a few cells per pool thread and some megabytes of them: enough
+        // that a thread left with the group's last cell, and the format's reading of the
+        // next batches meanwhile, are a small part of the group's time.
         let mut grouping = |batch: RecordBatch, sink: &mut BatchSink| {
             pending.push(batch);
-            if pending.iter().map(RecordBatch::num_rows).sum::<usize>() >= group_rows {
+            let rows: usize = pending.iter().map(RecordBatch::num_rows).sum();
+            let bytes: usize = pending.iter().map(RecordBatch::get_array_memory_size).sum();
+            if rows >= group_rows && (bytes >= GROUP_BYTES || rows >= 16 * group_rows) {
                 decode_pending(&mut pending, sink);
             }
         };
