@@ -30,9 +30,8 @@ use symphonia::core::formats::{FormatOptions, TrackType};
 use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 
-use super::cells::{
-    CellDecoder, Outcomes, cell_bytes, guarded, media_bytes_type, media_columns, nulls_of,
-};
+use super::cells::{CellDecoder, Outcomes, cell_bytes, guarded, media_bytes_type, nulls_of};
+use super::hf_features::media_columns;
 use super::{OnError, variable_tensor_field};
 use crate::error::{Error, Result};
 

@@ -40,33 +40,6 @@ pub trait CellDecoder: std::fmt::Debug + Send + Sync {
     ) -> std::result::Result<(ArrayRef, Outcomes), String>;
 }
 
-/// The columns of `schema` whose feature in `huggingface` (`datasets`' JSON of the
-/// features) is a `kind` (`"Image"`, `"Audio"`) to decode (not `decode: false`), with
-/// that feature.
-pub(super) fn media_columns(
-    huggingface: &str,
-    schema: &arrow_schema::Schema,
-    kind: &str,
-) -> Vec<(String, serde_json::Value)> {
-    let json: serde_json::Value = serde_json::from_str(huggingface).unwrap_or_default();
-    let Some(features) = json
-        .get("info")
-        .and_then(|i| i.get("features"))
-        .and_then(|f| f.as_object())
-    else {
-        return Vec::new();
-    };
-    features
-        .iter()
-        .filter(|(name, f)| {
-            schema.index_of(name).is_ok()
-                && f.get("_type").and_then(|t| t.as_str()) == Some(kind)
-                && f.get("decode").and_then(|d| d.as_bool()) != Some(false)
-        })
-        .map(|(name, f)| (name.clone(), f.clone()))
-        .collect()
-}
-
 /// Whether a column of this type holds encoded media: a binary column, or a struct with
 /// a binary `bytes` field (an `Image` or `Audio` column as `datasets` stores it:
 /// `{bytes, path}`).

@@ -207,7 +207,7 @@ impl ImageSpec {
     /// `None` where there are none among the columns read (`schema`).
     pub fn from_features(huggingface: &str, schema: &arrow_schema::Schema) -> Option<Self> {
         let by_column: BTreeMap<String, Channels> =
-            super::cells::media_columns(huggingface, schema, "Image")
+            super::hf_features::media_columns(huggingface, schema, "Image")
                 .into_iter()
                 .map(|(name, f)| {
                     let channels = match f.get("mode").and_then(|m| m.as_str()) {

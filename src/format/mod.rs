@@ -11,6 +11,7 @@ pub mod compression;
 pub mod csv;
 pub mod example;
 pub mod hdf5;
+pub mod hf_features;
 pub mod image;
 pub mod image_spec;
 pub mod index;
@@ -35,6 +36,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::source::ShardMeta;
 
+pub use hf_features::media_features;
 pub use reader::{Format, HUGGINGFACE_KEY, PreparedShards, ReadOptions, UnitJobs};
 pub use tensor::{
     DecodedTensor, EXTENSION_METADATA_KEY, EXTENSION_NAME_KEY, TENSOR_EXTENSION,
@@ -292,32 +294,4 @@ mod tests {
         ));
         assert!(column_indices(&names, &[], "u").is_err());
     }
-}
-
-/// The features a dataset's media columns decode by: those its files were written with
-/// (`huggingface`, `datasets`' JSON), with the features a cast gave some columns
-/// (`cast`) over them. `None` where there are neither.
-pub fn media_features(
-    huggingface: Option<&str>,
-    cast: &std::collections::BTreeMap<String, serde_json::Value>,
-) -> Option<String> {
-    if cast.is_empty() {
-        return huggingface.map(str::to_string);
-    }
-    let mut json: serde_json::Value = huggingface
-        .and_then(|h| serde_json::from_str(h).ok())
-        .unwrap_or_else(|| serde_json::json!({}));
-    let root = json.as_object_mut()?;
-    let info = root
-        .entry("info")
-        .or_insert_with(|| serde_json::json!({}))
-        .as_object_mut()?;
-    let features = info
-        .entry("features")
-        .or_insert_with(|| serde_json::json!({}))
-        .as_object_mut()?;
-    for (column, feature) in cast {
-        features.insert(column.clone(), feature.clone());
-    }
-    Some(json.to_string())
 }
