@@ -202,12 +202,14 @@ fn wrap_task(decoder: &Arc<dyn CellDecoder>, url: String, task: DecodeTask) -> D
         // A group holds a few cells per pool thread and some megabytes of them: enough
         // that a thread left with the group's last cell, and the format's reading of the
         // next batches meanwhile, are a small part of the group's time.
+        let (mut rows, mut bytes) = (0usize, 0usize);
         let mut grouping = |batch: RecordBatch, sink: &mut BatchSink| {
+            rows += batch.num_rows();
+            bytes += batch.get_array_memory_size();
             pending.push(batch);
-            let rows: usize = pending.iter().map(RecordBatch::num_rows).sum();
-            let bytes: usize = pending.iter().map(RecordBatch::get_array_memory_size).sum();
             if rows >= group_rows && (bytes >= GROUP_BYTES || rows >= 16 * group_rows) {
                 decode_pending(&mut pending, sink);
+                (rows, bytes) = (0, 0);
             }
         };
         let rest = task(&mut |batch| grouping(batch, sink))?;

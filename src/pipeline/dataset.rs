@@ -32,6 +32,16 @@ pub struct DataSource {
 }
 
 impl DataSource {
+    /// The same files read with other `options` (nothing prepared yet).
+    pub(super) fn reading_with(&self, options: ReadOptions) -> Arc<Self> {
+        Self::new(
+            self.shards.clone(),
+            self.format.clone(),
+            options,
+            self.storage.clone(),
+        )
+    }
+
     pub(super) fn new(
         shards: Vec<ShardMeta>,
         format: Arc<dyn Format>,
@@ -361,12 +371,7 @@ impl Dataset {
             ..source.options.clone()
         };
         Some(Self {
-            origin: Origin::Files(DataSource::new(
-                source.shards.clone(),
-                source.format.clone(),
-                options,
-                source.storage.clone(),
-            )),
+            origin: Origin::Files(source.reading_with(options)),
             ops: Vec::new(),
         })
     }
@@ -544,12 +549,7 @@ impl Dataset {
         let mut options = source.options.clone();
         options.media_features.extend(features);
         Ok(Dataset {
-            origin: Origin::Files(DataSource::new(
-                source.shards.clone(),
-                source.format.clone(),
-                options,
-                source.storage.clone(),
-            )),
+            origin: Origin::Files(source.reading_with(options)),
             ops: self.ops.clone(),
         })
     }
