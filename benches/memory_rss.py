@@ -50,7 +50,7 @@ def write(directory: Path, rows: int, row_kb: int, **parquet_options: object) ->
         ids = np.arange(f * per_file, (f + 1) * per_file)
         blobs = [rng.bytes(row_kb * 1024) for _ in ids]
         pq.write_table(pa.table({"id": ids, "image": blobs}), directory / f"part-{f:02d}.parquet",
-                       row_group_size=100, **{"compression": "none", **parquet_options})
+                       **{"row_group_size": 100, "compression": "none", **parquet_options})
     return str(directory / "part-*.parquet")
 
 

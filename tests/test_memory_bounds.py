@@ -290,13 +290,15 @@ def test_a_full_shuffle_reads_ahead_where_each_visit_decodes_a_whole_unit(tmp_pa
     # + 1 times: 8.2x measured.
     source, blobs = write_dictionary(tmp_path)
     total = sum(p.stat().st_size for p in tmp_path.glob("*.parquet"))
-    loader = sf.DataLoader(sf.dataset(source).shuffle(seed=2), batch_size=64, memory_limit=8 << 20)
+    # spill_bytes=0: not the external shuffle (tests/test_spill.py), which reads it once.
+    loader = sf.DataLoader(sf.dataset(source).shuffle(seed=2), batch_size=64, memory_limit=8 << 20, spill_bytes=0)
     got = [(int(i), bytes(b)) for batch in loader for i, b in zip(batch["id"], batch["blob"])]
     expected = [r["id"] for r in sf.dataset(source, columns=["id"]).shuffle(seed=2)]
     assert [i for i, _ in got] == expected
     assert all(b == blobs[i] for i, b in got)
     read = loader.stats()["bytes_read"]
     assert read < 11 * total, f"read {read / total:.1f}x the data"
+    assert loader.stats()["read_plan"] == "read_ahead"
 
 
 def test_a_byte_bounded_buffer_still_mixes_across_its_outputs(tmp_path: Path) -> None:

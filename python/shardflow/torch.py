@@ -222,6 +222,9 @@ class IterableDataset(_TorchIterableDataset):
         world_size: int | None = None,
         num_threads: int | None = None,
         prefetch: int | None = None,
+        memory_limit: int | None = None,
+        spill_dir: str | None = None,
+        spill_bytes: int | None = None,
         divided_by: str | None = None,
     ) -> None:
         if not isinstance(dataset, sf.Dataset):
@@ -238,6 +241,10 @@ class IterableDataset(_TorchIterableDataset):
         self.world_size = world_size
         self.num_threads = num_threads
         self.prefetch = prefetch
+        # Each worker's loader's own, as sf.DataLoader takes them.
+        self.memory_limit = memory_limit
+        self.spill_dir = spill_dir
+        self.spill_bytes = spill_bytes
         self._epoch = _SharedEpoch(0)
         # Where the pass in progress in this process stands, worked out when asked: the
         # loader's state before the batch being yielded, and how many of its samples are
@@ -336,6 +343,9 @@ class IterableDataset(_TorchIterableDataset):
             num_workers=workers,
             num_threads=self.num_threads or (1 if info is not None else None),
             prefetch=self.prefetch,
+            memory_limit=self.memory_limit,
+            spill_dir=self.spill_dir,
+            spill_bytes=self.spill_bytes,
             output="torch" if self.batch_size else "numpy",
         )
         if epoch is not None:

@@ -122,7 +122,7 @@ fn persisted_path(shard: &ShardMeta, io: &Io) -> Option<PathBuf> {
 }
 
 /// `$SHARDFLOW_CACHE_DIR`, else `$XDG_CACHE_HOME/shardflow`, else `~/.cache/shardflow`.
-fn user_cache_dir() -> Option<PathBuf> {
+pub fn user_cache_dir() -> Option<PathBuf> {
     let var = |name: &str| {
         std::env::var_os(name)
             .filter(|v| !v.is_empty())

@@ -101,6 +101,8 @@ pub struct Tuning {
     read_ahead_adapts: bool,
     /// Whether the loader has read remote data (see `read_ahead_units`).
     remote: AtomicBool,
+    /// Where and how much the external shuffle may spill (see `spill`).
+    pub spill: super::spill::SpillOptions,
 }
 
 impl Default for Tuning {
@@ -163,7 +165,13 @@ impl Tuning {
             },
             read_ahead_adapts: num_threads.is_none(),
             remote: AtomicBool::new(false),
+            spill: Default::default(),
         }
+    }
+
+    /// These options, spilling as `spill` says.
+    pub fn spilling(self, spill: super::spill::SpillOptions) -> Self {
+        Self { spill, ..self }
     }
 
     /// Fixed depths for `threads` decode threads (for tests, benches and the fuzzer).

@@ -1,35 +1,53 @@
 //! A head read by index: the rows of a random-access dataset streamed in the order an
 //! epoch's plan gives them (what `select` and a full-permutation `shuffle` read
-//! through), a gather at a time, units decoded whole read ahead for later gathers.
+//! through), a gather at a time; where units are decoded whole at each visit and outgrow
+//! memory, through the external two-pass shuffle (`spill`), or reading ahead for later
+//! gathers where spilling is off.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 
+use super::autotune::Tuning;
 use super::random_access::{CACHE_SHARE, GatherSize, RandomAccess};
 use super::rng::Rng;
+use super::spill::{Delivery, Spill, SpillOptions, SpillPlan};
+use super::stats::{ReadPlan, Stats};
 use crate::error::{Error, Result};
-use crate::source::IoCounters;
 
 /// Streams rows of a random-access dataset in the order given, a gather at a time: what
 /// `select` and a full-permutation `shuffle` read through. With `leaf`, each row carries
 /// its position (its index, tagged with the leaf).
 pub struct IndexStream {
     access: Arc<RandomAccess>,
-    /// The loader's I/O counters, which the reads are charged to.
-    counters: Arc<IoCounters>,
+    /// The loader's counters, which the reads are charged to.
+    stats: Arc<Stats>,
     rows: VecDeque<std::ops::Range<u64>>,
     leaf: Option<u64>,
     size: GatherSize,
     memory_limit: u64,
     ahead: ReadAhead,
+    /// Threads a spill reads units on, and where it may spill (None: it may not, or it
+    /// failed once).
+    threads: usize,
+    spill_options: Option<SpillOptions>,
+    /// The spill delivering the rows, with the rows it was given (read another way if
+    /// it fails before delivering any).
+    spill: Option<(Spill, super::rows::RowList)>,
 }
 
 /// Rows fetched per step of an [`IndexStream`] at most.
 const STREAM_CHUNK_ROWS: u64 = 65_536;
-/// Bytes of rows per gather where their units stay cached (see [`IndexStream::decide`]).
+/// Bytes of rows per gather where their units stay cached (see [`IndexStream::decide`]),
+/// and per gather a spill delivers.
 const KEPT_GATHER_BYTES: u64 = 8 << 20;
+/// A spill's buckets, as a share of the memory limit: the bucket served and the next,
+/// read while it is, hold a quarter.
+const SPILL_BUCKET_SHARE: u64 = 8;
+/// Reading ahead or gathering visits each unit about this many times or more before
+/// spilling is chosen: a spill costs a write and a read of local disk besides its visit.
+const SPILL_AT_VISITS: f64 = 2.0;
 
 /// Reading ahead, for rows whose units are decoded whole at each visit (they outgrow the
 /// unit cache, and their files cannot be read by page: Parquet with a dictionary page per
@@ -81,12 +99,16 @@ impl IndexStream {
         access: Arc<RandomAccess>,
         rows: super::rows::RowList,
         leaf: Option<u64>,
-        memory_limit: u64,
-        counters: Arc<IoCounters>,
+        tuning: &Tuning,
+        stats: Arc<Stats>,
     ) -> Self {
+        let memory_limit = tuning.memory_limit;
         Self {
             access,
-            counters,
+            stats,
+            threads: tuning.threads,
+            spill_options: (tuning.spill.bytes != Some(0)).then(|| tuning.spill.clone()),
+            spill: None,
             rows: rows.into_iter().filter(|r| r.start < r.end).collect(),
             leaf,
             size: GatherSize::new(STREAM_CHUNK_ROWS, memory_limit / 4),
@@ -116,9 +138,11 @@ impl IndexStream {
         Some(cut)
     }
 
-    /// Starts reading ahead if the rows' units are revisited, and reading ahead visits
-    /// them less often than gathers through the unit cache do (decided once, when the
-    /// first gather has taught the row size).
+    /// Chooses how the rows are read, once: by gathers (rows read where they lie, or
+    /// units kept in memory), through a spill, or reading ahead (see [`ReadPlan`]).
+    /// Where units are revisited (decoded whole at each visit), a spill is started before
+    /// the first gather if the files alone outgrow the unit cache; else the first gather
+    /// teaches the row size, and the choice follows.
     ///
     /// Gathers of G rows visit each unit about once per gather, the cache sparing the
     /// share of the data it holds (c): N/G (1 - c) visits. Reading ahead over a window of
@@ -126,31 +150,105 @@ impl IndexStream {
     /// `memory_limit`, as the rows held take its place. On data under about 1.5 times
     /// `memory_limit` the cache does as well (a shuffle of 524 MB from S3 took 2,392 ms to
     /// its first batch and ran at 332 rows/s reading ahead, against 500 rows/s through
-    /// the cache).
+    /// the cache). A spill visits each unit once, and writes and reads the rows once.
     fn decide(&mut self) {
-        if self.ahead.decided || self.size.row_bytes == 0 {
+        if self.ahead.decided {
+            return;
+        }
+        let next = self.rows.front().map(|r| r.start);
+        let revisited = next.is_some_and(|p| self.access.revisited_unit(p).is_some());
+        let rows = super::rows::list_len(self.rows.make_contiguous()) as f64;
+        let cache = (self.memory_limit / CACHE_SHARE) as f64;
+        if self.size.row_bytes == 0 {
+            let stored = rows * self.access.stored_row_bytes() as f64;
+            if revisited && stored > cache * 0.75 && self.spill_options.is_some() {
+                self.ahead.decided = true;
+                self.start_spill_or_read_ahead();
+            }
             return;
         }
         self.ahead.decided = true;
-        let next = self.rows.front().map(|r| r.start);
-        if next.is_none_or(|p| self.access.revisited_unit(p).is_none()) {
+        if !revisited {
             // Units the cache keeps are decoded once however the rows are gathered:
             // small gathers then reuse the memory the last one freed, where large ones
             // each fault in fresh pages (a full shuffle of 311 MB of token lists in one
             // row group: 0.75 s in gathers of 128 MiB, 0.42 s in gathers of 8 MB).
             if self.access.keeps_units() {
                 self.size.cap_bytes(KEPT_GATHER_BYTES);
+                self.stats.read_by(ReadPlan::InMemory);
+            } else {
+                self.stats.read_by(ReadPlan::InPlace);
             }
             return;
         }
-        let rows = super::rows::list_len(self.rows.make_contiguous()) as f64;
         let data = self.access.len() as f64 * self.size.row_bytes as f64;
-        let cached = ((self.memory_limit / CACHE_SHARE) as f64 / data).min(1.0);
+        let cached = (cache / data).min(1.0);
         let by_gathers = rows / self.size.rows() as f64 * (1.0 - cached);
         let ahead = rows / self.window().max(1) as f64 + 1.0;
-        if ahead < by_gathers {
-            self.ahead.width = self.size.rows().min(self.window() / 8).max(1);
-            self.access.bound_cache(self.memory_limit / 8);
+        if by_gathers.min(ahead) >= SPILL_AT_VISITS {
+            self.start_spill_or_read_ahead();
+        } else if ahead < by_gathers {
+            self.read_ahead();
+        } else {
+            self.stats.read_by(ReadPlan::Gather);
+        }
+    }
+
+    /// Hands the rows to a spill, where spilling is allowed; else reads ahead.
+    fn start_spill_or_read_ahead(&mut self) {
+        let Some(options) = self.spill_options.clone() else {
+            return self.read_ahead();
+        };
+        let rows: super::rows::RowList = self.rows.drain(..).collect();
+        // Each unit is visited once: none is worth keeping.
+        self.access.bound_cache(1);
+        let spill = Spill::start(SpillPlan {
+            access: self.access.clone(),
+            stats: self.stats.clone(),
+            rows: rows.clone(),
+            threads: self.threads,
+            gather_bytes: KEPT_GATHER_BYTES.min(self.memory_limit / 4),
+            bucket_bytes: self.memory_limit / SPILL_BUCKET_SHARE,
+            options,
+        });
+        self.spill = Some((spill, rows));
+        self.stats.read_by(ReadPlan::Spill);
+    }
+
+    /// Reads ahead from now on (see [`ReadAhead`]).
+    fn read_ahead(&mut self) {
+        self.ahead.width = self.size.rows().min(self.window() / 8).max(1);
+        self.access.bound_cache(self.memory_limit / 8);
+        self.stats.read_by(ReadPlan::ReadAhead);
+    }
+
+    /// The next gather from the spill; None once it has delivered every row, or if it
+    /// failed before delivering any (its rows are then read another way).
+    fn next_spilled(&mut self) -> Option<(u64, Result<RecordBatch>)> {
+        let (spill, _) = self.spill.as_mut()?;
+        match spill.next() {
+            Some(Delivery::Gather(start, out)) => {
+                if out.is_err() {
+                    self.spill = None;
+                }
+                Some((start, out))
+            }
+            Some(Delivery::Fallback(why)) => {
+                // Nothing was delivered: the rows are read by gathers instead.
+                self.stats.notice(format!(
+                    "the full shuffle could not spill ({why}), so its rows are read from the files instead, decoding the data several times; give spill_dir= a directory with room, or spill_bytes= more"
+                ));
+                let (_, rows) = self.spill.take()?;
+                self.rows = rows.into_iter().collect();
+                self.spill_options = None;
+                self.ahead.decided = false;
+                None
+            }
+            None => {
+                self.spill = None;
+                self.rows.clear();
+                None
+            }
         }
     }
 
@@ -241,7 +339,7 @@ impl IndexStream {
                 .iter()
                 .map(|&(g, o)| ahead.upcoming[g].positions.start + o as u64),
         );
-        let read = match self.access.rows_charged(&request, Some(&self.counters)) {
+        let read = match self.access.rows_charged(&request, Some(&self.stats.io)) {
             Ok(read) => read,
             Err(e) => return Some((start, Err(e))),
         };
@@ -293,12 +391,19 @@ impl Iterator for IndexStream {
 
     fn next(&mut self) -> Option<Self::Item> {
         self.decide();
-        let (start, out) = if self.ahead.width > 0 {
+        let spilled = self.spill.is_some().then(|| self.next_spilled()).flatten();
+        if spilled.is_none() {
+            // A spill that failed gives its rows back: decided anew.
+            self.decide();
+        }
+        let (start, out) = if let Some(spilled) = spilled {
+            spilled
+        } else if self.ahead.width > 0 {
             self.next_ahead()?
         } else {
             let positions = self.cut(self.size.rows())?;
             let indices: Vec<u64> = positions.clone().collect();
-            let out = self.access.rows_charged(&indices, Some(&self.counters));
+            let out = self.access.rows_charged(&indices, Some(&self.stats.io));
             if let Ok(batch) = &out {
                 self.size.saw(batch);
             }

@@ -12,7 +12,8 @@
 //!   transforms, dealing, padding), `shuffle` (the buffer), `batch` (re-batching),
 //!   `assemble` and `own_thread` (the batch threads and a stage's own thread),
 //!   `prefetch` (the bounded queue to the consumer), `autotune` (their depths);
-//! - `random_access` (rows by index) and `index_stream` (a head read by index), `rows` (row positions, shares), `rng` (seeded
+//! - `random_access` (rows by index), `index_stream` (a head read by index) and `spill`
+//!   (its external two-pass shuffle), `rows` (row positions, shares), `rng` (seeded
 //!   draws), `stream` (the batch stream and schemas shared across datasets), `stats`.
 
 mod assemble;
@@ -31,6 +32,7 @@ pub mod rng;
 pub mod rows;
 mod run;
 mod shuffle;
+mod spill;
 pub mod stats;
 mod stream;
 
@@ -43,5 +45,6 @@ pub use prefetch::{BatchReceiver, Received};
 pub use random_access::RandomAccess;
 pub use rows::{RowList, RowSet, Share};
 pub use shuffle::DEFAULT_SHUFFLE_BUFFER;
-pub use stats::{Stats, StatsSnapshot};
+pub use spill::SpillOptions;
+pub use stats::{ReadPlan, Stats, StatsSnapshot};
 pub use stream::{BatchIter, conform, interleave_rows, unify_schemas};

@@ -534,6 +534,39 @@ impl RandomAccess {
         }
     }
 
+    /// The unit that output row `index` (in range) is read from, numbered across the
+    /// parts of a concatenation.
+    pub(super) fn unit_of(&self, index: u64) -> u64 {
+        let row = self.source_row(index);
+        match &self.rows {
+            Rows::Files(files) => (files.starts.partition_point(|&s| s <= row) - 1) as u64,
+            Rows::Concat { parts, starts, .. } => {
+                let part = starts.partition_point(|&s| s <= row) - 1;
+                let before: u64 = parts[..part].iter().map(|p| p.units()).sum();
+                before + parts[part].unit_of(row - starts[part])
+            }
+        }
+    }
+
+    /// The files' bytes per row of the rows these are read from (0 where a size is not
+    /// known): what a row takes stored, before any is decoded.
+    pub(super) fn stored_row_bytes(&self) -> u64 {
+        fn bytes_and_rows(access: &RandomAccess) -> (u64, u64) {
+            match &access.rows {
+                Rows::Files(files) => (
+                    files.prepared.shards.iter().map(|s| s.size.unwrap_or(0)).sum(),
+                    files.starts.last().copied().unwrap_or(0),
+                ),
+                Rows::Concat { parts, .. } => parts
+                    .iter()
+                    .map(|p| bytes_and_rows(p))
+                    .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
+            }
+        }
+        let (bytes, rows) = bytes_and_rows(self);
+        bytes.checked_div(rows).unwrap_or(0)
+    }
+
     /// Whether rows are taken from decoded units that the cache keeps (as far as the
     /// rows decoded so far tell), not read as records by range or by page.
     pub(super) fn keeps_units(&self) -> bool {

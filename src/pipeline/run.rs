@@ -267,8 +267,8 @@ impl Dataset {
                     access.clone(),
                     all,
                     leaf,
-                    run.tuning.memory_limit,
-                    stats.io.clone(),
+                    &run.tuning,
+                    stats.clone(),
                 );
                 Box::new(ops::Padding::new(Box::new(stream), share, stats.clone()))
             }

@@ -50,6 +50,13 @@ pub struct Stats {
     pub shuffle_buffer_rows: AtomicU64,
     /// Whether the user has been told that the byte bound shrank the buffer.
     pub shuffle_bound_reported: std::sync::atomic::AtomicBool,
+    /// How the last stream of rows read by index (a full shuffle, `select`) read them: a
+    /// [`ReadPlan`] as its number (0: none yet).
+    pub read_plan: std::sync::atomic::AtomicU8,
+    /// Bytes of rows written to spill files (see `spill`).
+    pub spilled_bytes: AtomicU64,
+    /// Things the user should hear of, once each (as Python warnings), not yet told.
+    notices: std::sync::Mutex<Vec<String>>,
 }
 
 /// A consistent-enough copy of the counters for reporting.
@@ -103,6 +110,57 @@ pub struct StatsSnapshot {
     pub cache_misses: u64,
     /// Rows the shuffle buffer held when its byte bound stopped it (0: never).
     pub shuffle_buffer_rows: u64,
+    /// How the last stream of rows read by index read them (None: there was none).
+    pub read_plan: Option<ReadPlan>,
+    /// Bytes of rows spilled to local disk by the external shuffle.
+    pub spilled_bytes: u64,
+}
+
+/// How a stream of rows read by index (a full-permutation shuffle, `select`) reads them,
+/// chosen per epoch by what the data and the memory budget allow. The rows, and their
+/// order, are the same whichever it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ReadPlan {
+    /// Each row read where it lies (uncompressed Parquet values, a record by range, a
+    /// page), or taken from units small enough to be decoded for each gather.
+    InPlace = 1,
+    /// The units decoded once and kept in memory: the data fits the budget.
+    InMemory = 2,
+    /// Units decoded whole at each visit, each visit taking the rows of the gathers
+    /// ahead too (spilling is off or failed).
+    ReadAhead = 3,
+    /// The external two-pass shuffle: units read once in order, rows spilled to bucket
+    /// files on local disk, read back a bucket at a time.
+    Spill = 4,
+    /// Units decoded whole at each gather that touches them, the cache sparing some
+    /// (spilling is off or failed, and the data is not far past the cache).
+    Gather = 5,
+}
+
+impl ReadPlan {
+    /// The name `stats()` gives.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadPlan::InPlace => "in_place",
+            ReadPlan::InMemory => "in_memory",
+            ReadPlan::ReadAhead => "read_ahead",
+            ReadPlan::Spill => "spill",
+            ReadPlan::Gather => "gather",
+        }
+    }
+
+    fn from_number(n: u8) -> Option<Self> {
+        [
+            Self::InPlace,
+            Self::InMemory,
+            Self::ReadAhead,
+            Self::Spill,
+            Self::Gather,
+        ]
+            .into_iter()
+            .find(|plan| *plan as u8 == n)
+    }
 }
 
 impl Stats {
@@ -138,6 +196,24 @@ impl Stats {
         Some(rows)
     }
 
+    /// Tells the user `message` (as a warning, on the consumer's next batch).
+    pub fn notice(&self, message: String) {
+        self.notices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(message);
+    }
+
+    /// What the user has not been told yet.
+    pub fn take_notices(&self) -> Vec<String> {
+        std::mem::take(&mut *self.notices.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A stream of rows read by index reads them by `plan`.
+    pub fn read_by(&self, plan: ReadPlan) {
+        self.read_plan.store(plan as u8, Relaxed);
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             rows: self.rows.load(Relaxed),
@@ -164,6 +240,8 @@ impl Stats {
             cache_hits: self.io.cache_hits.load(Relaxed),
             cache_misses: self.io.cache_misses.load(Relaxed),
             shuffle_buffer_rows: self.shuffle_buffer_rows.load(Relaxed),
+            read_plan: ReadPlan::from_number(self.read_plan.load(Relaxed)),
+            spilled_bytes: self.spilled_bytes.load(Relaxed),
         }
     }
 }

@@ -364,7 +364,7 @@ impl PyDataLoader {
 #[pymethods]
 impl PyDataLoader {
     #[new]
-    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, pad=None, num_threads=None, prefetch=None, prefetch_bytes=None, memory_limit=None, rank=None, world_size=None, worker=None, num_workers=None, output="numpy", pin_memory=false))]
+    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, pad=None, num_threads=None, prefetch=None, prefetch_bytes=None, memory_limit=None, spill_dir=None, spill_bytes=None, rank=None, world_size=None, worker=None, num_workers=None, output="numpy", pin_memory=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -378,6 +378,8 @@ impl PyDataLoader {
         prefetch: Option<usize>,
         prefetch_bytes: Option<u64>,
         memory_limit: Option<u64>,
+        spill_dir: Option<std::path::PathBuf>,
+        spill_bytes: Option<u64>,
         rank: Option<usize>,
         world_size: Option<usize>,
         worker: Option<usize>,
@@ -402,7 +404,11 @@ impl PyDataLoader {
             ));
         }
         let tuning = Tuning::new(num_threads, prefetch, prefetch_bytes, memory_limit)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .spilling(crate::pipeline::SpillOptions {
+                dir: spill_dir,
+                bytes: spill_bytes,
+            });
         let (rank, world_size) = match (rank, world_size) {
             (None, None) => (0, 1),
             (Some(rank), Some(world_size)) if world_size >= 1 && rank < world_size => {
@@ -683,6 +689,8 @@ impl PyDataLoader {
         d.set_item("cache_hits", s.cache_hits)?;
         d.set_item("cache_misses", s.cache_misses)?;
         d.set_item("shuffle_buffer_rows", s.shuffle_buffer_rows)?;
+        d.set_item("read_plan", s.read_plan.map(|plan| plan.name()))?;
+        d.set_item("spilled_bytes", s.spilled_bytes)?;
         let t = &self.tuning;
         d.set_item("num_threads", t.threads)?;
         d.set_item("prefetch", t.prefetch.get())?;

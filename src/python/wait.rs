@@ -25,10 +25,14 @@ pub(super) fn next_batch(
         };
         match received {
             Received::Batch(batch) => {
-                if let Some(rows) = receiver.stats().take_shuffle_bound_report() {
-                    let message = format!(
+                let stats = receiver.stats();
+                let mut notices = stats.take_notices();
+                if let Some(rows) = stats.take_shuffle_bound_report() {
+                    notices.push(format!(
                         "the shuffle buffer holds only {rows} rows: its byte bound (buffer_bytes) is reached first, which weakens the shuffle; raise buffer_bytes if memory allows"
-                    );
+                    ));
+                }
+                for message in notices {
                     py.import("warnings")?.call_method1(
                         "warn",
                         (message, py.get_type::<pyo3::exceptions::PyUserWarning>()),

@@ -1,0 +1,275 @@
+"""The full shuffle's plans (issue 53): rows read where they lie, units kept in memory,
+units read ahead, and the external two-pass shuffle that spills to local disk. Whichever
+the data and budget choose, the rows and their order are those `(seed, epoch)` defines:
+each plan is held to the same order on 2 ranks x 2 workers, over epochs, through a resume
+in a fresh process and forked torch workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import wait_for
+
+import shardflow as sf
+
+ROWS = 1200
+ROW_BYTES = 4000
+SMALL = 2 << 20  # a memory_limit a quarter of the data (1.2 of 4.8 MB) outgrows
+
+
+def blob(i: int) -> bytes:
+    return np.random.default_rng(i).integers(0, 256, ROW_BYTES, dtype=np.uint8).tobytes()
+
+
+def write(root: Path, row_group_size: int = 50, **options: object) -> str:
+    """The same rows in 3 files, as pyarrow writes them with `options`."""
+    root.mkdir(parents=True, exist_ok=True)
+    per_file = ROWS // 3
+    for f in range(3):
+        ids = list(range(f * per_file, (f + 1) * per_file))
+        table = pa.table({"id": pa.array(ids, pa.int64()), "blob": [blob(i) for i in ids]})
+        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=row_group_size, **options)
+    return str(root / "*.parquet")
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("plans")
+    return {
+        # pyarrow's dictionary page, uncompressed and over 1 MiB: each value is read where
+        # it lies.
+        "plain": write(root / "plain", row_group_size=400, compression="none"),
+        "snappy": write(root / "snappy"),  # pyarrow's defaults
+        "zstd": write(root / "zstd", compression="zstd"),
+    }
+
+
+# Each plan: the layout it reads and the loader options that choose it.
+PLANS = {
+    "in_place": ("plain", {"memory_limit": SMALL}),
+    "in_memory": ("snappy", {"memory_limit": 1 << 30}),
+    "read_ahead": ("snappy", {"memory_limit": 1 << 20, "spill_bytes": 0}),
+    # Spilling off, and the data not far past the limit: gathers through the unit cache.
+    "gather": ("snappy", {"memory_limit": SMALL, "spill_bytes": 0}),
+    "spill": ("snappy", {"memory_limit": SMALL}),
+    "spill (zstd)": ("zstd", {"memory_limit": SMALL}),
+}
+
+
+def part(source: str, rank: int, worker: int, epoch: int, **options: object) -> sf.DataLoader:
+    loader = sf.DataLoader(
+        sf.dataset(source).shuffle(seed=7), batch_size=16, rank=rank, world_size=2,
+        worker=worker, num_workers=2, **options,
+    )
+    loader.set_epoch(epoch)
+    return loader
+
+
+def read(loader: sf.DataLoader) -> list[int]:
+    ids = []
+    for batch in loader:
+        for i, b in zip(batch["id"].tolist(), batch["blob"]):
+            assert bytes(b) == blob(i), i
+            ids.append(i)
+    return ids
+
+
+def test_every_plan_gives_the_same_order_on_2_ranks_x_2_workers_over_epochs(layouts: dict[str, str], tmp_path: Path) -> None:
+    # The reference: the dataset's own permutation, read whole, dealt to the parts.
+    orders: dict[str, list[list[int]]] = {}
+    for plan, (layout, options) in PLANS.items():
+        orders[plan] = []
+        for epoch in range(2):
+            for rank in range(2):
+                for worker in range(2):
+                    loader = part(layouts[layout], rank, worker, epoch, spill_dir=str(tmp_path), **options)
+                    orders[plan].append(read(loader))
+                    assert loader.stats()["read_plan"] == plan.split()[0], (plan, loader.stats()["read_plan"])
+                    if plan.startswith("spill"):
+                        assert loader.stats()["spilled_bytes"] >= ROWS // 4 * ROW_BYTES
+    reference = orders.pop("in_place")
+    for plan, order in orders.items():
+        assert order == reference, plan
+    for epoch in range(2):
+        parts = reference[4 * epoch : 4 * epoch + 4]
+        seen = [i for p in parts for i in p]
+        assert sorted(seen) == list(range(ROWS)), epoch  # every row once: 1200 divides evenly
+    assert reference[:4] != reference[4:]
+    # The whole epoch in one part is the dataset's permutation.
+    whole = sf.DataLoader(sf.dataset(layouts["snappy"]).shuffle(seed=7), batch_size=64, memory_limit=SMALL, spill_dir=str(tmp_path))
+    assert [i for b in whole for i in b["id"].tolist()] == [r["id"] for r in sf.dataset(layouts["plain"], columns=["id"]).shuffle(seed=7)]
+    assert whole.stats()["read_plan"] == "spill"
+    assert list(tmp_path.iterdir()) == []  # the bucket files never had names
+
+
+def test_a_spill_reads_each_unit_once(layouts: dict[str, str], tmp_path: Path) -> None:
+    stored = sum(p.stat().st_size for p in Path(layouts["snappy"]).parent.glob("*.parquet"))
+    loader = sf.DataLoader(sf.dataset(layouts["snappy"]).shuffle(seed=1), batch_size=32, memory_limit=SMALL, spill_dir=str(tmp_path))
+    assert sorted(read(loader)) == list(range(ROWS))
+    stats = loader.stats()
+    assert stats["read_plan"] == "spill"
+    # Read once (the footers besides), where reading ahead reads it many times.
+    assert stats["bytes_read"] < 1.2 * stored, stats["bytes_read"] / stored
+    ahead = sf.DataLoader(sf.dataset(layouts["snappy"]).shuffle(seed=1), batch_size=32, memory_limit=SMALL, spill_bytes=0)
+    assert sorted(read(ahead)) == list(range(ROWS))
+    assert ahead.stats()["bytes_read"] > 2 * stored
+
+
+def test_a_spill_without_room_falls_back_to_reading_ahead_with_a_warning(layouts: dict[str, str], tmp_path: Path) -> None:
+    reference = read(part(layouts["plain"], 1, 0, 0))
+    loader = part(layouts["snappy"], 1, 0, 0, memory_limit=1 << 20, spill_dir=str(tmp_path), spill_bytes=100_000)
+    with pytest.warns(UserWarning, match="could not spill .*spill_bytes"):
+        assert read(loader) == reference
+    assert loader.stats()["read_plan"] == "read_ahead"
+    # A directory that cannot be made: the same.
+    blocked = tmp_path / "file"
+    blocked.write_bytes(b"")
+    loader = part(layouts["snappy"], 1, 0, 0, memory_limit=1 << 20, spill_dir=str(blocked / "spill"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert read(loader) == reference
+    assert loader.stats()["read_plan"] == "read_ahead"
+
+
+RESUME = """
+import json, sys
+import shardflow as sf
+source, rank, worker, spill_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+loader = sf.DataLoader(sf.dataset(source).shuffle(seed=7), batch_size=16, rank=rank, world_size=2,
+                       worker=worker, num_workers=2, memory_limit=2 << 20, spill_dir=spill_dir)
+loader.set_epoch(1)
+loader.load_state_dict(json.loads(sys.stdin.read()))
+ids = [i for b in loader for i in b["id"].tolist()]
+print(json.dumps([ids, loader.stats()["read_plan"]]))
+"""
+
+
+def test_a_resume_mid_epoch_in_a_fresh_process_spills_only_the_rest(layouts: dict[str, str], tmp_path: Path) -> None:
+    for rank in range(2):
+        for worker in range(2):
+            whole = read(part(layouts["snappy"], rank, worker, 1, memory_limit=SMALL, spill_dir=str(tmp_path)))
+            loader = part(layouts["snappy"], rank, worker, 1, memory_limit=SMALL, spill_dir=str(tmp_path))
+            it = iter(loader)
+            first = [i for _ in range(5) for i in next(it)["id"].tolist()]
+            state = loader.state_dict()
+            out = subprocess.run(
+                [sys.executable, "-c", RESUME, layouts["snappy"], str(rank), str(worker), str(tmp_path)],
+                input=json.dumps(state), capture_output=True, text=True, check=True, timeout=300,
+            ).stdout
+            rest, plan = json.loads(out)
+            assert plan == "spill"
+            assert first + rest == whole, (rank, worker)
+
+
+TORCH = """
+import json, sys
+import torch
+import shardflow as sf
+from shardflow.torch import IterableDataset
+source, rank, spill_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+adapter = IterableDataset(sf.dataset(source).shuffle(seed=7), batch_size=16, rank=rank, world_size=2,
+                          memory_limit=2 << 20, spill_dir=spill_dir)
+loader = torch.utils.data.DataLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120)
+epochs = []
+for epoch in range(2):
+    adapter.set_epoch(epoch)
+    epochs.append([i for b in loader for i in b["id"].tolist()])
+print(json.dumps(epochs))
+"""
+
+
+def test_forked_torch_workers_spill_each_their_own_share(layouts: dict[str, str], tmp_path: Path) -> None:
+    """2 ranks x 2 forked torch workers, 2 epochs, each worker spilling its share: torch
+    takes the workers' batches in turn, each worker's as the in-place plan gives them."""
+    pytest.importorskip("torch")
+    for rank in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", TORCH, layouts["snappy"], str(rank), str(tmp_path)],
+            capture_output=True, text=True, check=True, timeout=300,
+        ).stdout
+        for epoch, got in enumerate(json.loads(out)):
+            workers = []
+            for worker in range(2):
+                loader = sf.DataLoader(sf.dataset(layouts["plain"]).shuffle(seed=7), batch_size=16, rank=rank,
+                                       world_size=2, worker=worker, num_workers=2)
+                loader.set_epoch(epoch)
+                workers.append([b["id"].tolist() for b in loader])
+            in_turn = [i for pair in zip(*workers, strict=True) for batch in pair for i in batch]
+            assert got == in_turn, (rank, epoch)
+    assert list(tmp_path.iterdir()) == []
+
+
+KILLED = """
+import sys, time
+import shardflow as sf
+loader = sf.DataLoader(sf.dataset(sys.argv[1]).shuffle(seed=3), batch_size=8, memory_limit=2 << 20, spill_dir=sys.argv[2])
+for batch in loader:
+    print(loader.stats()["spilled_bytes"], flush=True)
+    time.sleep(60)
+"""
+
+
+def test_kill_9_during_a_spill_leaves_nothing_behind(layouts: dict[str, str], tmp_path: Path) -> None:
+    spill = tmp_path / "spill"
+    with subprocess.Popen([sys.executable, "-c", KILLED, layouts["snappy"], str(spill)], stdout=subprocess.PIPE, text=True) as child:
+        try:
+            line = child.stdout.readline() if child.stdout else ""
+            assert int(line) > 0  # a batch is out: every row was spilled first
+            # The spill's files are open in the child, and have no name in the directory.
+            open_files = [os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{child.pid}/fd")]
+            assert any(str(spill) in f for f in open_files), open_files
+            assert list(spill.iterdir()) == []
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+    assert list(spill.iterdir()) == []
+    # A later run in the same directory reads the whole epoch.
+    loader = sf.DataLoader(sf.dataset(layouts["snappy"]).shuffle(seed=3), batch_size=8, memory_limit=SMALL, spill_dir=str(spill))
+    assert sorted(read(loader)) == list(range(ROWS))
+
+
+def test_break_stops_the_spill_and_frees_its_files(layouts: dict[str, str], tmp_path: Path) -> None:
+    loader = sf.DataLoader(sf.dataset(layouts["snappy"]).shuffle(seed=3), batch_size=8, memory_limit=SMALL, spill_dir=str(tmp_path))
+    it = iter(loader)
+    next(it)
+    own = f"/proc/{os.getpid()}/fd"
+
+    def spill_files() -> list[str]:
+        found = []
+        for fd in os.listdir(own):
+            try:
+                target = os.readlink(f"{own}/{fd}")
+            except OSError:
+                continue
+            if target.startswith(str(tmp_path)):
+                found.append(target)
+        return found
+
+    assert spill_files()  # the buckets still to serve are open (and nameless)
+    del it
+    wait_for(lambda: not spill_files(), timeout=30)
+
+
+def test_a_corrupt_unit_during_the_spill_names_its_file(tmp_path: Path) -> None:
+    source = write(tmp_path / "data")
+    victim = tmp_path / "data" / "part-1.parquet"
+    raw = bytearray(victim.read_bytes())
+    # Garble a quarter of the file, page headers among it, not the footer (a value's
+    # bytes alone could change unseen: Parquet pages carry no checksum by default).
+    raw[len(raw) // 4 : len(raw) // 2] = np.random.default_rng(0).bytes(len(raw) // 2 - len(raw) // 4)
+    victim.write_bytes(bytes(raw))
+    loader = sf.DataLoader(sf.dataset(source).shuffle(seed=3), batch_size=8, memory_limit=SMALL, spill_dir=str(tmp_path / "spill"))
+    with pytest.raises(sf.ShardflowError, match="part-1.parquet"):
+        for _ in loader:
+            pass
