@@ -417,10 +417,17 @@ divisions = st.builds(
 # Reading the engine.
 
 
+# A memory_limit the data outgrows: read by index (a full shuffle, `select`), units decoded
+# whole at each visit (compressed) take the external shuffle's spill; every other part
+# reads with it, so that one epoch's parts mix the plans, each held to the model.
+SPILLING = {"memory_limit": 256}
+
+
 def loader(ds: sf.Dataset, key: tuple[int, int], div: m.Division, batch_size: int, shuffle: bool = False) -> sf.DataLoader:
     """``sf.DataLoader`` for part ``key`` of ``div``."""
     kwargs: dict[str, Any] = dict(
-        batch_size=batch_size, drop_last=div.drop_last, rank=key[0], world_size=div.world_size
+        batch_size=batch_size, drop_last=div.drop_last, rank=key[0], world_size=div.world_size,
+        **(SPILLING if sum(key) % 2 else {}),
     )
     if div.num_workers > 1:
         kwargs.update(worker=key[1], num_workers=div.num_workers)
@@ -468,7 +475,10 @@ def as_worker(worker: int, workers: int) -> Iterator[None]:
 
 def adapter(ds: sf.Dataset, rank: int, div: m.Division, batch_size: int | None) -> sft.IterableDataset:
     """The torch adapter for rank ``rank`` of ``div`` (its workers are torch's)."""
-    kwargs: dict[str, Any] = dict(batch_size=batch_size, rank=rank, world_size=div.world_size, drop_last=div.drop_last)
+    kwargs: dict[str, Any] = dict(
+        batch_size=batch_size, rank=rank, world_size=div.world_size, drop_last=div.drop_last,
+        **(SPILLING if rank % 2 else {}),
+    )
     if div.pad is not None:
         kwargs["pad"] = div.pad
     return sft.IterableDataset(ds, **kwargs)

@@ -416,6 +416,7 @@ impl Iterator for IndexStream {
         if out.is_err() {
             self.rows.clear();
             self.ahead.upcoming.clear();
+            self.spill = None;
         }
         Some(out)
     }

@@ -138,10 +138,6 @@ pub(super) struct SpillPlan {
     pub options: SpillOptions,
 }
 
-static DECODE_NS: AtomicUsize = AtomicUsize::new(0);
-static WRITE_NS: AtomicUsize = AtomicUsize::new(0);
-static READ_NS: AtomicUsize = AtomicUsize::new(0);
-static GATHER_NS: AtomicUsize = AtomicUsize::new(0);
 /// Bucket files one spill writes at most (each is an open file while it is written).
 const MAX_BUCKETS: u64 = 256;
 /// Rows per gather at most.
@@ -194,11 +190,8 @@ fn spill_error(what: &str, dir: &Path, e: impl std::fmt::Display) -> Failure {
 }
 
 fn run(plan: SpillPlan, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
-    let t = std::time::Instant::now();
-    let spilled = spill(&plan, stop);
-    if std::env::var_os("SF_SPILL_DEBUG").is_some() { eprintln!("pass1 {:?}", t.elapsed()); }
-    match spilled {
-        Ok(buckets) => { serve(buckets, sender, stop); if std::env::var_os("SF_SPILL_DEBUG").is_some() { eprintln!("pass2 done {:?}", t.elapsed()); } }
+    match spill(&plan, stop) {
+        Ok(buckets) => serve(buckets, sender, stop),
         Err(Failure::Spill(why)) => {
             let _ = sender.send(Delivery::Fallback(why));
         }
@@ -339,10 +332,7 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
                         break;
                     }
                     let Some(unit) = units.get(u) else { break };
-                    let t = std::time::Instant::now();
-                    let r = read(unit);
-                    DECODE_NS.fetch_add(t.elapsed().as_nanos() as usize, Relaxed);
-                    if sender.send((u, r)).is_err() {
+                    if sender.send((u, read(unit))).is_err() {
                         break;
                     }
                 }
@@ -351,9 +341,8 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
         drop(sender);
         let mut outcome = Ok(());
         for (u, rows) in receiver.iter() {
-            let t = std::time::Instant::now();
             let written = match rows {
-                Ok(rows) => { let w = writer.write(units[u], &rows); WRITE_NS.fetch_add(t.elapsed().as_nanos() as usize, Relaxed); w },
+                Ok(rows) => writer.write(units[u], &rows),
                 Err(e) => Err(Failure::Rows(e)),
             };
             if stop.load(Relaxed) {
@@ -464,9 +453,8 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
                 if stop.load(Relaxed) {
                     break;
                 }
-                let t = std::time::Instant::now();
                 let batches = match file {
-                    Some(file) => { let b = read_bucket(file); READ_NS.fetch_add(t.elapsed().as_nanos() as usize, Relaxed); b },
+                    Some(file) => read_bucket(file),
                     None => Ok(Vec::new()),
                 };
                 if ready.send(batches.map(|b| (b, places))).is_err() {
@@ -498,10 +486,8 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
                 let sources: Vec<&RecordBatch> = batches.iter().collect();
                 for &(first, n, position) in &layout.gathers[gathers] {
                     let from = (first - first_place) as usize;
-                    let t = std::time::Instant::now();
                     let rows = super::stream::interleave_rows(&sources, &at[from..from + n as usize])
                         .map_err(|e| Error::Internal(format!("gather failed: {e}")));
-                    GATHER_NS.fetch_add(t.elapsed().as_nanos() as usize, Relaxed);
                     if stop.load(Relaxed) || sender.send(Delivery::Gather(position, rows)).is_err() {
                         return Ok(false);
                     }
@@ -520,7 +506,6 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
         }
         drop(buckets);
     });
-    if std::env::var_os("SF_SPILL_DEBUG").is_some() { eprintln!("decode {} write {} read {} ms gather {} ms", DECODE_NS.load(Relaxed)/1000000, WRITE_NS.load(Relaxed)/1000000, READ_NS.load(Relaxed)/1000000, GATHER_NS.load(Relaxed)/1000000); }
 }
 
 /// A bucket's batches, read back from its file without a copy: the file mapped (its
