@@ -1,78 +1,116 @@
-"""A full-permutation shuffle (``ds.shuffle(seed)``, HF's ``Dataset.shuffle``) over large
-rows: peak RSS and epoch time, against the same data unshuffled and buffer-shuffled.
+"""A full-permutation shuffle (``ds.shuffle(seed)``, HF's ``Dataset.shuffle``) over Parquet:
+epoch time, time to the first batch and peak RSS, against the same data unshuffled and
+buffer-shuffled, and the read plan the loader chose (``stats()["read_plan"]``).
 
-    python benches/full_shuffle.py [--rows 3000 6000 12000] [--row-kb 256] [--repeats 1]
-        [--layout pyarrow|hf] [--compression none|snappy|zstd]
+    python benches/full_shuffle.py [--rows 6000 24000] [--row-bytes 262144] [--repeats 3]
+        [--compression snappy|zstd|none] [--row-group 64] [--layout pyarrow|hf]
+        [--memory-limit 536870912] [--hows full,none,buffer]
 
-The setup of issue 30: ROWS rows of ROW_KB random bytes as 10 Parquet files with
-100-row row groups (``benches/memory_rss.py``'s writer, pyarrow's defaults, uncompressed
-unless ``--compression`` says; or, with ``--layout hf``, as HF ``datasets`` writes
-Parquet), one epoch of ``DataLoader(ds, batch_size=32)`` per fresh process. Peak RSS is
-the process's VmHWM.
+Issue 53's setup by default: ROWS rows of ROW_BYTES random bytes (with an id) as 10
+Parquet files as ``pyarrow.parquet.write_table`` writes them (snappy, dictionary pages,
+no page index) with row groups of 64 rows, one epoch of ``DataLoader(ds, batch_size=32)``
+per fresh process, medians of REPEATS. Peak RSS is the process's VmHWM. The spill
+directory is checked empty after every run (its files never have names).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from memory_rss import write
-
 # How HF `datasets` writes Parquet (`Dataset.to_parquet`, Hub conversions): an offset index,
 # and pages cut by content (about 1 MiB) rather than one page per column chunk.
 HF_LAYOUT = {"use_dictionary": False, "write_page_index": True, "use_content_defined_chunking": True}
 
 CHILD = """
-import sys, time
+import json, sys, time
 import shardflow as sf
-source, how = sys.argv[1], sys.argv[2]
+source, how, memory_limit, spill_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 ds = sf.dataset(source)
 if how == "full":
     ds = ds.shuffle(seed=0)
 elif how == "buffer":
     ds = ds.shuffle(seed=0, buffer_size=1000)
 start = time.perf_counter()
-rows = sum(len(b["id"]) for b in sf.DataLoader(ds, batch_size=32))
+loader = sf.DataLoader(ds, batch_size=32, memory_limit=memory_limit, spill_dir=spill_dir)
+rows, first = 0, None
+for b in loader:
+    rows += len(b["id"])
+    if first is None:
+        first = time.perf_counter() - start
 seconds = time.perf_counter() - start
-peak_kb = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(rows, seconds, peak_kb << 10)
+peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) << 10
+print(json.dumps([rows, seconds, first, peak, loader.stats()["read_plan"]]))
 """
 
 
-def epoch(source: str, how: str) -> tuple[int, float, int]:
-    out = subprocess.run([sys.executable, "-c", CHILD, source, how], check=True, capture_output=True, text=True).stdout.split()
-    return int(out[0]), float(out[1]), int(out[2])
+def write(directory: Path, rows: int, row_bytes: int, **options: object) -> str:
+    """ROWS rows of ROW_BYTES random bytes (with an id) as 10 Parquet files, written by
+    ``pq.write_table`` with `options`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    files = 10
+    per_file = rows // files
+    for f in range(files):
+        ids = np.arange(f * per_file, (f + 1) * per_file)
+        data = rng.integers(0, 256, per_file * row_bytes, dtype=np.uint8)
+        offsets = np.arange(0, (per_file + 1) * row_bytes, row_bytes, dtype=np.int32)
+        blobs = pa.Array.from_buffers(pa.binary(), per_file, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        pq.write_table(pa.table({"id": ids, "image": blobs}), directory / f"part-{f:02d}.parquet", **options)
+    return str(directory / "part-*.parquet")
+
+
+def epoch(source: str, how: str, memory_limit: int, spill_dir: Path) -> tuple[int, float, float, int, str]:
+    out = subprocess.run([sys.executable, "-c", CHILD, source, how, str(memory_limit), str(spill_dir)],
+                         check=True, capture_output=True, text=True).stdout
+    left = os.listdir(spill_dir) if spill_dir.exists() else []
+    assert not left, f"the spill left {left}"
+    return tuple(json.loads(out))  # type: ignore[return-value]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, nargs="+", default=[3000, 6000, 12000])
-    parser.add_argument("--row-kb", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--rows", type=int, nargs="+", default=[6000, 24000])
+    parser.add_argument("--row-bytes", type=int, default=256 << 10)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layout", choices=["pyarrow", "hf"], default="pyarrow",
                         help="pyarrow's defaults (a dictionary page per column chunk, no page index) "
                         "or HF datasets' (an offset index, pages of about 1 MiB)")
-    parser.add_argument("--compression", default="none",
-                        help="the column chunks' codec: uncompressed, a row's value is read where it is; "
-                        "compressed, each visit to a row group decodes its dictionary page whole")
+    parser.add_argument("--compression", default="snappy", help="the column chunks' codec (pyarrow's default: snappy)")
+    parser.add_argument("--row-group", type=int, default=64, help="rows per row group")
+    parser.add_argument("--memory-limit", type=int, default=512 << 20)
+    parser.add_argument("--hows", default="full,none,buffer", help="full (ds.shuffle(seed)), none, buffer (buffer_size=1000)")
     args = parser.parse_args()
-    print("| data | full shuffle: peak RSS | time | unshuffled: peak RSS | time | buffer shuffle: peak RSS | time |")
-    print("|---|---|---|---|---|---|---|")
+    hows = args.hows.split(",")
+    head = " | ".join(f"{how}: time | first batch | peak RSS" for how in hows)
+    print(f"| data | {head} | full / none | full shuffle's plan |")
+    print("|---|" + "---|" * (3 * len(hows) + 2))
     for rows in args.rows:
         with tempfile.TemporaryDirectory() as tmp:
             layout = HF_LAYOUT if args.layout == "hf" else {}
-            source = write(Path(tmp), rows, args.row_kb, compression=args.compression, **layout)
-            cells = []
-            for how in ("full", "none", "buffer"):
-                runs = [epoch(source, how) for _ in range(args.repeats)]
+            source = write(Path(tmp), rows, args.row_bytes, compression=args.compression,
+                           row_group_size=args.row_group, **layout)
+            spill_dir = Path(tmp) / "spill"
+            cells, times, plan = [], {}, ""
+            for how in hows:
+                runs = [epoch(source, how, args.memory_limit, spill_dir) for _ in range(args.repeats)]
                 assert all(r[0] == rows for r in runs), runs
-                cells += [f"{statistics.median(r[2] for r in runs) / 2**20:,.0f} MiB",
-                          f"{statistics.median(r[1] for r in runs):.1f} s"]
-            print(f"| {rows * args.row_kb / 2**20:.2f} GiB ({rows:,} rows) | " + " | ".join(cells) + " |")
+                times[how] = statistics.median(r[1] for r in runs)
+                cells += [f"{times[how]:.2f} s", f"{statistics.median(r[2] for r in runs):.2f} s",
+                          f"{statistics.median(r[3] for r in runs) / 2**20:,.0f} MiB"]
+                plan = runs[0][4] if how == "full" else plan
+            ratio = f"{times['full'] / times['none']:.2f}x" if {"full", "none"} <= times.keys() else ""
+            size = rows * args.row_bytes / 2**30
+            print(f"| {size:.2f} GiB ({rows:,} rows) | " + " | ".join(cells) + f" | {ratio} | {plan} |", flush=True)
 
 
 if __name__ == "__main__":

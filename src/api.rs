@@ -199,7 +199,7 @@ impl OpenOptions {
 
     /// Lists the shards and opens the dataset.
     pub fn open(self) -> Result<Dataset> {
-        crate::keep_freed_memory();
+        crate::allocator::keep_freed_memory();
         let storage = Storage::new(StorageOptions::parse(&self.storage)?)?;
         Ok(Dataset {
             inner: pipeline::Dataset::open(

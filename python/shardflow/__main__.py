@@ -122,7 +122,8 @@ def _run_epoch(loader: sf.DataLoader, bar: Any = None) -> tuple[int, float, dict
             bar.update(batch.num_rows)
     seconds = time.perf_counter() - start
     after = loader.stats()
-    return rows, seconds, {k: after[k] - before[k] for k in after}
+    # The counters' growth (stats() also names things, such as the read plan).
+    return rows, seconds, {k: after[k] - before[k] for k in after if isinstance(after[k], (int, float))}
 
 
 def _report(name: str, rows: int, seconds: float, stats: dict[str, Any]) -> None:

@@ -83,6 +83,27 @@ impl Knob {
     }
 }
 
+/// Where a loader's external shuffle may spill (see `spill`), and how much.
+#[derive(Debug, Clone, Default)]
+pub struct SpillOptions {
+    /// The directory bucket files go to (None: `spill` under the user's cache directory).
+    pub dir: Option<std::path::PathBuf>,
+    /// Bytes of rows one stream may spill at most (None: half the directory's free
+    /// space; 0: never spill).
+    pub bytes: Option<u64>,
+}
+
+impl SpillOptions {
+    /// The directory bucket files go to.
+    pub fn dir(&self) -> std::path::PathBuf {
+        self.dir.clone().unwrap_or_else(|| {
+            crate::format::index::user_cache_dir()
+                .unwrap_or_else(std::env::temp_dir)
+                .join("spill")
+        })
+    }
+}
+
 /// A loader's memory budget and its adaptable depths.
 #[derive(Debug)]
 pub struct Tuning {
@@ -102,7 +123,7 @@ pub struct Tuning {
     /// Whether the loader has read remote data (see `read_ahead_units`).
     remote: AtomicBool,
     /// Where and how much the external shuffle may spill (see `spill`).
-    pub spill: super::spill::SpillOptions,
+    pub spill: SpillOptions,
 }
 
 impl Default for Tuning {
@@ -170,7 +191,7 @@ impl Tuning {
     }
 
     /// These options, spilling as `spill` says.
-    pub fn spilling(self, spill: super::spill::SpillOptions) -> Self {
+    pub fn spilling(self, spill: SpillOptions) -> Self {
         Self { spill, ..self }
     }
 

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 
-use super::autotune::Tuning;
+use super::autotune::{SpillOptions, Tuning};
 use super::random_access::{CACHE_SHARE, GatherSize, RandomAccess};
 use super::rng::Rng;
-use super::spill::{Delivery, Spill, SpillOptions, SpillPlan};
+use super::spill::{Delivery, Spill, SpillPlan};
 use super::stats::{ReadPlan, Stats};
 use crate::error::{Error, Result};
 

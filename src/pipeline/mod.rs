@@ -36,7 +36,7 @@ mod spill;
 pub mod stats;
 mod stream;
 
-pub use autotune::{DEFAULT_MEMORY_LIMIT, Tuning, default_num_threads};
+pub use autotune::{DEFAULT_MEMORY_LIMIT, SpillOptions, Tuning, default_num_threads};
 pub use batch::Rebatch;
 pub use dataset::{Combined, DataSource, Dataset, Mix, Stopping};
 pub use ops::{BatchTransform, Batches, BufferBounds, Columns, Draws, Indices, Op, Weights};
@@ -45,6 +45,5 @@ pub use prefetch::{BatchReceiver, Received};
 pub use random_access::RandomAccess;
 pub use rows::{RowList, RowSet, Share};
 pub use shuffle::DEFAULT_SHUFFLE_BUFFER;
-pub use spill::SpillOptions;
 pub use stats::{ReadPlan, Stats, StatsSnapshot};
 pub use stream::{BatchIter, conform, interleave_rows, unify_schemas};

@@ -20,7 +20,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Seek};
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -28,41 +28,22 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use arrow_array::RecordBatch;
 use arrow_ipc::writer::StreamWriter;
 
+use super::autotune::SpillOptions;
 use super::random_access::RandomAccess;
 use super::rows::RowList;
 use super::stats::Stats;
 use crate::batch_bytes::batch_bytes;
 use crate::error::{Error, Result};
 
-/// Where a loader may spill, and how much.
-#[derive(Debug, Clone, Default)]
-pub struct SpillOptions {
-    /// The directory bucket files go to (None: `spill` under the user's cache directory).
-    pub dir: Option<PathBuf>,
-    /// Bytes of rows one stream may spill at most (None: half the directory's free
-    /// space; 0: never spill, reading ahead instead).
-    pub bytes: Option<u64>,
-}
-
-impl SpillOptions {
-    /// The directory bucket files go to.
-    pub fn dir(&self) -> PathBuf {
-        self.dir.clone().unwrap_or_else(|| {
-            crate::format::index::user_cache_dir()
-                .unwrap_or_else(std::env::temp_dir)
-                .join("spill")
-        })
+/// The bytes a stream may spill into `dir` (made if missing): `options`' own, or half
+/// the free space there (0 if the directory cannot be made or measured).
+fn budget(options: &SpillOptions, dir: &Path) -> u64 {
+    if options.bytes == Some(0) || std::fs::create_dir_all(dir).is_err() {
+        return 0;
     }
-
-    /// The bytes a stream may spill into `dir` (made if missing): the option, or half
-    /// the free space there (0 if the directory cannot be made or measured).
-    fn budget(&self, dir: &Path) -> u64 {
-        if self.bytes == Some(0) || std::fs::create_dir_all(dir).is_err() {
-            return 0;
-        }
-        self.bytes
-            .unwrap_or_else(|| free_bytes(dir).unwrap_or(0) / 2)
-    }
+    options
+        .bytes
+        .unwrap_or_else(|| free_bytes(dir).unwrap_or(0) / 2)
 }
 
 /// Free bytes of the file system holding `dir`, for an unprivileged writer.
@@ -262,7 +243,7 @@ struct Spilled {
 /// Pass 1: every unit read once, its rows written to their buckets.
 fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Failure> {
     let dir = plan.options.dir();
-    let budget = plan.options.budget(&dir);
+    let budget = budget(&plan.options, &dir);
     if budget == 0 {
         return Err(Failure::Spill(format!(
             "spilling is off (spill_bytes=0), or {} cannot be made or measured",

@@ -74,7 +74,7 @@ mod _native {
     #[pymodule_init]
     fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
         super::fork::register(module.py())?;
-        crate::keep_freed_memory();
+        crate::allocator::keep_freed_memory();
         module.add("__version__", env!("CARGO_PKG_VERSION"))
     }
 }
