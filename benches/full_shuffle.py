@@ -99,6 +99,7 @@ def main() -> None:
             layout = HF_LAYOUT if args.layout == "hf" else {}
             source = write(Path(tmp), rows, args.row_bytes, compression=args.compression,
                            row_group_size=args.row_group, **layout)
+            os.sync()  # the files written, not being written back while the loaders run
             spill_dir = Path(tmp) / "spill"
             cells, times, plan = [], {}, ""
             for how in hows:

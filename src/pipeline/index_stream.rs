@@ -207,6 +207,7 @@ impl IndexStream {
             stats: self.stats.clone(),
             rows: rows.clone(),
             threads: self.threads,
+            units_bytes: self.memory_limit / 2,
             gather_bytes: KEPT_GATHER_BYTES.min(self.memory_limit / 4),
             bucket_bytes: self.memory_limit / SPILL_BUCKET_SHARE,
             options,

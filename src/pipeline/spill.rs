@@ -111,8 +111,11 @@ pub(super) struct SpillPlan {
     pub stats: Arc<Stats>,
     /// The stream's rows: positions of `access`, in the order they are delivered.
     pub rows: RowList,
-    /// Threads reading units at once.
+    /// Threads reading units at once, at most.
     pub threads: usize,
+    /// Bytes the units read at once may take (each is fetched, decoded and its rows taken
+    /// out: about three times its decoded size).
+    pub units_bytes: u64,
     /// Bytes of rows per gather delivered, and per bucket file.
     pub gather_bytes: u64,
     pub bucket_bytes: u64,
@@ -298,12 +301,16 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
         stats: &plan.stats,
     };
     writer.write(first, &first_rows)?;
+    // Fewer threads for units too large for several to be read at once within the budget
+    // (row groups of 1,000 rows of 256 KiB: 256 MiB each).
+    let unit_bytes = 3 * batch_bytes(&first_rows);
+    let threads = (plan.units_bytes / unit_bytes.max(1)).clamp(1, plan.threads.max(1) as u64) as usize;
     drop(first_rows);
     // The other units on `threads` threads, each written as it comes.
     let next = AtomicUsize::new(1);
-    let (sender, receiver) = sync_channel::<(usize, Result<RecordBatch>)>(plan.threads);
+    let (sender, receiver) = sync_channel::<(usize, Result<RecordBatch>)>(threads);
     let outcome = std::thread::scope(|scope| {
-        for _ in 0..plan.threads.max(1) {
+        for _ in 0..threads {
             let sender = sender.clone();
             let (next, units, read) = (&next, &units, &read);
             scope.spawn(move || {
