@@ -32,6 +32,9 @@ pub struct IndexStream {
     /// failed once).
     threads: usize,
     spill_options: Option<SpillOptions>,
+    /// Rows of the loader's batches, where this stream's batches go straight to its
+    /// re-batching (0 if not).
+    batch_rows: u64,
     /// The spill delivering the rows, with the rows it was given (read another way if
     /// it fails before delivering any).
     spill: Option<(Spill, super::rows::RowList)>,
@@ -100,6 +103,7 @@ impl IndexStream {
         rows: super::rows::RowList,
         leaf: Option<u64>,
         tuning: &Tuning,
+        batch_rows: Option<usize>,
         stats: Arc<Stats>,
     ) -> Self {
         let memory_limit = tuning.memory_limit;
@@ -107,6 +111,7 @@ impl IndexStream {
             access,
             stats,
             threads: tuning.threads,
+            batch_rows: batch_rows.unwrap_or(0) as u64,
             spill_options: (tuning.spill.bytes != Some(0)).then(|| tuning.spill.clone()),
             spill: None,
             rows: rows.into_iter().filter(|r| r.start < r.end).collect(),
@@ -210,6 +215,7 @@ impl IndexStream {
             units_bytes: self.memory_limit / 2,
             gather_bytes: KEPT_GATHER_BYTES.min(self.memory_limit / 4),
             bucket_bytes: self.memory_limit / SPILL_BUCKET_SHARE,
+            batch_rows: self.batch_rows,
             options,
         });
         self.spill = Some((spill, rows));

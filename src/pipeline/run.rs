@@ -268,6 +268,7 @@ impl Dataset {
                     all,
                     leaf,
                     &run.tuning,
+                    batch_rows,
                     stats.clone(),
                 );
                 Box::new(ops::Padding::new(Box::new(stream), share, stats.clone()))

@@ -119,6 +119,9 @@ pub(super) struct SpillPlan {
     /// Bytes of rows per gather delivered, and per bucket file.
     pub gather_bytes: u64,
     pub bucket_bytes: u64,
+    /// Rows of the loader's batches, where the gathers go straight to its re-batching (0
+    /// if not): gathers of a multiple of them are cut into batches without a copy.
+    pub batch_rows: u64,
     pub options: SpillOptions,
 }
 
@@ -281,7 +284,12 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
         .checked_div(first_rows.num_rows() as u64)
         .unwrap_or(1)
         .max(1);
-    let gather_rows = (plan.gather_bytes / row_bytes).clamp(1, GATHER_ROWS);
+    let mut gather_rows = (plan.gather_bytes / row_bytes).clamp(1, GATHER_ROWS);
+    if plan.batch_rows > 0 {
+        // Not 31 rows of 256 KiB where batches take 32: each batch would be copied
+        // together from two gathers.
+        gather_rows = (gather_rows / plan.batch_rows * plan.batch_rows).max(plan.batch_rows);
+    }
     // At most MAX_BUCKETS files open at once (larger buckets past that).
     let bucket_rows = (plan.bucket_bytes / row_bytes)
         .max(gather_rows)
