@@ -64,4 +64,3 @@ pub use error::{Error, Position, Result};
 pub use options::OptionValue;
 pub use pipeline::StatsSnapshot;
 pub use source::manifest::{Manifest, ManifestShard};
-

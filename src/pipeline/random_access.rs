@@ -554,7 +554,12 @@ impl RandomAccess {
         fn bytes_and_rows(access: &RandomAccess) -> (u64, u64) {
             match &access.rows {
                 Rows::Files(files) => (
-                    files.prepared.shards.iter().map(|s| s.size.unwrap_or(0)).sum(),
+                    files
+                        .prepared
+                        .shards
+                        .iter()
+                        .map(|s| s.size.unwrap_or(0))
+                        .sum(),
                     files.starts.last().copied().unwrap_or(0),
                 ),
                 Rows::Concat { parts, .. } => parts

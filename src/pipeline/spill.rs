@@ -312,7 +312,8 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
     // Fewer threads for units too large for several to be read at once within the budget
     // (row groups of 1,000 rows of 256 KiB: 256 MiB each).
     let unit_bytes = 3 * batch_bytes(&first_rows);
-    let threads = (plan.units_bytes / unit_bytes.max(1)).clamp(1, plan.threads.max(1) as u64) as usize;
+    let threads =
+        (plan.units_bytes / unit_bytes.max(1)).clamp(1, plan.threads.max(1) as u64) as usize;
     drop(first_rows);
     // The other units on `threads` threads, each written as it comes.
     let next = AtomicUsize::new(1);
@@ -364,7 +365,8 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
         .map(|bucket| {
             let file = match bucket.writer {
                 Some(mut w) => {
-                    w.finish().map_err(|e| spill_error("finishing a bucket", &dir, e))?;
+                    w.finish()
+                        .map_err(|e| spill_error("finishing a bucket", &dir, e))?;
                     let mut file = w
                         .into_inner()
                         .and_then(|b| b.into_inner().map_err(|e| e.into_error().into()))
@@ -394,7 +396,11 @@ struct Writer<'a> {
 impl Writer<'_> {
     /// `rows`, a unit's (its places `unit`, in order), each to its bucket: places in
     /// order fall into buckets in order, so each bucket's rows are one slice.
-    fn write(&mut self, unit: &[(u64, u32)], rows: &RecordBatch) -> std::result::Result<(), Failure> {
+    fn write(
+        &mut self,
+        unit: &[(u64, u32)],
+        rows: &RecordBatch,
+    ) -> std::result::Result<(), Failure> {
         let bytes = batch_bytes(rows);
         self.written += bytes;
         if self.written > self.budget {
@@ -430,7 +436,9 @@ impl Writer<'_> {
                     .write(&rows.slice(start, end - start))
                     .map_err(|e| spill_error("writing a bucket", self.dir, e))?;
             }
-            target.places.extend(unit[start..end].iter().map(|&(_, p)| p));
+            target
+                .places
+                .extend(unit[start..end].iter().map(|&(_, p)| p));
             start = end;
         }
         self.stats.spilled_bytes.fetch_add(bytes, Relaxed);
@@ -482,9 +490,11 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
                 let sources: Vec<&RecordBatch> = batches.iter().collect();
                 for &(first, n, position) in &layout.gathers[gathers] {
                     let from = (first - first_place) as usize;
-                    let rows = super::stream::interleave_rows(&sources, &at[from..from + n as usize])
-                        .map_err(|e| Error::Internal(format!("gather failed: {e}")));
-                    if stop.load(Relaxed) || sender.send(Delivery::Gather(position, rows)).is_err() {
+                    let rows =
+                        super::stream::interleave_rows(&sources, &at[from..from + n as usize])
+                            .map_err(|e| Error::Internal(format!("gather failed: {e}")));
+                    if stop.load(Relaxed) || sender.send(Delivery::Gather(position, rows)).is_err()
+                    {
                         return Ok(false);
                     }
                 }
@@ -510,11 +520,10 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
 /// memory instead, each bucket's bytes would be copied into fresh pages, and a fresh
 /// page costs more than the copy (760 ms of 2.0 s for a 1.5 GB epoch).
 fn read_bucket(file: File) -> Result<Vec<RecordBatch>> {
-    let failed = |e: &dyn std::fmt::Display| {
-        Error::Internal(format!("reading back a spilled bucket: {e}"))
-    };
-    let len = usize::try_from(file.metadata().map_err(|e| failed(&e))?.len())
-        .map_err(|e| failed(&e))?;
+    let failed =
+        |e: &dyn std::fmt::Display| Error::Internal(format!("reading back a spilled bucket: {e}"));
+    let len =
+        usize::try_from(file.metadata().map_err(|e| failed(&e))?.len()).map_err(|e| failed(&e))?;
     if len == 0 {
         return Ok(Vec::new());
     }

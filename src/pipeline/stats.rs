@@ -158,8 +158,8 @@ impl ReadPlan {
             Self::Spill,
             Self::Gather,
         ]
-            .into_iter()
-            .find(|plan| *plan as u8 == n)
+        .into_iter()
+        .find(|plan| *plan as u8 == n)
     }
 }
 
