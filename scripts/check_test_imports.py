@@ -18,8 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Reached through a library, not written in a test: ray.data's iter_torch_batches
-# imports ray.train, which needs pydantic (the `train` extra of ray).
-EXTRA = ["ray.train", "torchdata.stateful_dataloader"]
+# imports ray.train, which needs pydantic (the `train` extra of ray). tests/test_docs.py
+# runs `mkdocs build`, whose theme and API reference are Material and mkdocstrings.
+EXTRA = ["ray.train", "torchdata.stateful_dataloader", "mkdocs", "material", "mkdocstrings_handlers.python"]
 
 
 def imported_modules(path: Path) -> set[str]:

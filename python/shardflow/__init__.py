@@ -11,8 +11,6 @@ the Python face of it::
         ...
 """
 
-from __future__ import annotations
-
 from shardflow._batch import Batch
 from shardflow._native import (
     __version__,

@@ -638,6 +638,7 @@ class DatasetDict(dict):  # type: ignore[type-arg]
         return DatasetDict({s: ds.shuffle(seed=by_split.get(s), **kwargs) for s, ds in self.items()})
 
     def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch that every split's ``ds[i]`` and ``iter(ds)`` read."""
         for ds in self.values():
             ds.set_epoch(epoch)
 

@@ -374,6 +374,7 @@ class Features(dict):  # type: ignore[type-arg]
         return cls({name: _from_dict(s) for name, s in spec.items()})
 
     def to_dict(self) -> dict[str, Any]:
+        """The features as `datasets` serialises them (``Features.to_dict()``)."""
         return {name: _to_dict(f) for name, f in self.items()}
 
     @classmethod
@@ -407,6 +408,7 @@ class Features(dict):  # type: ignore[type-arg]
         return pa.struct([(name, _arrow_type(f)) for name, f in self.items()])
 
     def copy(self) -> Features:
+        """A shallow copy, still a ``Features``."""
         return Features(self)
 
     def __repr__(self) -> str:

@@ -42,9 +42,11 @@ class ShardflowDatasource(Datasource):
         self._projection_map: dict[str, str] | None = None
 
     def get_name(self) -> str:
+        """The name Ray shows for this read: ``Shardflow(<format>)``."""
         return f"Shardflow({self._dataset.format})"
 
     def supports_projection_pushdown(self) -> bool:
+        """Yes: Ray's ``select_columns`` becomes shardflow's projection."""
         return True
 
     def _projected(self) -> sf.Dataset:
@@ -53,10 +55,14 @@ class ShardflowDatasource(Datasource):
         return self._dataset if not columns else self._dataset.select_columns(columns)
 
     def estimate_inmemory_data_size(self) -> int | None:
+        """The projected columns' decoded bytes, from shardflow's read plan."""
         plan = self._projected()._read_plan(1)
         return plan[0]["bytes"]
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None) -> list[ReadTask]:
+        """About ``parallelism`` read tasks, each a contiguous group of shardflow's work
+        units (files, row groups, record runs) with its rows, bytes and files said
+        beforehand."""
         dataset = self._projected()
         plan = dataset._read_plan(max(1, parallelism))
         tasks = []

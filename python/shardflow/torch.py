@@ -265,6 +265,8 @@ class IterableDataset(_TorchIterableDataset):
         dataset._shard_table()
 
     def set_epoch(self, epoch: int) -> None:
+        """Chooses the epoch the next pass reads (trainers call it each epoch); it
+        reaches the workers, persistent ones included."""
         self._note_framework()
         self._epoch.set(epoch)
 

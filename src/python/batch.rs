@@ -7,6 +7,8 @@ use pyo3::types::{PyCapsule, PyDict, PyList, PyTuple};
 use super::arrow_ffi;
 use super::to_python::{batch_to_numpy, batch_to_pydict, batch_to_rows};
 
+/// A batch as Arrow columns (`DataLoader(..., output="arrow")`): exported through the
+/// Arrow PyCapsule interface without a copy, or turned into rows with `to_pylist()`.
 #[pyclass(frozen, name = "RecordBatch", module = "shardflow")]
 pub struct PyRecordBatch {
     pub(crate) batch: RecordBatch,

@@ -29,6 +29,10 @@ use crate::write::{ShardFormat, WriteOptions};
 /// Hugging Face `datasets`).
 const DEFAULT_MAP_BATCH: usize = 1000;
 
+/// A dataset: where its records are (files, URLs, a Hub repo, or data in memory) and the
+/// operations over them, as a recipe that nothing reads until it is iterated, indexed or
+/// given to a `DataLoader`. Every verb returns a new dataset; `sf.dataset(...)` and
+/// `sf.load_dataset(...)` make one.
 #[pyclass(frozen, name = "Dataset", module = "shardflow")]
 pub struct PyDataset {
     pub(crate) inner: Dataset,
@@ -668,6 +672,7 @@ impl PyDataset {
         )
     }
 
+    /// Renames one column, as `datasets`' `rename_column`.
     fn rename_column(
         &self,
         py: Python<'_>,
@@ -739,6 +744,8 @@ impl PyDataset {
         Ok(py.detach(|| self.inner.index())?)
     }
 
+    /// The first `n` rows of the dataset (all of them, if it has fewer), counted before
+    /// the epoch is divided between ranks and workers.
     fn take(&self, py: Python<'_>, n: i64) -> PyResult<PyDataset> {
         Ok(self.with(
             Op::Take(non_negative("n", n)?),
@@ -747,6 +754,8 @@ impl PyDataset {
         ))
     }
 
+    /// The rows after the first `n`, counted before the epoch is divided between ranks
+    /// and workers.
     fn skip(&self, py: Python<'_>, n: i64) -> PyResult<PyDataset> {
         Ok(self.with(
             Op::Skip(non_negative("n", n)?),

@@ -57,6 +57,10 @@ impl Position {
     }
 }
 
+/// Reads a dataset in batches, on the loader's own threads: shuffled or in order, one rank's
+/// and worker's share of each epoch, as numpy, torch or Arrow batches. Iterating it again
+/// runs the next epoch; `state_dict()` and `load_state_dict()` resume mid-epoch exactly;
+/// `stats()` says where the time went.
 #[pyclass(name = "DataLoader", module = "shardflow")]
 pub struct PyDataLoader {
     dataset: Dataset,

@@ -15,6 +15,9 @@ use crate::text::{
     ChatOptions, ChatTemplate, EncodeOptions, RenderError, TextTokenizer, TokenizerFiles,
 };
 
+/// A tokenizer saved as transformers saves one (`tokenizer.json`, its config and chat
+/// template), run in Rust: `encode` and `apply_chat_template` on one row, and the
+/// dataset verbs `tokenize` and `apply_chat_template` on the loader's threads.
 #[pyclass(frozen, name = "Tokenizer", module = "shardflow")]
 pub struct PyTokenizer {
     pub(crate) inner: TextTokenizer,
