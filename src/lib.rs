@@ -44,6 +44,8 @@ pub mod format;
 #[doc(hidden)]
 pub mod fuzz;
 #[doc(hidden)]
+pub mod latency;
+#[doc(hidden)]
 pub mod options;
 #[doc(hidden)]
 pub mod pipeline;
@@ -51,6 +53,8 @@ pub mod pipeline;
 pub mod source;
 
 pub mod text;
+#[doc(hidden)]
+pub mod trace;
 #[doc(hidden)]
 pub mod write;
 

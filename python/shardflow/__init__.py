@@ -30,6 +30,7 @@ from shardflow._native import (
     interleave,
 )
 from shardflow._load import DatasetDict, load_dataset
+from shardflow.report import Report
 from shardflow.features import Audio, ClassLabel, Features, FixedLen, Image, LargeList, List, Sequence, Value, VarLen
 from shardflow.errors import (
     AccessDeniedError,
@@ -67,6 +68,7 @@ __all__ = [
     "NotFoundError",
     "ReadError",
     "RecordBatch",
+    "Report",
     "SampleIterator",
     "Schema",
     "SchemaError",

@@ -6,6 +6,7 @@ commands:
   head      print the first rows as JSON lines
   bench     time epochs over a dataset
   convert   rewrite a dataset in another format, as shards with a manifest
+  profile   is training input-bound? the loader's headspace, and where its time goes
 
 Progress bars go to stderr, and only when it is a terminal; results go to stdout.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import importlib
 import json
 import math
 import os
@@ -296,6 +298,81 @@ def convert(args: argparse.Namespace) -> None:
     )
 
 
+def _timeline(loader: sf.DataLoader, seconds: float, step: float) -> list[dict[str, Any]]:
+    """Reads `loader` for `seconds` (sleeping `step` seconds a batch, the training step),
+    and reads its report every second: the rows/s and each stage's utilisation."""
+    start = last = time.perf_counter()
+    points: list[dict[str, Any]] = []
+    while time.perf_counter() - start < seconds:
+        for _ in loader:
+            if step:
+                time.sleep(step)
+            now = time.perf_counter()
+            if now - last >= 1.0 or now - start >= seconds:
+                r = loader.report(seconds=now - last)
+                points.append({"t": now - start, "rows_per_second": r.rows / max(r.wall_seconds, 1e-9),
+                               "waiting_share": r.waiting_share,
+                               "utilisation": {s.name: s.utilisation for s in r.stages}})
+                last = now
+            if now - start >= seconds:
+                break
+    return points
+
+
+def _plot(path: str, headspace: list[dict[str, Any]], consumer: list[dict[str, Any]]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'shardflow[plot]'") from None
+    fig, (rate, util) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    rate.plot([p["t"] for p in headspace], [p["rows_per_second"] for p in headspace], label="headspace (no step)")
+    if consumer:
+        rate.plot([p["t"] for p in consumer], [p["rows_per_second"] for p in consumer], label="with the training step")
+    rate.set_ylabel("rows/s")
+    rate.legend()
+    rate.set_title("shardflow profile: the loader's rate, and where its time goes")
+    series = consumer or headspace
+    for name in dict.fromkeys(n for p in series for n in p["utilisation"]):
+        util.plot([p["t"] for p in series], [p["utilisation"].get(name, 0.0) * 100 for p in series], label=name)
+    util.set_ylabel("stage utilisation %")
+    util.set_xlabel("seconds")
+    util.set_ylim(0, 105)
+    util.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def profile(args: argparse.Namespace) -> None:
+    ds = _open(args)
+    if args.map:
+        module, _, name = args.map.partition(":")
+        sys.path.insert(0, os.getcwd())
+        ds = ds.map(getattr(importlib.import_module(module), name))
+    def make() -> sf.DataLoader:
+        return sf.DataLoader(ds, batch_size=args.batch_size, shuffle=args.shuffle, **({"seed": 0} if args.shuffle else {}))
+    loader = make()
+    headspace = _timeline(loader, args.seconds, 0.0)
+    consumer: list[dict[str, Any]] = []
+    if args.step_ms:
+        loader = make()
+        consumer = _timeline(loader, args.seconds, args.step_ms / 1e3)
+    report = loader.report(seconds=args.seconds)
+    rate = sum(p["rows_per_second"] for p in headspace) / max(len(headspace), 1)
+    if args.plot:
+        _plot(args.plot, headspace, consumer)
+    if args.json:
+        _print_json({"headspace_rows_per_second": rate, "report": report.to_dict(),
+                     "timeline": {"headspace": headspace, "consumer": consumer}})
+        return
+    print(f"headspace: {rate:,.0f} rows/s with no training step")
+    print(report)
+    if args.plot:
+        print(f"plot: {args.plot}")
+
+
 def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "source", nargs="+", metavar="SOURCE",
@@ -365,6 +442,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace what DEST already holds")
     _add_json(p)
     p.set_defaults(func=convert)
+
+    p = sub.add_parser(
+        "profile",
+        description="Is training input-bound? Reads a dataset with no training step (the loader's "
+        "headspace), then with a simulated step of --step-ms a batch, and prints the report of "
+        "where the time went.",
+    )
+    _add_source(p)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--map", metavar="MODULE:FN", help="a per-sample function to map over the rows")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long each run reads (default 10)")
+    p.add_argument("--step-ms", type=float, default=0.0, help="a training step to simulate, in ms a batch")
+    p.add_argument("--plot", metavar="PNG", help="draw the rates and each stage's utilisation over time")
+    _add_json(p)
+    p.set_defaults(func=profile)
     return parser
 
 

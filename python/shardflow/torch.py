@@ -24,9 +24,14 @@ from __future__ import annotations
 import bisect
 import collections
 import logging
+import json
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
+import weakref
+from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -207,6 +212,10 @@ class IterableDataset(_TorchIterableDataset):
     ``IterableDatasetShard``, ``dispatch_batches=False``: every process reads everything
     and keeps its slice), or ``"shardflow"`` (this adapter, by ``rank``/``world_size`` or
     torch.distributed). ``None`` (the default) detects it.
+
+    ``trace`` keeps a timeline of each pass (see ``shardflow.DataLoader``); under torch
+    workers, each worker writes its own file beside it (``trace.rank0-worker1.json``).
+    :meth:`report` says whether training is input-bound.
     """
 
     def __init__(
@@ -226,6 +235,7 @@ class IterableDataset(_TorchIterableDataset):
         spill_dir: str | None = None,
         spill_bytes: int | None = None,
         divided_by: str | None = None,
+        trace: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(dataset, sf.Dataset):
             raise TypeError("IterableDataset wraps a shardflow.Dataset")
@@ -245,6 +255,9 @@ class IterableDataset(_TorchIterableDataset):
         self.memory_limit = memory_limit
         self.spill_dir = spill_dir
         self.spill_bytes = spill_bytes
+        # The timeline's file; under torch workers each worker writes its own beside it
+        # (trace.rank0-worker1.json).
+        self.trace = trace
         self._epoch = _SharedEpoch(0)
         # Where the pass in progress in this process stands, worked out when asked: the
         # loader's state before the batch being yielded, and how many of its samples are
@@ -259,6 +272,12 @@ class IterableDataset(_TorchIterableDataset):
         # (accelerate's loader class); None: shardflow does.
         self._divided_by: str | None = _DIVIDED_BY[divided_by] if divided_by else None
         self._detect_division = divided_by is None
+        # Each worker's report of its last pass (see report()): a folder made here, so that
+        # forked and spawned workers alike know it, removed with this object by the
+        # process that made it.
+        self._reports = tempfile.mkdtemp(prefix="shardflow-reports-")
+        weakref.finalize(self, _remove_in, self._reports, os.getpid())
+        self._main_loader: sf.DataLoader | None = None
         # Read the shards' metadata (Parquet footers, a JSON sample) here, once: forked
         # workers inherit it instead of each reading every shard's again (on the Hub,
         # files x workers requests against its rate limit).
@@ -307,10 +326,12 @@ class IterableDataset(_TorchIterableDataset):
             self._epoch.set(epoch)
 
     def _loader(
-        self, batch_size: int | None = None, epoch: int | None = None, part: tuple[int, int] | None = None
+        self, batch_size: int | None = None, epoch: int | None = None, part: tuple[int, int] | None = None,
+        traced: bool = False,
     ) -> sf.DataLoader:
         """The loader of this process's part (``part``: of torch worker ``part[0]`` of
-        ``part[1]`` instead), reading ``epoch`` when given."""
+        ``part[1]`` instead), reading ``epoch`` when given; ``traced``: keeping the
+        timeline asked for (only the loader a pass reads: the others write nothing)."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if part is not None:
@@ -349,6 +370,7 @@ class IterableDataset(_TorchIterableDataset):
             spill_dir=self.spill_dir,
             spill_bytes=self.spill_bytes,
             output="torch" if self.batch_size else "numpy",
+            trace=self._trace_of(rank, info.id if info is not None else None) if traced else None,
         )
         if epoch is not None:
             loader.set_epoch(epoch)
@@ -357,13 +379,14 @@ class IterableDataset(_TorchIterableDataset):
     def __iter__(self) -> Iterator[Any]:
         self._note_framework()
         self._check_batching()
-        loader = self._loader()
+        loader = self._loader(traced=True)
         info = get_worker_info()
         if info is not None:
             # Workers of one torch iteration share its base seed.
             iteration = info.seed - info.id
         else:
             # In the main process every pass is an iteration of its own.
+            self._main_loader = loader
             self._main_passes += 1
             iteration = -1 - self._main_passes
         skip = 0
@@ -418,6 +441,7 @@ class IterableDataset(_TorchIterableDataset):
             before = None if self.batch_size else loader.state_dict()
             batch = next(batches, None)
             if batch is None:
+                self._keep_report(loader)
                 # The pass has ended, but torch's other workers may still be handing out
                 # batches of this epoch: the state is this epoch's, every row delivered,
                 # so resuming it gives this worker nothing more of the epoch.
@@ -440,6 +464,38 @@ class IterableDataset(_TorchIterableDataset):
                 self._recent.append(self._position)
                 yield batch.row(i)
             skip = 0
+
+    def _trace_of(self, rank: int, worker: int | None) -> str | None:
+        """This process's timeline file: the one given, or beside it for a worker."""
+        if self.trace is None or worker is None:
+            return None if self.trace is None else os.fspath(self.trace)
+        path = Path(self.trace)
+        return str(path.with_name(f"{path.stem}.rank{rank}-worker{worker}{path.suffix}"))
+
+    def _keep_report(self, loader: sf.DataLoader) -> None:
+        """Leaves this worker's report of its pass where :meth:`report` finds it."""
+        info = get_worker_info()
+        if info is None:
+            return
+        rank = loader.state_dict()["rank"]
+        path = Path(self._reports) / f"rank-{rank}-worker-{info.id}.json"
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(loader.report().to_dict()))
+        os.replace(temporary, path)
+
+    def report(self) -> sf.Report:
+        """Is training input-bound? The :class:`shardflow.Report` of this process's
+        last pass: with torch workers, each worker's report of its last whole pass and a
+        combined view naming the straggler (``parts``); with none, the loader's own."""
+        found = sorted(Path(self._reports).glob("rank-*-worker-*.json"),
+                       key=lambda p: [int(n) for n in p.stem.split("-")[1::2]])
+        if found:
+            reports = [sf.Report.from_dict(json.loads(p.read_text())) for p in found]
+            labels = [" ".join(p.stem.split("-")) for p in found]
+            return sf.Report.combine(reports, labels=labels)
+        if self._main_loader is None:
+            raise ValueError("report() describes a pass: iterate the dataset first")
+        return self._main_loader.report()
 
     def _ahead(self) -> int:
         """How many samples (or, batching here, batches) this process's torch loader has
@@ -546,6 +602,13 @@ def _without(flat: list[int], positions: list[int]) -> list[int]:
         if at < end:
             out += [at, end]
     return out
+
+
+def _remove_in(folder: str, owner: int) -> None:
+    """Removes `folder` if this is the process that made it (a forked worker's copy of
+    the dataset is collected too, and must leave it)."""
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _callers(depth: int = 24) -> Iterator[object]:

@@ -69,12 +69,14 @@ impl BatchThreads {
         let stats = self.stats.clone();
         pool.spawn(move || {
             let start = thread_cpu_ns();
+            let span = stats.trace().map(|t| t.span("re-batch", "batch"));
             let made = catch_unwind(AssertUnwindSafe(make)).unwrap_or_else(|panic| {
                 Err(Error::Internal(format!(
                     "making a batch failed: {}",
                     panic_message(&*panic)
                 )))
             });
+            drop(span);
             Stats::add_thread_cpu(&stats.assemble_ns, start);
             let _ = tx.send(made);
         });

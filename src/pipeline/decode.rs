@@ -546,6 +546,7 @@ impl UnitDecoder {
                 return;
             }
             let start = Instant::now();
+            let span = stats.trace().map(|t| t.span("decode", "decode"));
             let mut send = |batch| {
                 let _ = tx.send(Decoding::Batch(batch));
             };
@@ -581,7 +582,10 @@ impl UnitDecoder {
                     Ok(decoded)
                 }),
             };
-            Stats::add_time(&stats.decode_ns, start.elapsed());
+            drop(span);
+            let elapsed = start.elapsed();
+            Stats::add_time(&stats.decode_ns, elapsed);
+            stats.decode_times.record(elapsed);
             let _ = tx.send(Decoding::End(result, cutter.map(|c| c.state)));
         });
         self.pending.push_back(Pending::Task {

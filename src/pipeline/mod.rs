@@ -28,6 +28,7 @@ mod own_thread;
 mod plan;
 mod prefetch;
 mod random_access;
+pub mod report;
 pub mod rng;
 pub mod rows;
 mod run;

@@ -694,6 +694,7 @@ pub struct Transformed {
     transform: Arc<dyn BatchTransform>,
     out: std::collections::VecDeque<RecordBatch>,
     stats: Arc<super::stats::Stats>,
+    times: Arc<super::report::OpTimes>,
 }
 
 impl Transformed {
@@ -706,11 +707,13 @@ impl Transformed {
             Some(rows) => Box::new(Rebatch::new(upstream, rows, false)),
             None => upstream,
         };
+        let times = stats.op_times(transform.describe(), false);
         Self {
             upstream,
             transform,
             out: Default::default(),
             stats,
+            times,
         }
     }
 }
@@ -739,7 +742,7 @@ impl Iterator for Transformed {
 
 impl Transformed {
     fn run(&self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
-        run_transform(self.transform.as_ref(), batch, &self.stats)
+        run_transform(self.transform.as_ref(), batch, &self.stats, &self.times)
     }
 }
 
@@ -750,6 +753,7 @@ pub struct TransformedOnThreads {
     transform: Arc<dyn BatchTransform>,
     made: super::assemble::InOrder,
     stats: Arc<super::stats::Stats>,
+    times: Arc<super::report::OpTimes>,
     /// Pieces of a large upstream batch not handed out yet.
     pieces: std::collections::VecDeque<RecordBatch>,
 }
@@ -774,11 +778,13 @@ impl TransformedOnThreads {
         threads: Arc<super::assemble::BatchThreads>,
         stats: Arc<super::stats::Stats>,
     ) -> Self {
+        let times = stats.op_times(transform.describe(), true);
         Self {
             upstream,
             transform,
             made: super::assemble::InOrder::new(threads),
             stats,
+            times,
             pieces: Default::default(),
         }
     }
@@ -789,6 +795,7 @@ impl Iterator for TransformedOnThreads {
 
     fn next(&mut self) -> Option<Self::Item> {
         let (upstream, transform, stats) = (&mut self.upstream, &self.transform, &self.stats);
+        let times = &self.times;
         let waiting = &mut self.pieces;
         self.made.next(|| {
             if waiting.is_empty() {
@@ -801,10 +808,10 @@ impl Iterator for TransformedOnThreads {
                 }
             }
             let batch = waiting.pop_front()?;
-            let (transform, stats) = (transform.clone(), stats.clone());
+            let (transform, stats, times) = (transform.clone(), stats.clone(), times.clone());
             Some(Ok(super::assemble::Step::Make(Box::new(move || {
                 let rows = batch.num_rows();
-                match &mut run_transform(transform.as_ref(), batch, &stats)?[..] {
+                match &mut run_transform(transform.as_ref(), batch, &stats, &times)?[..] {
                     [one] => Ok(std::mem::replace(one, RecordBatch::new_empty(one.schema()))),
                     other => Err(Error::Internal(format!(
                         "{} gave {} batches for one batch of {rows} rows",
@@ -822,6 +829,22 @@ impl Iterator for TransformedOnThreads {
 /// on). After a function that makes or reorders rows (flat_map, batched map) rows have
 /// no positions any more.
 fn run_transform(
+    transform: &dyn BatchTransform,
+    batch: RecordBatch,
+    stats: &super::stats::Stats,
+    times: &super::report::OpTimes,
+) -> Result<Vec<RecordBatch>> {
+    let (rows_in, start) = (batch.num_rows(), std::time::Instant::now());
+    let span = stats.trace().map(|t| t.span(times.name.as_str(), "op"));
+    let out = run_transform_untimed(transform, batch, stats);
+    drop(span);
+    if let Ok(out) = &out {
+        times.record(rows_in, out.iter().map(RecordBatch::num_rows).sum(), start.elapsed());
+    }
+    out
+}
+
+fn run_transform_untimed(
     transform: &dyn BatchTransform,
     batch: RecordBatch,
     stats: &super::stats::Stats,

@@ -40,6 +40,8 @@ struct Budget {
     queued: Mutex<Queued>,
     freed: Condvar,
     tuning: Arc<Tuning>,
+    /// Where the queue's depth over time is counted (`Stats::queue`).
+    stats: Arc<Stats>,
 }
 
 impl Budget {
@@ -62,12 +64,26 @@ impl Budget {
         queued.producer_waits = false;
         queued.batches += 1;
         queued.bytes += bytes;
+        self.changed(&queued);
+    }
+
+    /// The queue's depth changed (its lock held): counted for the report, and drawn on
+    /// the timeline.
+    fn changed(&self, queued: &Queued) {
+        self.stats
+            .queue
+            .changed(queued.batches, self.tuning.prefetch.get());
+        if let Some(trace) = self.stats.trace() {
+            trace.counter("ready batches", queued.batches as f64);
+            trace.counter("ready bytes", queued.bytes as f64);
+        }
     }
 
     fn give_back(&self, bytes: u64) {
         let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
         queued.batches = queued.batches.saturating_sub(1);
         queued.bytes = queued.bytes.saturating_sub(bytes);
+        self.changed(&queued);
         if queued.producer_waits {
             self.freed.notify_all();
         }
@@ -107,6 +123,7 @@ pub(super) fn spawn(
         queued: Mutex::default(),
         freed: Condvar::new(),
         tuning,
+        stats: stats.clone(),
     });
     let (thread_cancel, thread_budget, thread_stats) =
         (cancel.clone(), budget.clone(), stats.clone());

@@ -57,6 +57,14 @@ pub struct Stats {
     pub spilled_bytes: AtomicU64,
     /// Things the user should hear of, once each (as Python warnings), not yet told.
     notices: std::sync::Mutex<Vec<String>>,
+    /// The wall time of each decode task (a unit, or a part of one), for the report.
+    pub decode_times: crate::latency::Histogram,
+    /// Each op's time on its batches, registered as the pipeline is built.
+    pub(super) ops: std::sync::Mutex<Vec<Arc<super::report::OpTimes>>>,
+    /// How full the queue of batches waiting for the consumer was.
+    pub queue: super::report::QueueTimes,
+    /// The loader's timeline, when it keeps one (`DataLoader(trace=...)`).
+    pub trace: std::sync::OnceLock<Arc<crate::trace::Trace>>,
 }
 
 /// A consistent-enough copy of the counters for reporting.
@@ -207,6 +215,11 @@ impl Stats {
     /// What the user has not been told yet.
     pub fn take_notices(&self) -> Vec<String> {
         std::mem::take(&mut *self.notices.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The loader's timeline, if it keeps one.
+    pub fn trace(&self) -> Option<&Arc<crate::trace::Trace>> {
+        self.trace.get()
     }
 
     /// A stream of rows read by index reads them by `plan`.

@@ -13,6 +13,7 @@ use super::args::DEFAULT_SEED;
 use super::arrow_ffi::stream_capsule;
 use super::batch::PyRecordBatch;
 use super::dataset::PyDataset;
+use super::report::ReportWindow;
 use super::to_python::batch_to_numpy;
 use super::wait::next_batch;
 use crate::pipeline::rows::Delivered;
@@ -88,6 +89,8 @@ pub struct PyDataLoader {
     /// rows still to read, divided between this loader's ranks.
     remaining: Option<(u64, Arc<RowSet>)>,
     stats: Arc<Stats>,
+    /// Readings of the counters for `report()`, shared with the running iterator.
+    report: Arc<Mutex<ReportWindow>>,
 }
 
 impl PyDataLoader {
@@ -158,7 +161,23 @@ impl PyDataLoader {
         };
         let (dataset, stats) = (self.dataset(), self.stats.clone());
         let receiver = py.detach(|| dataset.start(run, stats))?;
+        lock(&self.report).epoch_started(&self.stats);
         Ok((receiver, at))
+    }
+
+    /// A loader of the same dataset and settings from this one's epoch, with counters of
+    /// its own (its depths start where this one's are: they share the tuning).
+    fn fresh(&self) -> Self {
+        Self {
+            dataset: self.dataset.clone(),
+            tuning: self.tuning.clone(),
+            position: Arc::new(Mutex::new(Position::start(self.with_position(|p| p.epoch)))),
+            resuming: false,
+            remaining: None,
+            stats: Arc::default(),
+            report: Arc::default(),
+            ..*self
+        }
     }
 
     /// The dataset as iterated: with the loader's shuffle added.
@@ -368,7 +387,7 @@ impl PyDataLoader {
 #[pymethods]
 impl PyDataLoader {
     #[new]
-    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, pad=None, num_threads=None, prefetch=None, prefetch_bytes=None, memory_limit=None, spill_dir=None, spill_bytes=None, rank=None, world_size=None, worker=None, num_workers=None, output="numpy", pin_memory=false))]
+    #[pyo3(signature = (dataset, batch_size=1, *, shuffle=false, seed=None, drop_last=false, pad=None, num_threads=None, prefetch=None, prefetch_bytes=None, memory_limit=None, spill_dir=None, spill_bytes=None, rank=None, world_size=None, worker=None, num_workers=None, output="numpy", pin_memory=false, trace=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -390,6 +409,7 @@ impl PyDataLoader {
         num_workers: Option<usize>,
         output: &str,
         pin_memory: bool,
+        trace: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let dataset = dataset
             .cast::<PyDataset>()
@@ -475,7 +495,8 @@ impl PyDataLoader {
             position: Arc::new(Mutex::new(Position::start(0))),
             resuming: false,
             remaining: None,
-            stats: Arc::default(),
+            stats: super::report::stats_with_trace(trace)?,
+            report: Arc::default(),
         })
     }
 
@@ -488,6 +509,7 @@ impl PyDataLoader {
             position: self.position.clone(),
             epoch: at.epoch,
             calls: 0,
+            report: self.report.clone(),
         })
     }
 
@@ -705,6 +727,58 @@ impl PyDataLoader {
         Ok(d)
     }
 
+    /// The counters behind `report()` (see `shardflow.report`): what happened in the
+    /// epoch so far (the whole last epoch once it has ended), or in the last `seconds`;
+    /// `None` before the first epoch.
+    #[pyo3(signature = (seconds=None))]
+    fn _report_counters<'py>(
+        &self,
+        py: Python<'py>,
+        seconds: Option<f64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some((counters, wall)) = lock(&self.report).window(&self.stats, seconds) else {
+            return Ok(None);
+        };
+        let d = super::report::to_dict(py, &counters, wall)?;
+        let t = &self.tuning;
+        d.set_item("num_threads", t.threads)?;
+        d.set_item("prefetch", t.prefetch.get())?;
+        d.set_item("memory_limit", t.memory_limit)?;
+        d.set_item(
+            "max_concurrency",
+            self.dataset.storage().map(|s| s.options.max_concurrency),
+        )?;
+        d.set_item("epoch", self.with_position(|p| p.epoch))?;
+        Ok(Some(d))
+    }
+
+    /// Is training input-bound? A `shardflow.report.Report` of the epoch so far (the whole
+    /// last epoch once it has ended), or of the last `seconds`: the share of the time the
+    /// consumer waited for batches, the busiest stage, each stage's busy time against
+    /// its threads, the queue of ready batches, and the I/O's latencies. `str()` of it is
+    /// a short table.
+    #[pyo3(signature = (seconds=None))]
+    fn report<'py>(&self, py: Python<'py>, seconds: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
+        let counters = self._report_counters(py, seconds)?.ok_or_else(|| {
+            PyValueError::new_err("report() describes an epoch: iterate the loader first")
+        })?;
+        py.import("shardflow.report")?
+            .getattr("Report")?
+            .call_method1("from_counters", (counters,))
+    }
+
+    /// How fast this loader could go if training took no time: a loader of the same
+    /// dataset and settings (its own counters and position) read for `seconds` with no
+    /// step between batches. A dict: `rows_per_second`, `batches_per_second`, `seconds`,
+    /// and its `report`. Compare its rate with the rate your training consumes.
+    #[pyo3(signature = (seconds=10.0))]
+    fn headspace<'py>(&self, py: Python<'py>, seconds: f64) -> PyResult<Bound<'py, PyAny>> {
+        let fresh = Py::new(py, self.fresh())?;
+        py.import("shardflow.report")?
+            .getattr("headspace")?
+            .call1((fresh, seconds))
+    }
+
     /// The dataset's column types (see `Dataset._column_types`).
     fn _column_types<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
         let dataset = Bound::new(
@@ -777,6 +851,7 @@ pub struct BatchIterator {
     /// Calls of `__next__` so far: with arrow output the consumer's CPU is read at one
     /// call in `ARROW_CPU_SAMPLE` (see `__next__`).
     calls: u64,
+    report: Arc<Mutex<ReportWindow>>,
 }
 
 /// With arrow output, one call of `__next__` in this many has its CPU time read, and
@@ -973,6 +1048,7 @@ impl BatchIterator {
         let Some(receiver) = self.receiver.as_mut() else {
             return Ok(None);
         };
+        let receiver_stats = &receiver.stats().clone();
         let batch = next_batch(py, receiver).inspect_err(|_| self.receiver = None)?;
         let mut position = self.position.lock().unwrap_or_else(|p| p.into_inner());
         match batch {
@@ -994,6 +1070,7 @@ impl BatchIterator {
                     }
                 }
                 drop(position);
+                lock(&self.report).tick(receiver_stats);
                 Ok(Some(to_output(py, batch, self.output)?))
             }
             None => {
@@ -1004,9 +1081,27 @@ impl BatchIterator {
                         ..ended
                     }));
                 }
+                lock(&self.report).epoch_ended(receiver_stats);
                 self.receiver = None;
+                if let Some(trace) = receiver_stats.trace() {
+                    trace.write()?;
+                }
                 Ok(None)
             }
+        }
+    }
+}
+
+/// The report's readings, under their lock (a panic elsewhere leaves them usable).
+fn lock(window: &Mutex<ReportWindow>) -> std::sync::MutexGuard<'_, ReportWindow> {
+    window.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Drop for PyDataLoader {
+    /// A timeline is written at the end of every epoch; one left part-way is written here.
+    fn drop(&mut self) {
+        if let Some(trace) = self.stats.trace() {
+            let _ = trace.write();
         }
     }
 }

@@ -18,6 +18,7 @@ mod fork;
 mod from_python;
 mod loader;
 mod open;
+mod report;
 mod to_python;
 mod tokenizer;
 mod transform;

@@ -21,7 +21,13 @@ pub(super) fn next_batch(
         // taking it back cost the consumer's thread (the serial path) at every batch.
         let received = match receiver.try_recv()? {
             Some(received) => received,
-            None => py.detach(|| receiver.recv_timeout(SIGNAL_CHECK))?,
+            None => {
+                let _span = receiver
+                    .stats()
+                    .trace()
+                    .map(|t| t.span("wait for a batch", "consumer"));
+                py.detach(|| receiver.recv_timeout(SIGNAL_CHECK))?
+            }
         };
         match received {
             Received::Batch(batch) => {

@@ -79,6 +79,13 @@ pub struct IoCounters {
     pub bytes_fetched: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
+    /// Requests the store answered with 429/503 and a wait (counted in `retries` too).
+    pub throttled: AtomicU64,
+    /// Each remote request's time, from being sent to its body read (or its failure),
+    /// by URL scheme (`s3`, `https`, `hf`, ...), for the input-bound report.
+    latency: std::sync::Mutex<Vec<(String, Arc<crate::latency::Histogram>)>>,
+    /// The loader's timeline, when it keeps one: each request is an async span there.
+    pub trace: std::sync::OnceLock<Arc<crate::trace::Trace>>,
 }
 
 impl IoCounters {
@@ -87,6 +94,24 @@ impl IoCounters {
     }
     pub fn add_file(&self) {
         self.files_opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The latency histogram of `url`'s scheme (made on first use).
+    pub fn latency_of(&self, url: &str) -> Arc<crate::latency::Histogram> {
+        let scheme = url.split_once("://").map_or("file", |(scheme, _)| scheme);
+        let mut schemes = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, h)) = schemes.iter().find(|(s, _)| s == scheme) {
+            return h.clone();
+        }
+        let h = Arc::new(crate::latency::Histogram::default());
+        schemes.push((scheme.to_string(), h.clone()));
+        h
+    }
+
+    /// Each scheme's request latencies so far.
+    pub fn latencies(&self) -> Vec<(String, crate::latency::HistogramSnapshot)> {
+        let schemes = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        schemes.iter().map(|(s, h)| (s.clone(), h.snapshot())).collect()
     }
 }
 

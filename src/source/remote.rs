@@ -73,6 +73,8 @@ struct Inner {
     requests: Box<dyn ObjectRequests>,
     storage: Arc<Storage>,
     counters: Arc<IoCounters>,
+    /// Where each request's time goes (the counters' histogram of this URL's scheme).
+    latency: Arc<crate::latency::Histogram>,
     /// Known from the listing, or learnt on first use.
     info: Mutex<Option<ObjectInfo>>,
 }
@@ -94,11 +96,13 @@ impl RemoteSource {
         storage: Arc<Storage>,
         counters: Arc<IoCounters>,
     ) -> Self {
+        let latency = counters.latency_of(&url);
         Self(Arc::new(Inner {
             url,
             requests,
             storage,
             counters,
+            latency,
             info: Mutex::new(info),
         }))
     }
@@ -151,7 +155,10 @@ impl Inner {
             let outcome = {
                 let _permit = self.storage.limit().acquire_owned().await;
                 self.counters.requests.fetch_add(1, Relaxed);
-                tokio::time::timeout(self.storage.options.timeout, attempt()).await
+                let sent = std::time::Instant::now();
+                let outcome = tokio::time::timeout(self.storage.options.timeout, attempt()).await;
+                self.done(what, sent);
+                outcome
             };
             let mut asked = Duration::ZERO;
             let cause = match outcome {
@@ -159,6 +166,7 @@ impl Inner {
                 Ok(Err(Failure::Permanent(e))) => return Err(e),
                 Ok(Err(Failure::Transient(cause))) => cause,
                 Ok(Err(Failure::Throttled(cause, wait))) => {
+                    self.counters.throttled.fetch_add(1, Relaxed);
                     asked = wait;
                     cause
                 }
@@ -169,6 +177,15 @@ impl Inner {
             }
             self.counters.retries.fetch_add(1, Relaxed);
             tokio::time::sleep(policy.backoff(tries).max(asked)).await;
+        }
+    }
+
+    /// A request sent at `sent` is done: its time goes to the scheme's latencies and,
+    /// when the loader keeps a timeline, to it.
+    fn done(&self, what: &str, sent: std::time::Instant) {
+        self.latency.record(sent.elapsed());
+        if let Some(trace) = self.counters.trace.get() {
+            trace.request(format!("{what} {}", self.url), sent);
         }
     }
 
@@ -202,19 +219,30 @@ impl Inner {
                 let _permit = self.storage.limit().acquire_owned().await;
                 self.counters.requests.fetch_add(1, Relaxed);
                 let request = Request::Range(from..range.end);
-                match tokio::time::timeout(timeout, self.requests.get(request, etag.clone())).await
+                let sent = std::time::Instant::now();
+                let cause = match tokio::time::timeout(
+                    timeout,
+                    self.requests.get(request, etag.clone()),
+                )
+                .await
                 {
                     Err(_) => format!("no response within {timeout:?}"),
-                    Ok(Err(Failure::Permanent(e))) => return Err(e),
+                    Ok(Err(Failure::Permanent(e))) => {
+                        self.done("GET", sent);
+                        return Err(e);
+                    }
                     Ok(Err(Failure::Transient(cause))) => cause,
                     Ok(Err(Failure::Throttled(cause, wait))) => {
+                        self.counters.throttled.fetch_add(1, Relaxed);
                         asked = wait;
                         cause
                     }
                     Ok(Ok(mut response)) => {
                         read_body(&mut *response.body, &mut got, want, timeout).await
                     }
-                }
+                };
+                self.done("GET", sent);
+                cause
             };
             let received = got.len() - before;
             self.counters
