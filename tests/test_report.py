@@ -102,7 +102,9 @@ def test_slow_s3_with_two_requests_in_flight_is_io_bound(slow_bucket: str, seawe
     assert io.scheme == "s3" and io.requests == report.requests >= 12
     assert io.p50_seconds is not None and io.p50_seconds >= 0.05
     stage = next(s for s in report.stages if s.name == "I/O (s3)")
-    assert stage.threads == 2 and stage.utilisation > 0.5
+    # Its share of the two request slots: read-ahead of these small files keeps one or two
+    # requests in flight.
+    assert stage.threads == 2 and stage.utilisation > 0.4
     assert "p50" in str(report) and "I/O: " in str(report)
     # On the timeline, each request is an async span of at least the added 50 ms.
     events = json.loads((tmp_path / "s3.json").read_text())["traceEvents"]

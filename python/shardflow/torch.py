@@ -477,7 +477,7 @@ class IterableDataset(_TorchIterableDataset):
         info = get_worker_info()
         if info is None:
             return
-        rank = loader.state_dict()["rank"]
+        rank = 0 if self._divided_by is not None else _rank_and_world(self.rank, self.world_size)[0]
         path = Path(self._reports) / f"rank-{rank}-worker-{info.id}.json"
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text(json.dumps(loader.report().to_dict()))

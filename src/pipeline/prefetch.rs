@@ -119,6 +119,8 @@ pub(super) fn spawn(
 ) -> Result<BatchReceiver> {
     // Room for the deepest the depth may grow to; the budget holds the producer back.
     let (tx, rx) = sync_channel(tuning.prefetch.max());
+    // The queue is empty from the start: the wait for the first batch counts as empty.
+    stats.queue.changed(0, tuning.prefetch.get());
     let budget = Arc::new(Budget {
         queued: Mutex::default(),
         freed: Condvar::new(),
