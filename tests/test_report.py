@@ -112,6 +112,8 @@ def test_slow_s3_with_two_requests_in_flight_is_io_bound(slow_bucket: str, seawe
     ends = {e["id"]: e["ts"] for e in events if e["ph"] == "e"}
     assert len(begins) == len(ends) == report.requests
     assert sorted(ends[i] - begins[i] for i in begins)[len(begins) // 2] >= 50_000
+    ahead = [e["args"]["value"] for e in events if e["ph"] == "C" and e["name"] == "bytes read ahead"]
+    assert ahead and max(ahead) > 0 and ahead[-1] == 0
 
 
 def test_windows_and_epochs(tmp_path: Path) -> None:

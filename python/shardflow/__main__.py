@@ -332,6 +332,7 @@ def _plot(path: str, headspace: list[dict[str, Any]], consumer: list[dict[str, A
     if consumer:
         rate.plot([p["t"] for p in consumer], [p["rows_per_second"] for p in consumer], label="with the training step")
     rate.set_ylabel("rows/s")
+    rate.set_ylim(bottom=0)
     rate.legend()
     rate.set_title("shardflow profile: the loader's rate, and where its time goes")
     series = consumer or headspace

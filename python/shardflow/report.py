@@ -221,7 +221,7 @@ class Report:
                           f"{self.retries} retries ({self.throttled} throttled), {self.cache_hits} cache hits"]
             lines += [f"  {i.scheme}: p50 {ms(i.p50_seconds)} ms, p99 {ms(i.p99_seconds)} ms" for i in self.io]
         peak, limit = self.memory.get("read_ahead_peak_bytes"), self.memory.get("memory_limit")
-        if limit:
+        if limit and peak:
             lines += ["", f"memory: read ahead at most {(peak or 0) / 2**20:,.0f} MiB of memory_limit {limit / 2**20:,.0f} MiB"]
         for p in self.parts:
             lines.append(f"{p['label']}: {p['verdict']}{' (the straggler)' if p['straggler'] else ''}")

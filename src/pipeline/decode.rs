@@ -344,6 +344,13 @@ impl UnitDecoder {
         self
     }
 
+    /// Draws the bytes of the units being fetched ahead on the timeline, if one is kept.
+    fn trace_read_ahead(&self) {
+        if let Some(trace) = self.stats.trace() {
+            trace.counter("bytes read ahead", self.open_bytes as f64);
+        }
+    }
+
     /// Starts fetching the next units until the read-ahead is reached, in units or in
     /// the bytes they will fetch.
     fn open_units(&mut self) -> Result<()> {
@@ -362,6 +369,7 @@ impl UnitDecoder {
             self.stats
                 .read_ahead_peak_bytes
                 .fetch_max(self.open_bytes, Ordering::Relaxed);
+            self.trace_read_ahead();
             self.open.push_back(OpenUnit {
                 slice,
                 rx,
@@ -375,6 +383,7 @@ impl UnitDecoder {
     fn close_front(&mut self) {
         if let Some(unit) = self.open.pop_front() {
             self.open_bytes -= unit.bytes;
+            self.trace_read_ahead();
         }
     }
 
@@ -753,6 +762,7 @@ impl UnitDecoder {
             .and_then(|pos| self.open.remove(pos))
         {
             self.open_bytes -= open.bytes;
+            self.trace_read_ahead();
             self.pending.push_back(Pending::UnitDone { slice: None });
         }
     }

@@ -510,6 +510,7 @@ impl PyDataLoader {
             epoch: at.epoch,
             calls: 0,
             report: self.report.clone(),
+            stats: self.stats.clone(),
         })
     }
 
@@ -852,7 +853,11 @@ pub struct BatchIterator {
     /// call in `ARROW_CPU_SAMPLE` (see `__next__`).
     calls: u64,
     report: Arc<Mutex<ReportWindow>>,
+    stats: Arc<Stats>,
 }
+
+/// Batches between two looks at whether the report's once-a-second reading is due.
+const REPORT_TICK_EVERY: u64 = 16;
 
 /// With arrow output, one call of `__next__` in this many has its CPU time read, and
 /// counts for the calls since the last one read. Reading the thread's CPU clock is a
@@ -1048,7 +1053,6 @@ impl BatchIterator {
         let Some(receiver) = self.receiver.as_mut() else {
             return Ok(None);
         };
-        let receiver_stats = &receiver.stats().clone();
         let batch = next_batch(py, receiver).inspect_err(|_| self.receiver = None)?;
         let mut position = self.position.lock().unwrap_or_else(|p| p.into_inner());
         match batch {
@@ -1070,7 +1074,10 @@ impl BatchIterator {
                     }
                 }
                 drop(position);
-                lock(&self.report).tick(receiver_stats);
+                // A reading a second at most: the clock is looked at every few batches.
+                if self.calls.is_multiple_of(REPORT_TICK_EVERY) {
+                    lock(&self.report).tick(&self.stats);
+                }
                 Ok(Some(to_output(py, batch, self.output)?))
             }
             None => {
@@ -1081,9 +1088,9 @@ impl BatchIterator {
                         ..ended
                     }));
                 }
-                lock(&self.report).epoch_ended(receiver_stats);
+                lock(&self.report).epoch_ended(&self.stats);
                 self.receiver = None;
-                if let Some(trace) = receiver_stats.trace() {
+                if let Some(trace) = self.stats.trace() {
                     trace.write()?;
                 }
                 Ok(None)
