@@ -154,7 +154,10 @@ mod tests {
         assert_eq!(s.count(), 100);
         for (q, want) in [(0.5, 50e6), (0.99, 99e6), (0.01, 1e6)] {
             let got = s.quantile_ns(q).unwrap() as f64;
-            assert!(got >= want && got - want <= want / 8.0, "q{q}: {got} against {want}");
+            assert!(
+                got >= want && got - want <= want / 8.0,
+                "q{q}: {got} against {want}"
+            );
         }
         let later = {
             h.record(Duration::from_secs(1));

@@ -167,8 +167,10 @@ impl Trace {
                         cat,
                         start_ns,
                         dur_ns,
-                    } => serde_json::json!({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid,
-                                            "ts": us(*start_ns), "dur": us(*dur_ns)}),
+                    } => {
+                        serde_json::json!({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid,
+                                            "ts": us(*start_ns), "dur": us(*dur_ns)})
+                    }
                     Event::Async {
                         id,
                         name,

@@ -839,7 +839,11 @@ fn run_transform(
     let out = run_transform_untimed(transform, batch, stats);
     drop(span);
     if let Ok(out) = &out {
-        times.record(rows_in, out.iter().map(RecordBatch::num_rows).sum(), start.elapsed());
+        times.record(
+            rows_in,
+            out.iter().map(RecordBatch::num_rows).sum(),
+            start.elapsed(),
+        );
     }
     out
 }

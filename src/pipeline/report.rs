@@ -49,7 +49,8 @@ impl QueueTimes {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((was, since)) = *last {
             let ns = now.duration_since(since).as_nanos().min(u64::MAX as u128) as u64;
-            self.depth_ns.fetch_add(ns.saturating_mul(was as u64), Relaxed);
+            self.depth_ns
+                .fetch_add(ns.saturating_mul(was as u64), Relaxed);
             if was == 0 {
                 self.empty_ns.fetch_add(ns, Relaxed);
             } else if was >= self.capacity.load(Relaxed) as usize {
@@ -113,7 +114,10 @@ impl Stats {
     /// The counters of the op `name` (shared by every epoch's run of it).
     pub fn op_times(&self, name: String, on_threads: bool) -> Arc<OpTimes> {
         let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(op) = ops.iter().find(|op| op.name == name && op.on_threads == on_threads) {
+        if let Some(op) = ops
+            .iter()
+            .find(|op| op.name == name && op.on_threads == on_threads)
+        {
             return op.clone();
         }
         let op = Arc::new(OpTimes {

@@ -176,16 +176,23 @@ pub(super) fn to_dict<'py>(
 /// A loader's counters, keeping a timeline in `trace` (or, not given, where
 /// `SHARDFLOW_TRACE` says: the first loader of the process writes that file, later ones
 /// `NAME-2.json`, `NAME-3.json`, ...).
-pub(super) fn stats_with_trace(trace: Option<std::path::PathBuf>) -> PyResult<std::sync::Arc<Stats>> {
+pub(super) fn stats_with_trace(
+    trace: Option<std::path::PathBuf>,
+) -> PyResult<std::sync::Arc<Stats>> {
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     static FROM_ENV: AtomicU64 = AtomicU64::new(0);
     let path = trace.or_else(|| {
-        let path = std::path::PathBuf::from(std::env::var_os("SHARDFLOW_TRACE").filter(|v| !v.is_empty())?);
+        let path = std::path::PathBuf::from(
+            std::env::var_os("SHARDFLOW_TRACE").filter(|v| !v.is_empty())?,
+        );
         match FROM_ENV.fetch_add(1, Relaxed) {
             0 => Some(path),
             n => {
                 let stem = path.file_stem().unwrap_or_default().to_string_lossy();
-                let ext = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+                let ext = path
+                    .extension()
+                    .map(|e| format!(".{}", e.to_string_lossy()))
+                    .unwrap_or_default();
                 Some(path.with_file_name(format!("{stem}-{}{ext}", n + 1)))
             }
         }

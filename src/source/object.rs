@@ -111,7 +111,10 @@ impl IoCounters {
     /// Each scheme's request latencies so far.
     pub fn latencies(&self) -> Vec<(String, crate::latency::HistogramSnapshot)> {
         let schemes = self.latency.lock().unwrap_or_else(|p| p.into_inner());
-        schemes.iter().map(|(s, h)| (s.clone(), h.snapshot())).collect()
+        schemes
+            .iter()
+            .map(|(s, h)| (s.clone(), h.snapshot()))
+            .collect()
     }
 }
 

@@ -220,27 +220,25 @@ impl Inner {
                 self.counters.requests.fetch_add(1, Relaxed);
                 let request = Request::Range(from..range.end);
                 let sent = std::time::Instant::now();
-                let cause = match tokio::time::timeout(
-                    timeout,
-                    self.requests.get(request, etag.clone()),
-                )
-                .await
-                {
-                    Err(_) => format!("no response within {timeout:?}"),
-                    Ok(Err(Failure::Permanent(e))) => {
-                        self.done("GET", sent);
-                        return Err(e);
-                    }
-                    Ok(Err(Failure::Transient(cause))) => cause,
-                    Ok(Err(Failure::Throttled(cause, wait))) => {
-                        self.counters.throttled.fetch_add(1, Relaxed);
-                        asked = wait;
-                        cause
-                    }
-                    Ok(Ok(mut response)) => {
-                        read_body(&mut *response.body, &mut got, want, timeout).await
-                    }
-                };
+                let cause =
+                    match tokio::time::timeout(timeout, self.requests.get(request, etag.clone()))
+                        .await
+                    {
+                        Err(_) => format!("no response within {timeout:?}"),
+                        Ok(Err(Failure::Permanent(e))) => {
+                            self.done("GET", sent);
+                            return Err(e);
+                        }
+                        Ok(Err(Failure::Transient(cause))) => cause,
+                        Ok(Err(Failure::Throttled(cause, wait))) => {
+                            self.counters.throttled.fetch_add(1, Relaxed);
+                            asked = wait;
+                            cause
+                        }
+                        Ok(Ok(mut response)) => {
+                            read_body(&mut *response.body, &mut got, want, timeout).await
+                        }
+                    };
                 self.done("GET", sent);
                 cause
             };
