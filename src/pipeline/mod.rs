@@ -34,6 +34,7 @@ pub mod rows;
 mod run;
 mod shuffle;
 mod spill;
+pub mod stage_times;
 pub mod stats;
 mod stream;
 

@@ -694,7 +694,7 @@ pub struct Transformed {
     transform: Arc<dyn BatchTransform>,
     out: std::collections::VecDeque<RecordBatch>,
     stats: Arc<super::stats::Stats>,
-    times: Arc<super::report::OpTimes>,
+    times: Arc<super::stage_times::OpTimes>,
 }
 
 impl Transformed {
@@ -753,7 +753,7 @@ pub struct TransformedOnThreads {
     transform: Arc<dyn BatchTransform>,
     made: super::assemble::InOrder,
     stats: Arc<super::stats::Stats>,
-    times: Arc<super::report::OpTimes>,
+    times: Arc<super::stage_times::OpTimes>,
     /// Pieces of a large upstream batch not handed out yet.
     pieces: std::collections::VecDeque<RecordBatch>,
 }
@@ -832,7 +832,7 @@ fn run_transform(
     transform: &dyn BatchTransform,
     batch: RecordBatch,
     stats: &super::stats::Stats,
-    times: &super::report::OpTimes,
+    times: &super::stage_times::OpTimes,
 ) -> Result<Vec<RecordBatch>> {
     let (rows_in, start) = (batch.num_rows(), std::time::Instant::now());
     let span = stats.trace().map(|t| t.span(times.name.as_str(), "op"));

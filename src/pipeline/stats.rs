@@ -60,9 +60,9 @@ pub struct Stats {
     /// The wall time of each decode task (a unit, or a part of one), for the report.
     pub decode_times: crate::latency::Histogram,
     /// Each op's time on its batches, registered as the pipeline is built.
-    pub(super) ops: std::sync::Mutex<Vec<Arc<super::report::OpTimes>>>,
+    pub(super) ops: std::sync::Mutex<Vec<Arc<super::stage_times::OpTimes>>>,
     /// How full the queue of batches waiting for the consumer was.
-    pub queue: super::report::QueueTimes,
+    pub queue: super::stage_times::QueueTimes,
     /// The loader's timeline, when it keeps one (`DataLoader(trace=...)`).
     pub trace: std::sync::OnceLock<Arc<crate::trace::Trace>>,
 }
