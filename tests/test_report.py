@@ -53,8 +53,10 @@ def test_a_slow_training_step_is_not_input_bound(tmp_path: Path) -> None:
     assert report.rows == 20_000 and report.batches == 79
     assert report.wall_seconds >= 79 * 0.02
     # The training step is the bottleneck: the ready batches' queue stays full.
-    (queue,) = report.queues
-    assert queue.full_share > 0.5 and queue.empty_share < 0.2, str(report)
+    ahead, ready = report.queues
+    assert (ahead.name, ready.name) == ("units read ahead", "ready batches")
+    assert ready.full_share > 0.5 and ready.empty_share < 0.2, str(report)
+    assert 0 < ready.peak_bytes <= report.memory["buffered_peak_bytes"] <= report.memory["memory_limit"]
     decode = next(s for s in report.stages if s.name == "decode")
     assert decode.items >= 4 and decode.p50_seconds is not None and decode.utilisation < 0.5
 
@@ -74,8 +76,8 @@ def test_a_python_map_that_burns_cpu_is_the_busiest_stage(tmp_path: Path) -> Non
     assert busiest.busy_seconds >= 0.4 and busiest.p50_seconds is not None and busiest.p50_seconds > 1e-3
     assert report.verdict.startswith(f"input-bound: {report.waiting_share:.1%} of the time waiting for batches; "
                                      f"the busiest stage is {busiest.name}")
-    (queue,) = report.queues
-    assert queue.empty_share > 0.5
+    ready = next(q for q in report.queues if q.name == "ready batches")
+    assert ready.empty_share > 0.5
 
 
 @pytest.fixture
@@ -92,7 +94,8 @@ def test_slow_s3_with_two_requests_in_flight_is_io_bound(slow_bucket: str, seawe
                                                          tmp_path: Path) -> None:
     options = seaweed.storage_options(proxy.url, max_concurrency=2)
     ds = sf.dataset(slow_bucket, storage_options=options)
-    proxy.set_faults(latency=0.05)
+    # 50 ms before every answer, and one GET in five answered 503 SlowDown.
+    proxy.set_faults(latency=0.05, slow_down=0.2, seed=3)
     loader = sf.DataLoader(ds, batch_size=50, trace=tmp_path / "s3.json")
     assert sum(len(b["id"]) for b in loader) == 1_200
     report = loader.report()
@@ -101,6 +104,8 @@ def test_slow_s3_with_two_requests_in_flight_is_io_bound(slow_bucket: str, seawe
     (io,) = report.io
     assert io.scheme == "s3" and io.requests == report.requests >= 12
     assert io.p50_seconds is not None and io.p50_seconds >= 0.05
+    assert io.retries == report.retries > 0 and io.throttled == report.throttled
+    assert io.bytes == report.bytes_fetched > 0
     stage = next(s for s in report.stages if s.name == "I/O (s3)")
     # Its share of the two request slots: read-ahead of these small files keeps one or two
     # requests in flight.

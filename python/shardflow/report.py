@@ -51,17 +51,23 @@ class Queue:
     mean_depth: float
     empty_share: float
     full_share: float
+    peak_bytes: int = 0
 
 
 @dataclass
 class IOScheme:
-    """Remote requests of one URL scheme (``s3``, ``https``, ``hf``...)."""
+    """Remote requests of one URL scheme (``s3``, ``https``, ``hf``...): their count and
+    time in flight, latency percentiles, the retries and throttled answers among them,
+    and the bytes they brought."""
 
     scheme: str
     requests: int
     busy_seconds: float
     p50_seconds: float | None
     p99_seconds: float | None
+    retries: int = 0
+    throttled: int = 0
+    bytes: int = 0
 
 
 @dataclass
@@ -111,7 +117,7 @@ class Report:
         limit = int(c["max_concurrency"] or 1)
         for io in c["io"]:
             stage(f"I/O ({io['scheme']})", limit, io["seconds"], items=io["count"],
-                  bytes_in=c["bytes_fetched"], p50_seconds=io["p50_seconds"], p99_seconds=io["p99_seconds"])
+                  bytes_in=io["bytes"], p50_seconds=io["p50_seconds"], p99_seconds=io["p99_seconds"])
         d = c["decode"]
         if d["count"]:
             stage("decode", threads, d["seconds"], items=d["count"], rows_out=None, bytes_in=c["bytes_read"],
@@ -137,9 +143,10 @@ class Report:
         # are stages of their own).
         stage("pipeline", 1, max(c["pipeline_cpu_seconds"] - on_pipeline, 0.0), rows_out=c["rows"])
         stage("hand-off to Python", 1, c["consumer_cpu_seconds"], items=c["batches"], rows_out=c["rows"])
-        q = c["queue"]
-        queues = [Queue("ready batches", int(q["capacity"]), q["mean_depth"], q["empty_share"], q["full_share"])]
-        io = [IOScheme(i["scheme"], i["count"], i["seconds"], i["p50_seconds"], i["p99_seconds"]) for i in c["io"]]
+        queues = [Queue(q["name"], int(q["capacity"]), q["mean_depth"], q["empty_share"], q["full_share"],
+                        q["peak_bytes"]) for q in c["queues"]]
+        io = [IOScheme(i["scheme"], i["count"], i["seconds"], i["p50_seconds"], i["p99_seconds"], i["retries"],
+                       i["throttled"], i["bytes"]) for i in c["io"]]
         busiest = max(stages, key=lambda s: s.utilisation).name if stages else None
         share = min(c["wait_seconds"] / wall, 1.0)
         return cls(
@@ -147,7 +154,8 @@ class Report:
             input_bound=share >= INPUT_BOUND_SHARE, rows=c["rows"], batches=c["batches"], stages=stages,
             queues=queues, io=io, requests=c["requests"], retries=c["retries"], throttled=c["throttled"],
             bytes_fetched=c["bytes_fetched"], cache_hits=c["cache_hits"],
-            memory={"memory_limit": c["memory_limit"], "read_ahead_peak_bytes": c["read_ahead_peak_bytes"]},
+            memory={"memory_limit": c["memory_limit"],
+                    "buffered_peak_bytes": sum(q.peak_bytes for q in queues)},
             busiest=busiest,
         )
 
@@ -186,7 +194,7 @@ class Report:
             throttled=sum(r.throttled for r in reports), bytes_fetched=sum(r.bytes_fetched for r in reports),
             cache_hits=sum(r.cache_hits for r in reports),
             memory={"memory_limit": max(r.memory["memory_limit"] or 0 for r in reports),
-                    "read_ahead_peak_bytes": max(r.memory["read_ahead_peak_bytes"] or 0 for r in reports)},
+                    "buffered_peak_bytes": max(r.memory["buffered_peak_bytes"] or 0 for r in reports)},
             busiest=max(ordered, key=lambda s: s.utilisation).name if ordered else None, parts=parts,
         )
 
@@ -213,16 +221,20 @@ class Report:
         for s in sorted(self.stages, key=lambda s: -s.utilisation):
             lines.append(f"{s.name[:32]:<32} {s.threads:>7} {s.busy_seconds:>8.2f} {s.utilisation:>6.0%} "
                          f"{'' if s.items is None else f'{s.items:,}':>9} {ms(s.p50_seconds):>9} {ms(s.p99_seconds):>9}")
+        lines.append("")
         for q in self.queues:
-            lines += ["", f"queue of {q.name}: capacity {q.capacity}, mean depth {q.mean_depth:.1f}, "
-                          f"empty {q.empty_share:.0%} of the time, full {q.full_share:.0%}"]
+            lines.append(f"queue of {q.name}: capacity {q.capacity}, mean depth {q.mean_depth:.1f}, "
+                         f"empty {q.empty_share:.0%} of the time, full {q.full_share:.0%}, "
+                         f"at most {q.peak_bytes / 2**20:,.1f} MiB")
         if self.requests:
             lines += ["", f"I/O: {self.requests:,} requests, {self.bytes_fetched / 1e6:,.1f} MB, "
                           f"{self.retries} retries ({self.throttled} throttled), {self.cache_hits} cache hits"]
-            lines += [f"  {i.scheme}: p50 {ms(i.p50_seconds)} ms, p99 {ms(i.p99_seconds)} ms" for i in self.io]
-        peak, limit = self.memory.get("read_ahead_peak_bytes"), self.memory.get("memory_limit")
-        if limit and peak:
-            lines += ["", f"memory: read ahead at most {(peak or 0) / 2**20:,.0f} MiB of memory_limit {limit / 2**20:,.0f} MiB"]
+            lines += [f"  {i.scheme}: {i.requests:,} requests, p50 {ms(i.p50_seconds)} ms, p99 {ms(i.p99_seconds)} ms, "
+                      f"{i.retries} retries ({i.throttled} throttled), {i.bytes / 1e6:,.1f} MB" for i in self.io]
+        peak, limit = self.memory.get("buffered_peak_bytes"), self.memory.get("memory_limit")
+        if limit:
+            lines += ["", f"memory: at most {(peak or 0) / 2**20:,.1f} MiB read ahead and ready at once, "
+                          f"of memory_limit {limit / 2**20:,.0f} MiB"]
         for p in self.parts:
             lines.append(f"{p['label']}: {p['verdict']}{' (the straggler)' if p['straggler'] else ''}")
         return "\n".join(lines)

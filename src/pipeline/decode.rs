@@ -344,8 +344,14 @@ impl UnitDecoder {
         self
     }
 
-    /// Draws the bytes of the units being fetched ahead on the timeline, if one is kept.
+    /// The units read ahead changed: counted for the report, and drawn on the timeline
+    /// if one is kept.
     fn trace_read_ahead(&self) {
+        self.stats.read_ahead.changed(
+            self.open.len(),
+            self.tuning.read_ahead_units(),
+            self.open_bytes,
+        );
         if let Some(trace) = self.stats.trace() {
             trace.counter("bytes read ahead", self.open_bytes as f64);
         }

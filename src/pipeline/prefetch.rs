@@ -72,7 +72,7 @@ impl Budget {
     fn changed(&self, queued: &Queued) {
         self.stats
             .queue
-            .changed(queued.batches, self.tuning.prefetch.get());
+            .changed(queued.batches, self.tuning.prefetch.get(), queued.bytes);
         if let Some(trace) = self.stats.trace() {
             trace.counter("ready batches", queued.batches as f64);
             trace.counter("ready bytes", queued.bytes as f64);
@@ -120,7 +120,7 @@ pub(super) fn spawn(
     // Room for the deepest the depth may grow to; the budget holds the producer back.
     let (tx, rx) = sync_channel(tuning.prefetch.max());
     // The queue is empty from the start: the wait for the first batch counts as empty.
-    stats.queue.changed(0, tuning.prefetch.get());
+    stats.queue.changed(0, tuning.prefetch.get(), 0);
     let budget = Arc::new(Budget {
         queued: Mutex::default(),
         freed: Condvar::new(),

@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::stage_times::{OpTimes, QueueSnapshot};
 use super::stats::{Stats, StatsSnapshot};
 use crate::latency::HistogramSnapshot;
+use crate::source::SchemeSnapshot;
 
 /// One op's counters at a moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,8 +28,9 @@ pub struct ReportCounters {
     pub stats: StatsSnapshot,
     pub decode: HistogramSnapshot,
     pub ops: Vec<OpSnapshot>,
-    pub queue: QueueSnapshot,
-    pub io: Vec<(String, HistogramSnapshot)>,
+    /// The queues between stages: the units read ahead, the batches ready.
+    pub queues: Vec<(&'static str, QueueSnapshot)>,
+    pub io: Vec<(String, SchemeSnapshot)>,
     pub throttled: u64,
 }
 
@@ -67,8 +69,11 @@ impl Stats {
                     calls: op.calls.snapshot(),
                 })
                 .collect(),
-            queue: self.queue.snapshot(),
-            io: self.io.latencies(),
+            queues: vec![
+                ("units read ahead", self.read_ahead.snapshot()),
+                ("ready batches", self.queue.snapshot()),
+            ],
+            io: self.io.schemes(),
             throttled: self.io.throttled.load(Relaxed),
         }
     }
@@ -111,7 +116,13 @@ impl ReportCounters {
                 .iter()
                 .find(|e| e.name == op.name && e.on_threads == op.on_threads)
         };
-        let before_io = |scheme: &str| earlier.io.iter().find(|(s, _)| s == scheme).map(|(_, h)| h);
+        let before_io = |scheme: &str| {
+            earlier
+                .io
+                .iter()
+                .find(|(s, _)| s == scheme)
+                .map(|(_, io)| io)
+        };
         ReportCounters {
             at: self.at,
             stats,
@@ -129,12 +140,26 @@ impl ReportCounters {
                     None => op.clone(),
                 })
                 .collect(),
-            queue: QueueSnapshot {
-                depth_ns: self.queue.depth_ns.saturating_sub(earlier.queue.depth_ns),
-                empty_ns: self.queue.empty_ns.saturating_sub(earlier.queue.empty_ns),
-                full_ns: self.queue.full_ns.saturating_sub(earlier.queue.full_ns),
-                capacity: self.queue.capacity,
-            },
+            queues: self
+                .queues
+                .iter()
+                .map(|(name, q)| {
+                    let e = earlier
+                        .queues
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map_or(QueueSnapshot::default(), |(_, e)| *e);
+                    (
+                        *name,
+                        QueueSnapshot {
+                            depth_ns: q.depth_ns.saturating_sub(e.depth_ns),
+                            empty_ns: q.empty_ns.saturating_sub(e.empty_ns),
+                            full_ns: q.full_ns.saturating_sub(e.full_ns),
+                            ..*q
+                        },
+                    )
+                })
+                .collect(),
             io: self
                 .io
                 .iter()

@@ -28,21 +28,23 @@ impl OpTimes {
     }
 }
 
-/// How full the queue of batches waiting for the consumer was, over time: its depth
-/// integrated over time, and the time it spent empty and at its capacity.
+/// How full a queue between two stages was, over time: its depth integrated over time,
+/// the time it spent empty and at its capacity, and the most bytes it held.
 #[derive(Debug, Default)]
 pub struct QueueTimes {
     depth_ns: AtomicU64,
     empty_ns: AtomicU64,
     full_ns: AtomicU64,
     capacity: AtomicU64,
+    peak_bytes: AtomicU64,
     /// The depth since the last change, and when it changed (under the queue's lock).
     last: Mutex<Option<(usize, Instant)>>,
 }
 
 impl QueueTimes {
-    /// The queue now holds `depth` batches of at most `capacity`.
-    pub fn changed(&self, depth: usize, capacity: usize) {
+    /// The queue now holds `depth` items of at most `capacity`, and `bytes`.
+    pub fn changed(&self, depth: usize, capacity: usize, bytes: u64) {
+        self.peak_bytes.fetch_max(bytes, Relaxed);
         let now = Instant::now();
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((was, since)) = *last {
@@ -67,13 +69,14 @@ impl QueueTimes {
             empty_ns: self.empty_ns.load(Relaxed),
             full_ns: self.full_ns.load(Relaxed),
             capacity: self.capacity.load(Relaxed),
+            peak_bytes: self.peak_bytes.load(Relaxed),
         }
     }
 
     fn changed_to_now(&self) {
         let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((depth, _)) = last {
-            self.changed(depth, self.capacity.load(Relaxed) as usize);
+            self.changed(depth, self.capacity.load(Relaxed) as usize, 0);
         }
     }
 }
@@ -84,4 +87,6 @@ pub struct QueueSnapshot {
     pub empty_ns: u64,
     pub full_ns: u64,
     pub capacity: u64,
+    /// The most bytes held at once in the loader's life so far (a level, not a count).
+    pub peak_bytes: u64,
 }

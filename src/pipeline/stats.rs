@@ -63,6 +63,8 @@ pub struct Stats {
     pub(super) ops: std::sync::Mutex<Vec<Arc<super::stage_times::OpTimes>>>,
     /// How full the queue of batches waiting for the consumer was.
     pub queue: super::stage_times::QueueTimes,
+    /// How full the read-ahead was: units being fetched before their decode.
+    pub read_ahead: super::stage_times::QueueTimes,
     /// The loader's timeline, when it keeps one (`DataLoader(trace=...)`).
     pub trace: std::sync::OnceLock<Arc<crate::trace::Trace>>,
 }

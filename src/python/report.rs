@@ -138,7 +138,6 @@ pub(super) fn to_dict<'py>(
     d.set_item("bytes_fetched", s.bytes_fetched)?;
     d.set_item("cache_hits", s.cache_hits)?;
     d.set_item("cache_misses", s.cache_misses)?;
-    d.set_item("read_ahead_peak_bytes", s.read_ahead_peak_bytes)?;
     d.set_item("skipped_records", s.skipped_records)?;
     let decode = PyDict::new(py);
     quantiles(py, &counters.decode, &decode)?;
@@ -155,21 +154,29 @@ pub(super) fn to_dict<'py>(
     }
     d.set_item("ops", ops)?;
     let io = PyList::empty(py);
-    for (scheme, h) in &counters.io {
+    for (scheme, s) in &counters.io {
         let o = PyDict::new(py);
         o.set_item("scheme", scheme)?;
-        quantiles(py, h, &o)?;
+        quantiles(py, &s.latency, &o)?;
+        o.set_item("retries", s.retries)?;
+        o.set_item("throttled", s.throttled)?;
+        o.set_item("bytes", s.bytes)?;
         io.append(o)?;
     }
     d.set_item("io", io)?;
-    let queue = PyDict::new(py);
-    let q = &counters.queue;
+    let queues = PyList::empty(py);
     let wall_ns = wall.as_nanos().max(1) as f64;
-    queue.set_item("capacity", q.capacity)?;
-    queue.set_item("mean_depth", q.depth_ns as f64 / wall_ns)?;
-    queue.set_item("empty_share", (q.empty_ns as f64 / wall_ns).min(1.0))?;
-    queue.set_item("full_share", (q.full_ns as f64 / wall_ns).min(1.0))?;
-    d.set_item("queue", queue)?;
+    for (name, q) in &counters.queues {
+        let queue = PyDict::new(py);
+        queue.set_item("name", *name)?;
+        queue.set_item("capacity", q.capacity)?;
+        queue.set_item("mean_depth", q.depth_ns as f64 / wall_ns)?;
+        queue.set_item("empty_share", (q.empty_ns as f64 / wall_ns).min(1.0))?;
+        queue.set_item("full_share", (q.full_ns as f64 / wall_ns).min(1.0))?;
+        queue.set_item("peak_bytes", q.peak_bytes)?;
+        queues.append(queue)?;
+    }
+    d.set_item("queues", queues)?;
     Ok(d)
 }
 

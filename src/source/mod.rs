@@ -37,7 +37,9 @@ pub mod storage;
 mod transport;
 
 pub use local::LocalSource;
-pub use object::{BoxFuture, IoCounters, ShardMeta, Source, read_ranges_blocking, size_blocking};
+pub use object::{
+    BoxFuture, IoCounters, SchemeSnapshot, ShardMeta, Source, read_ranges_blocking, size_blocking,
+};
 pub use redact::redact;
 pub use runtime::runtime;
 pub use schemes::{Io, local_path, open, read_whole, resolve};

@@ -81,9 +81,9 @@ pub struct IoCounters {
     pub cache_misses: AtomicU64,
     /// Requests the store answered with 429/503 and a wait (counted in `retries` too).
     pub throttled: AtomicU64,
-    /// Each remote request's time, from being sent to its body read (or its failure),
-    /// by URL scheme (`s3`, `https`, `hf`, ...), for the input-bound report.
-    latency: std::sync::Mutex<Vec<(String, Arc<crate::latency::Histogram>)>>,
+    /// The requests of each URL scheme (`s3`, `https`, `hf`, ...), for the input-bound
+    /// report.
+    schemes: std::sync::Mutex<Vec<(String, Arc<SchemeIo>)>>,
     /// The loader's timeline, when it keeps one: each request is an async span there.
     pub trace: std::sync::OnceLock<Arc<crate::trace::Trace>>,
 }
@@ -96,25 +96,68 @@ impl IoCounters {
         self.files_opened.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The latency histogram of `url`'s scheme (made on first use).
-    pub fn latency_of(&self, url: &str) -> Arc<crate::latency::Histogram> {
+    /// The counters of `url`'s scheme (made on first use).
+    pub fn scheme_of(&self, url: &str) -> Arc<SchemeIo> {
         let scheme = url.split_once("://").map_or("file", |(scheme, _)| scheme);
-        let mut schemes = self.latency.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, h)) = schemes.iter().find(|(s, _)| s == scheme) {
-            return h.clone();
+        let mut schemes = self.schemes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, io)) = schemes.iter().find(|(s, _)| s == scheme) {
+            return io.clone();
         }
-        let h = Arc::new(crate::latency::Histogram::default());
-        schemes.push((scheme.to_string(), h.clone()));
-        h
+        let io = Arc::new(SchemeIo::default());
+        schemes.push((scheme.to_string(), io.clone()));
+        io
     }
 
-    /// Each scheme's request latencies so far.
-    pub fn latencies(&self) -> Vec<(String, crate::latency::HistogramSnapshot)> {
-        let schemes = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+    /// Each scheme's counters so far.
+    pub fn schemes(&self) -> Vec<(String, SchemeSnapshot)> {
+        let schemes = self.schemes.lock().unwrap_or_else(|p| p.into_inner());
         schemes
             .iter()
-            .map(|(s, h)| (s.clone(), h.snapshot()))
+            .map(|(s, io)| (s.clone(), io.snapshot()))
             .collect()
+    }
+}
+
+/// Remote requests of one URL scheme: each one's time (from being sent to its body
+/// read, or its failure), the retries and throttled answers among them, and the bytes
+/// they brought.
+#[derive(Debug, Default)]
+pub struct SchemeIo {
+    pub latency: crate::latency::Histogram,
+    pub retries: AtomicU64,
+    pub throttled: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+impl SchemeIo {
+    fn snapshot(&self) -> SchemeSnapshot {
+        SchemeSnapshot {
+            latency: self.latency.snapshot(),
+            retries: self.retries.load(Ordering::Relaxed),
+            throttled: self.throttled.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A scheme's counters at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchemeSnapshot {
+    pub latency: crate::latency::HistogramSnapshot,
+    pub retries: u64,
+    pub throttled: u64,
+    pub bytes: u64,
+}
+
+impl SchemeSnapshot {
+    /// What happened after `earlier` (a snapshot of the same scheme's counters).
+    pub fn since(&self, earlier: &SchemeSnapshot) -> SchemeSnapshot {
+        SchemeSnapshot {
+            latency: self.latency.since(&earlier.latency),
+            retries: self.retries.saturating_sub(earlier.retries),
+            throttled: self.throttled.saturating_sub(earlier.throttled),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+        }
     }
 }
 

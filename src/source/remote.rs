@@ -74,7 +74,7 @@ struct Inner {
     storage: Arc<Storage>,
     counters: Arc<IoCounters>,
     /// Where each request's time goes (the counters' histogram of this URL's scheme).
-    latency: Arc<crate::latency::Histogram>,
+    scheme: Arc<super::object::SchemeIo>,
     /// Known from the listing, or learnt on first use.
     info: Mutex<Option<ObjectInfo>>,
 }
@@ -96,13 +96,13 @@ impl RemoteSource {
         storage: Arc<Storage>,
         counters: Arc<IoCounters>,
     ) -> Self {
-        let latency = counters.latency_of(&url);
+        let scheme = counters.scheme_of(&url);
         Self(Arc::new(Inner {
             url,
             requests,
             storage,
             counters,
-            latency,
+            scheme,
             info: Mutex::new(info),
         }))
     }
@@ -167,6 +167,7 @@ impl Inner {
                 Ok(Err(Failure::Transient(cause))) => cause,
                 Ok(Err(Failure::Throttled(cause, wait))) => {
                     self.counters.throttled.fetch_add(1, Relaxed);
+                    self.scheme.throttled.fetch_add(1, Relaxed);
                     asked = wait;
                     cause
                 }
@@ -176,6 +177,7 @@ impl Inner {
                 return Err(self.gave_up(offset, what, &cause, tries));
             }
             self.counters.retries.fetch_add(1, Relaxed);
+            self.scheme.retries.fetch_add(1, Relaxed);
             tokio::time::sleep(policy.backoff(tries).max(asked)).await;
         }
     }
@@ -183,7 +185,7 @@ impl Inner {
     /// A request sent at `sent` is done: its time goes to the scheme's latencies and,
     /// when the loader keeps a timeline, to it.
     fn done(&self, what: &str, sent: std::time::Instant) {
-        self.latency.record(sent.elapsed());
+        self.scheme.latency.record(sent.elapsed());
         if let Some(trace) = self.counters.trace.get() {
             trace.request(format!("{what} {}", self.url), sent);
         }
@@ -232,6 +234,7 @@ impl Inner {
                         Ok(Err(Failure::Transient(cause))) => cause,
                         Ok(Err(Failure::Throttled(cause, wait))) => {
                             self.counters.throttled.fetch_add(1, Relaxed);
+                            self.scheme.throttled.fetch_add(1, Relaxed);
                             asked = wait;
                             cause
                         }
@@ -246,6 +249,7 @@ impl Inner {
             self.counters
                 .bytes_fetched
                 .fetch_add(received as u64, Relaxed);
+            self.scheme.bytes.fetch_add(received as u64, Relaxed);
             if got.len() >= want {
                 break;
             }
@@ -260,6 +264,7 @@ impl Inner {
                 ));
             }
             self.counters.retries.fetch_add(1, Relaxed);
+            self.scheme.retries.fetch_add(1, Relaxed);
             tokio::time::sleep(policy.backoff(tries.max(1)).max(asked)).await;
         }
         Ok(got)
