@@ -166,8 +166,7 @@ impl Inner {
                 Ok(Err(Failure::Permanent(e))) => return Err(e),
                 Ok(Err(Failure::Transient(cause))) => cause,
                 Ok(Err(Failure::Throttled(cause, wait))) => {
-                    self.counters.throttled.fetch_add(1, Relaxed);
-                    self.scheme.throttled.fetch_add(1, Relaxed);
+                    self.throttled();
                     asked = wait;
                     cause
                 }
@@ -176,10 +175,21 @@ impl Inner {
             if tries >= policy.max_attempts {
                 return Err(self.gave_up(offset, what, &cause, tries));
             }
-            self.counters.retries.fetch_add(1, Relaxed);
-            self.scheme.retries.fetch_add(1, Relaxed);
+            self.retried();
             tokio::time::sleep(policy.backoff(tries).max(asked)).await;
         }
+    }
+
+    /// The store asked us to slow down (counted in the loader's and the scheme's totals).
+    fn throttled(&self) {
+        self.counters.throttled.fetch_add(1, Relaxed);
+        self.scheme.throttled.fetch_add(1, Relaxed);
+    }
+
+    /// A request is tried again.
+    fn retried(&self) {
+        self.counters.retries.fetch_add(1, Relaxed);
+        self.scheme.retries.fetch_add(1, Relaxed);
     }
 
     /// A request sent at `sent` is done: its time goes to the scheme's latencies and,
@@ -233,8 +243,7 @@ impl Inner {
                         }
                         Ok(Err(Failure::Transient(cause))) => cause,
                         Ok(Err(Failure::Throttled(cause, wait))) => {
-                            self.counters.throttled.fetch_add(1, Relaxed);
-                            self.scheme.throttled.fetch_add(1, Relaxed);
+                            self.throttled();
                             asked = wait;
                             cause
                         }
@@ -263,8 +272,7 @@ impl Inner {
                     tries,
                 ));
             }
-            self.counters.retries.fetch_add(1, Relaxed);
-            self.scheme.retries.fetch_add(1, Relaxed);
+            self.retried();
             tokio::time::sleep(policy.backoff(tries.max(1)).max(asked)).await;
         }
         Ok(got)
