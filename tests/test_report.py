@@ -119,6 +119,10 @@ def test_slow_s3_with_two_requests_in_flight_is_io_bound(slow_bucket: str, seawe
     assert sorted(ends[i] - begins[i] for i in begins)[len(begins) // 2] >= 50_000
     ahead = [e["args"]["value"] for e in events if e["ph"] == "C" and e["name"] == "bytes read ahead"]
     assert ahead and max(ahead) > 0 and ahead[-1] == 0
+    # The loop waited for its batches: its waits are spans on its thread.
+    waits = [e for e in events if e["ph"] == "X" and e["name"] == "wait for a batch"]
+    assert waits and sum(e["dur"] for e in waits) / 1e6 <= report.waiting_seconds + 0.01
+    spans_nest(events)
 
 
 def test_windows_and_epochs(tmp_path: Path) -> None:
@@ -254,7 +258,8 @@ def test_a_two_worker_torch_run_keeps_a_timeline_per_worker(tmp_path: Path) -> N
         events = json.loads((tmp_path / f"trace.rank0-worker{worker}.json").read_text())["traceEvents"]
         spans_nest(events)
         names = {e["name"] for e in events if e["ph"] == "X"}
-        assert {"decode", "wait for a batch"} <= names and any(n.startswith("map(") for n in names), names
+        # (The worker's loop may never wait for a batch: the S3 test checks those spans.)
+        assert "decode" in names and any(n.startswith("map(") for n in names), names
         # The decode spans cover the decode time the worker's report counts.
         decode = next(s for s in part["report"]["stages"] if s["name"] == "decode")
         traced = sum(e["dur"] for e in events if e["ph"] == "X" and e["name"] == "decode") / 1e6

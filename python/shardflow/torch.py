@@ -539,6 +539,8 @@ class IterableDataset(_TorchIterableDataset):
         state = self.__dict__.copy()
         if self._position is not None:
             state["_position"] = _Known(self._position())
+        # The main process's loader is its own (a copy reports on its own passes).
+        state["_main_loader"] = None
         return state
 
     def state_dict(self) -> dict[str, Any]:

@@ -13,6 +13,13 @@
 //! `os.register_at_fork` runs before each fork closes the gate and waits, with the GIL
 //! released, until no thread of ours is between the gate and the GIL. Atomics, not a
 //! lock, keep the gate: nothing of it can be copied taken into the child.
+//!
+//! The same gate closes for good when the interpreter exits. A thread of ours that wants
+//! the GIL back (mid-call, after the interpreter's switch interval) once finalization has
+//! begun is ended by CPython with `pthread_exit`, whose forced unwind through our frames
+//! aborts the process. So an `atexit` handler closes the gate and waits, the GIL released,
+//! until no thread of ours is in Python; the calls after it fail as the interpreter's
+//! shutdown, and the pipelines (already cancelled or finished) end.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
@@ -22,6 +29,13 @@ use pyo3::prelude::*;
 static FORKING: AtomicBool = AtomicBool::new(false);
 /// Threads of ours between the gate and holding the GIL.
 static ENTERING: AtomicUsize = AtomicUsize::new(0);
+/// Set by the `atexit` handler: no thread of ours enters Python from then on.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// Threads of ours past the gate and not yet out of Python (entering it, or in it).
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+/// How long the exit waits for our threads to leave Python (a function that never
+/// returns must not hold the process up for ever).
+const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a thread waits before looking at the gate again while a fork is under way.
 const PAUSE: Duration = Duration::from_micros(200);
@@ -33,6 +47,13 @@ pub fn attach<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
         // A Python thread (perhaps holding the GIL, so it must not wait at the gate):
         // entering makes no thread state.
         return Python::try_attach(f);
+    }
+    // Counted before the look at the exit flag, so the exit either sees this thread
+    // inside or this thread sees the flag.
+    INSIDE.fetch_add(1, SeqCst);
+    if EXITING.load(SeqCst) {
+        INSIDE.fetch_sub(1, SeqCst);
+        return None;
     }
     loop {
         while FORKING.load(SeqCst) {
@@ -55,7 +76,21 @@ pub fn attach<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
     if !entered {
         ENTERING.fetch_sub(1, SeqCst);
     }
+    INSIDE.fetch_sub(1, SeqCst);
     out
+}
+
+/// `atexit`: closes the gate for good, then waits (the GIL released, so that threads of
+/// ours in Python can finish their call) until none is in Python.
+#[pyfunction]
+fn before_exit(py: Python<'_>) {
+    EXITING.store(true, SeqCst);
+    py.detach(|| {
+        let start = std::time::Instant::now();
+        while INSIDE.load(SeqCst) > 0 && start.elapsed() < EXIT_WAIT {
+            std::thread::sleep(PAUSE);
+        }
+    });
 }
 
 /// `os.register_at_fork(before=...)`: closes the gate, then waits (the GIL released, so
@@ -96,5 +131,8 @@ pub fn register(py: Python<'_>) -> PyResult<()> {
     py.import("os")?
         .getattr("register_at_fork")?
         .call((), Some(&kwargs))?;
+    py.import("atexit")?
+        .getattr("register")?
+        .call1((wrap_pyfunction!(before_exit, py)?,))?;
     Ok(())
 }
