@@ -142,6 +142,9 @@ def test_windows_and_epochs(tmp_path: Path) -> None:
     both = loader.report(seconds=3600)
     assert both.rows == 40_000
     assert json.loads(json.dumps(last.to_dict()))["verdict"] == last.verdict
+    for bad in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(ValueError, match="seconds="):
+            loader.report(seconds=bad)
 
 
 def test_headspace_reads_without_a_step_and_leaves_the_loader_alone(tmp_path: Path) -> None:

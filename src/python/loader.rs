@@ -737,6 +737,13 @@ impl PyDataLoader {
         py: Python<'py>,
         seconds: Option<f64>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if let Some(s) = seconds
+            && !(s.is_finite() && s >= 0.0)
+        {
+            return Err(PyValueError::new_err(format!(
+                "seconds={s}: a number of seconds, 0 or more"
+            )));
+        }
         let Some((counters, wall)) = lock(&self.report).window(&self.stats, seconds) else {
             return Ok(None);
         };

@@ -77,7 +77,7 @@ impl ReportWindow {
                 let now = stats.report_counters();
                 let from = now
                     .at
-                    .checked_sub(Duration::from_secs_f64(seconds.clamp(0.0, 1e9)))
+                    .checked_sub(Duration::from_secs_f64(seconds.min(1e9)))
                     .unwrap_or(now.at);
                 // The latest reading at or before the window's start, else the oldest.
                 let earlier = self
@@ -95,17 +95,12 @@ impl ReportWindow {
     }
 }
 
-fn quantiles<'py>(
-    py: Python<'py>,
-    h: &HistogramSnapshot,
-    into: &Bound<'py, PyDict>,
-) -> PyResult<()> {
+fn quantiles(h: &HistogramSnapshot, into: &Bound<'_, PyDict>) -> PyResult<()> {
     let seconds = |q| h.quantile_ns(q).map(|ns| ns as f64 / 1e9);
     into.set_item("count", h.count())?;
     into.set_item("seconds", h.sum_ns as f64 / 1e9)?;
     into.set_item("p50_seconds", seconds(0.5))?;
     into.set_item("p99_seconds", seconds(0.99))?;
-    let _ = py;
     Ok(())
 }
 
@@ -140,7 +135,7 @@ pub(super) fn to_dict<'py>(
     d.set_item("cache_misses", s.cache_misses)?;
     d.set_item("skipped_records", s.skipped_records)?;
     let decode = PyDict::new(py);
-    quantiles(py, &counters.decode, &decode)?;
+    quantiles(&counters.decode, &decode)?;
     d.set_item("decode", decode)?;
     let ops = PyList::empty(py);
     for op in &counters.ops {
@@ -149,7 +144,7 @@ pub(super) fn to_dict<'py>(
         o.set_item("on_threads", op.on_threads)?;
         o.set_item("rows_in", op.rows_in)?;
         o.set_item("rows_out", op.rows_out)?;
-        quantiles(py, &op.calls, &o)?;
+        quantiles(&op.calls, &o)?;
         ops.append(o)?;
     }
     d.set_item("ops", ops)?;
@@ -157,7 +152,7 @@ pub(super) fn to_dict<'py>(
     for (scheme, s) in &counters.io {
         let o = PyDict::new(py);
         o.set_item("scheme", scheme)?;
-        quantiles(py, &s.latency, &o)?;
+        quantiles(&s.latency, &o)?;
         o.set_item("retries", s.retries)?;
         o.set_item("throttled", s.throttled)?;
         o.set_item("bytes", s.bytes)?;
