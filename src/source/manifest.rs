@@ -137,7 +137,8 @@ pub fn join(dir: &str, name: &str) -> String {
     format!("{}/{name}", dir.trim_end_matches('/'))
 }
 
-/// The manifest of a directory or `s3://` prefix, if `spec` names one that has it.
+/// The manifest of a directory or an object store's prefix, if `spec` names one that has
+/// it.
 /// Globs, brace ranges, single files and HTTP URLs never have one.
 pub fn find(spec: &str, storage: &Arc<Storage>) -> Result<Option<Manifest>> {
     if super::pattern::is_glob(spec) || spec.contains('{') {
@@ -148,10 +149,11 @@ pub fn find(spec: &str, storage: &Arc<Storage>) -> Result<Option<Manifest>> {
         // An object store cannot tell a prefix from an object without asking: a last
         // segment with an extension (`chat.jsonl`) is taken for an object, so that its
         // errors (credentials, say) name it rather than a manifest beside it.
-        None => spec.strip_prefix("s3://").is_some_and(|rest| {
+        None => super::is_object_store(spec) && {
+            let rest = spec.split_once("://").map_or("", |(_, rest)| rest);
             let last = rest.rsplit('/').next().unwrap_or("");
             !rest.is_empty() && (rest.ends_with('/') || !last.contains('.'))
-        }),
+        },
     };
     if !is_prefix {
         return Ok(None);
@@ -194,7 +196,7 @@ pub fn shards(spec: &str, manifest: &Manifest, storage: &Arc<Storage>) -> Result
         });
     }
     // A prefix lists what is below it only with its trailing `/`.
-    let listing = match spec.starts_with("s3://") {
+    let listing = match super::is_object_store(spec) {
         true => join(spec, ""),
         false => spec.to_string(),
     };

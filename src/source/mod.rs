@@ -3,10 +3,13 @@
 //!
 //! - `object`: what every backend shares: [`Source`] (one readable object), [`ShardMeta`]
 //!   (a shard as listed), the I/O counters, blocking read helpers.
-//! - `backend`: the `Backend` trait, one kind of storage (list, open).
+//! - `backend`: the `Backend` trait, one kind of storage (list, open, write).
 //! - `schemes`: the table of backends by URL scheme; [`resolve`], [`open`], [`local_path`].
 //! - Backends, each importing no other: `local` (files), [`s3`] (with `sigv4`, its
-//!   signer), `http` (plain `http(s)://` URLs), `hf` (Hugging Face Hub dataset repos).
+//!   signer), `gcs` (`gs://`), `azure` (`az://`, `abfs[s]://`, Azure's `https://`),
+//!   `http` (plain `http(s)://` URLs), `hf` (Hugging Face Hub dataset repos).
+//! - [`upload`]: what a backend that can be written to provides the writer (objects
+//!   under a prefix, uploads in parts).
 //! - [`remote`]: a remote object read with retries, resumed bodies, parallel ranges,
 //!   read-ahead and the disk cache, over a backend's [`remote::ObjectRequests`].
 //! - `transport`: the one HTTP transport: client, refusals, range responses, and
@@ -17,8 +20,10 @@
 //!   [`ranges`] (fetched byte ranges), [`pattern`] (globs, brace ranges), [`manifest`] (a
 //!   written dataset's shard list), `redact` (credentials out of URLs in messages).
 
+mod azure;
 mod backend;
 pub mod cache;
+mod gcs;
 mod hf;
 mod http;
 mod local;
@@ -35,6 +40,7 @@ mod schemes;
 mod sigv4;
 pub mod storage;
 mod transport;
+pub mod upload;
 
 pub use local::LocalSource;
 pub use object::{
@@ -42,6 +48,6 @@ pub use object::{
 };
 pub use redact::redact;
 pub use runtime::runtime;
-pub use schemes::{Io, local_path, open, read_whole, resolve};
+pub use schemes::{Io, is_object_store, local_path, open, read_whole, resolve, writer};
 pub use sigv4::civil_from_days;
 pub use storage::{Storage, StorageOptions};

@@ -19,6 +19,7 @@ use super::retry::{Failure, transient_status};
 use super::runtime::{self, runtime};
 use super::sigv4::{Scope, Signer, encode_key};
 use super::storage::Storage;
+use super::upload::{PrefixWriter, Tried, Upload};
 use super::transport::{
     changed, range_response, short_cause, size_from_content_range, status_failure,
     transport_failure,
@@ -434,6 +435,10 @@ impl ObjectRequests for S3Object {
 pub struct S3;
 
 impl Backend for S3 {
+    fn is_object_store(&self) -> bool {
+        true
+    }
+
     fn list(&self, spec: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
         list(spec, storage)
     }
@@ -446,6 +451,205 @@ impl Backend for S3 {
     ) -> Result<Arc<dyn Source>> {
         let object = S3Object::new(&shard.url, storage)?;
         Ok(open_shard(shard, Box::new(object), storage, counters))
+    }
+
+    /// Writes under `s3://bucket/prefix`.
+    fn writer(&self, url: &str, storage: &Arc<Storage>) -> Option<Result<Box<dyn PrefixWriter>>> {
+        Some(S3Writer::new(url, storage))
+    }
+}
+
+/// Objects written under a prefix: single PUTs, and multipart uploads for large ones.
+struct S3Writer {
+    /// `s3://bucket/prefix`, for messages.
+    url: String,
+    bucket: String,
+    /// The key prefix, ending in `/` unless empty.
+    prefix: String,
+    client: aws_sdk_s3::Client,
+}
+
+impl S3Writer {
+    fn new(url: &str, storage: &Arc<Storage>) -> Result<Box<dyn PrefixWriter>> {
+        let (bucket, key) = split(url)?;
+        Ok(Box::new(S3Writer {
+            url: url.trim_end_matches('/').to_string(),
+            bucket: bucket.to_string(),
+            prefix: super::upload::key_prefix(key),
+            client: client(storage)?,
+        }))
+    }
+
+    fn url_of(&self, name: &str) -> String {
+        format!("{}/{name}", self.url)
+    }
+}
+
+impl PrefixWriter for S3Writer {
+    fn list(&self) -> BoxFuture<'_, Tried<Vec<String>>> {
+        Box::pin(async move {
+            let mut names = Vec::new();
+            let mut token: Option<String> = None;
+            loop {
+                let page = self
+                    .client
+                    .list_objects_v2()
+                    .bucket(&self.bucket)
+                    .prefix(&self.prefix)
+                    .set_continuation_token(token.take())
+                    .send()
+                    .await
+                    .map_err(|e| failure(&self.url, e))?;
+                names.extend(page.contents().iter().filter_map(|o| {
+                    o.key()?.strip_prefix(self.prefix.as_str()).map(str::to_string)
+                }));
+                token = page.next_continuation_token().map(str::to_string);
+                if token.is_none() {
+                    return Ok(names);
+                }
+            }
+        })
+    }
+
+    fn delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Tried<()>> {
+        Box::pin(async move {
+            self.client
+                .delete_object()
+                .bucket(&self.bucket)
+                .key(format!("{}{name}", self.prefix))
+                .send()
+                .await
+                .map_err(|e| failure(&self.url_of(name), e))
+                .map(drop)
+        })
+    }
+
+    fn put<'a>(&'a self, name: &'a str, bytes: Bytes) -> BoxFuture<'a, Tried<()>> {
+        Box::pin(async move {
+            self.client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(format!("{}{name}", self.prefix))
+                .body(aws_sdk_s3::primitives::ByteStream::from(bytes))
+                .send()
+                .await
+                .map_err(|e| failure(&self.url_of(name), e))
+                .map(drop)
+        })
+    }
+
+    fn start_upload<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Tried<Arc<dyn Upload>>> {
+        Box::pin(async move {
+            let url = self.url_of(name);
+            let key = format!("{}{name}", self.prefix);
+            let created = self
+                .client
+                .create_multipart_upload()
+                .bucket(&self.bucket)
+                .key(&key)
+                .send()
+                .await
+                .map_err(|e| failure(&url, e))?;
+            let upload_id = created.upload_id().map(str::to_string).ok_or_else(|| {
+                Failure::Permanent(Error::write(
+                    &url,
+                    std::io::Error::other("no upload id in the reply"),
+                ))
+            })?;
+            Ok(Arc::new(S3Upload {
+                client: self.client.clone(),
+                bucket: self.bucket.clone(),
+                key,
+                upload_id,
+                url,
+            }) as Arc<dyn Upload>)
+        })
+    }
+}
+
+/// A multipart upload.
+struct S3Upload {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+    key: String,
+    upload_id: String,
+    url: String,
+}
+
+impl Upload for S3Upload {
+    fn parts_in_flight(&self) -> usize {
+        4
+    }
+
+    fn send_part(&self, number: u32, _offset: u64, bytes: Bytes) -> BoxFuture<'_, Tried<String>> {
+        Box::pin(async move {
+            let sent = self
+                .client
+                .upload_part()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .upload_id(&self.upload_id)
+                .part_number(number as i32)
+                .body(aws_sdk_s3::primitives::ByteStream::from(bytes))
+                .send()
+                .await
+                .map_err(|e| failure(&self.url, e))?;
+            Ok(sent.e_tag().unwrap_or_default().to_string())
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        parts: &'a [(u32, String)],
+        last: Bytes,
+        offset: u64,
+    ) -> BoxFuture<'a, Tried<()>> {
+        use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+        Box::pin(async move {
+            let mut parts = parts.to_vec();
+            // S3 takes a last part of any size, but none of zero bytes after the first.
+            if !last.is_empty() || parts.is_empty() {
+                let number = parts.last().map_or(1, |(n, _)| n + 1);
+                parts.push((number, self.send_part(number, offset, last).await?));
+            }
+            let completed = parts
+                .into_iter()
+                .map(|(number, etag)| {
+                    CompletedPart::builder()
+                        .part_number(number as i32)
+                        .e_tag(etag)
+                        .build()
+                })
+                .collect();
+            self.client
+                .complete_multipart_upload()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .upload_id(&self.upload_id)
+                .multipart_upload(
+                    CompletedMultipartUpload::builder()
+                        .set_parts(Some(completed))
+                        .build(),
+                )
+                .send()
+                .await
+                .map_err(|e| failure(&self.url, e))
+                .map(drop)
+        })
+    }
+
+    fn abort(&self) -> BoxFuture<'_, Tried<()>> {
+        Box::pin(async move {
+            self.client
+                .abort_multipart_upload()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .upload_id(&self.upload_id)
+                .send()
+                .await
+                .map_err(|e| failure(&self.url, e))
+                .map(drop)
+        })
     }
 }
 
@@ -474,19 +678,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
             rows: None,
         }]);
     }
-    let literal_prefix = &key[..key.find(['*', '?', '[']).unwrap_or(key.len())];
-    let matcher = if glob {
-        Some(
-            glob::Pattern::new(key)
-                .map_err(|e| Error::invalid_argument(format!("bad glob {url:?}: {e}")))?,
-        )
-    } else {
-        None
-    };
-    let options = glob::MatchOptions {
-        require_literal_separator: true,
-        ..Default::default()
-    };
+    let listed = pattern::Listed::new(url, key)?;
     let mut shards = Vec::new();
     let mut token: Option<String> = None;
     loop {
@@ -495,7 +687,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
                 client
                     .list_objects_v2()
                     .bucket(bucket)
-                    .prefix(literal_prefix)
+                    .prefix(listed.literal_prefix())
                     .set_continuation_token(token.take())
                     .send(),
             )
@@ -509,14 +701,7 @@ pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
             })?;
         for object in page.contents() {
             let Some(name) = object.key() else { continue };
-            let keep = match &matcher {
-                Some(m) => m.matches_with(name, options),
-                // A prefix: everything below it but hidden and `_` files, as for directories.
-                None => {
-                    let base = name.rsplit('/').next().unwrap_or(name);
-                    !base.is_empty() && !base.starts_with(['.', '_'])
-                }
-            };
+            let keep = listed.keeps(name);
             if keep {
                 shards.push(ShardMeta {
                     url: format!("s3://{bucket}/{name}"),

@@ -8,13 +8,18 @@ use std::sync::Arc;
 use super::backend::Backend;
 use super::object::{IoCounters, ShardMeta, Source};
 use super::storage::Storage;
-use super::{hf, http, local, pattern, s3};
+use super::upload::PrefixWriter;
+use super::{azure, gcs, hf, http, local, pattern, s3};
 use crate::error::{Error, Result};
 
 /// The backends by URL scheme (the part before `://`).
 const SCHEMES: &[(&str, &dyn Backend)] = &[
     ("file", &local::Local),
     ("s3", &s3::S3),
+    ("gs", &gcs::Gcs),
+    ("az", &azure::Azure),
+    ("abfs", &azure::Azure),
+    ("abfss", &azure::Azure),
     ("http", &http::Http),
     ("https", &http::Http),
     // Hugging Face Hub dataset repos.
@@ -26,6 +31,10 @@ const NO_SCHEME: &dyn Backend = &local::Local;
 
 /// The backend that reads `spec`; `Err` with the scheme's name where none does.
 fn backend(spec: &str) -> std::result::Result<&'static dyn Backend, &str> {
+    // Azure Blob Storage's own https:// URLs are read with its API (listing, SharedKey).
+    if azure::is_blob_host(spec) {
+        return Ok(&azure::Azure);
+    }
     match spec.split_once("://") {
         Some((name, _)) if !name.contains('/') => SCHEMES
             .iter()
@@ -67,7 +76,7 @@ pub fn resolve(specs: &[String], storage: &Arc<Storage>) -> Result<Vec<ShardMeta
                 Ok(backend) => shards.extend(backend.list(&expanded, storage)?),
                 Err(name) => {
                     return Err(Error::invalid_argument(format!(
-                        "{spec}: {name}:// sources are not supported (use a path, s3://, hf:// or http(s)://)"
+                        "{spec}: {name}:// sources are not supported (use a path, s3://, gs://, az://, hf:// or http(s)://)"
                     )));
                 }
             }
@@ -89,6 +98,23 @@ pub fn open(
             shard.url
         ))),
     }
+}
+
+/// Writes objects under the remote prefix `url`; an error for a scheme that cannot be
+/// written to.
+pub fn writer(url: &str, storage: &Arc<Storage>) -> Result<Box<dyn PrefixWriter>> {
+    let backend = backend(url).ok();
+    match backend.and_then(|b| b.writer(url, storage)) {
+        Some(writer) => writer,
+        None => Err(Error::invalid_argument(format!(
+            "{url}: write() writes to a local directory or an s3://, gs:// or az:// prefix"
+        ))),
+    }
+}
+
+/// Whether `url` is in an object store (S3, GCS, Azure Blob): a prefix there is listed.
+pub fn is_object_store(url: &str) -> bool {
+    backend(url).is_ok_and(|b| b.is_object_store())
 }
 
 /// The path of a local file (a plain path or a `file://` URL); `None` for remote URLs.
@@ -159,6 +185,6 @@ mod tests {
         ] {
             assert_eq!(local_path(remote), None, "{remote}");
         }
-        assert!(matches!(backend("gs://b/k"), Err("gs")));
+        assert!(matches!(backend("ftp://b/k"), Err("ftp")));
     }
 }

@@ -44,6 +44,28 @@ pub struct StorageOptions {
     pub hf_endpoint: Option<String>,
     /// The Hub token; `HF_TOKEN`, or the token file, when not given.
     pub hf_token: Option<String>,
+    /// GCS (named as gcsfs names them): `token` (a credentials file, `"anon"`,
+    /// `"google_default"`, `"cloud"`), `project`, and whether buckets bill the requester.
+    pub gcs_token: Option<String>,
+    pub gcs_project: Option<String>,
+    pub requester_pays: bool,
+    /// Azure (named as adlfs names them).
+    pub azure: AzureOptions,
+}
+
+/// Azure Blob settings, named as adlfs names them; each falls back on its `AZURE_STORAGE_*`
+/// variable (see `source::azure`).
+#[derive(Clone, Default)]
+pub struct AzureOptions {
+    pub account_name: Option<String>,
+    pub account_key: Option<String>,
+    pub connection_string: Option<String>,
+    pub sas_token: Option<String>,
+    pub tenant_id: Option<String>,
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    /// Unsigned requests (public containers).
+    pub anon: bool,
 }
 
 impl std::fmt::Debug for StorageOptions {
@@ -61,6 +83,9 @@ impl std::fmt::Debug for StorageOptions {
             )
             .field("hf_endpoint", &self.hf_endpoint)
             .field("hf_token", &self.hf_token.as_ref().map(|_| "<given>"))
+            .field("gcs_token", &self.gcs_token.as_ref().map(|_| "<given>"))
+            .field("gcs_project", &self.gcs_project)
+            .field("azure_account_name", &self.azure.account_name)
             .field("max_concurrency", &self.max_concurrency)
             .field("cache_dir", &self.cache_dir)
             .finish_non_exhaustive()
@@ -86,6 +111,10 @@ impl Default for StorageOptions {
             cache_size: 10 << 30,
             hf_endpoint: None,
             hf_token: None,
+            gcs_token: None,
+            gcs_project: None,
+            requester_pays: false,
+            azure: AzureOptions::default(),
         }
     }
 }
@@ -129,6 +158,19 @@ impl StorageOptions {
             cache_size: r.u64("cache_size", d.cache_size)?,
             hf_endpoint: owned(r.string("hf_endpoint")?),
             hf_token: owned(r.string("hf_token")?),
+            gcs_token: owned(r.string("token")?),
+            gcs_project: owned(r.string("project")?),
+            requester_pays: r.bool("requester_pays", false)?,
+            azure: AzureOptions {
+                account_name: owned(r.string("account_name")?),
+                account_key: owned(r.string("account_key")?),
+                connection_string: owned(r.string("connection_string")?),
+                sas_token: owned(r.string("sas_token")?),
+                tenant_id: owned(r.string("tenant_id")?),
+                client_id: owned(r.string("client_id")?),
+                client_secret: owned(r.string("client_secret")?),
+                anon: r.bool("anon", false)?,
+            },
         };
         r.finish()?;
         Ok(parsed)

@@ -1,38 +1,35 @@
-//! Where `write` puts shards: a local directory or an `s3://` prefix, each file written
-//! as a stream through a [`Sink`]. A file appears under its final name only when it is
-//! whole: locally it is written under a hidden temporary name and renamed; on S3 an
-//! object exists only once its single PUT or its multipart upload (parts sent as they
-//! fill) completes. So a writer killed half-way leaves complete shards and
-//! hidden temporaries, never a truncated shard under a shard's name.
+//! Where `write` puts shards: a local directory or a remote prefix (`s3://`, `gs://`,
+//! `az://`), each file written as a stream through a [`Sink`]. A file appears under its
+//! final name only when it is whole: locally it is written under a hidden temporary name
+//! and renamed; remotely an object exists only once its single PUT or its upload in parts
+//! (sent as they fill: see `source::upload`) completes. So a writer killed half-way
+//! leaves complete shards and hidden temporaries, never a truncated shard under a
+//! shard's name.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
 use crate::source::retry::Failure;
-use crate::source::{Storage, manifest, runtime, s3};
+use crate::source::upload::{PrefixWriter, Upload};
+use crate::source::{Storage, manifest, runtime};
 
-/// Objects larger than this go up as a multipart upload, in parts of this size.
+/// Objects larger than this go up in parts of this size (a multiple of the 256 KiB that
+/// GCS's resumable uploads take).
 const PART_BYTES: usize = 16 << 20;
-/// Parts of one object uploaded at once.
-const PARTS_IN_FLIGHT: usize = 4;
 
 pub enum Destination {
     Local {
         dir: PathBuf,
     },
-    S3 {
-        /// `s3://bucket/prefix` without a trailing `/`.
+    Remote {
+        /// `scheme://bucket/prefix` without a trailing `/`.
         url: String,
-        bucket: String,
-        /// The key prefix, ending in `/` unless empty.
-        prefix: String,
+        writer: Box<dyn PrefixWriter>,
         storage: Arc<Storage>,
     },
 }
@@ -52,34 +49,20 @@ fn is_ours(name: &str) -> bool {
 
 impl Destination {
     pub fn new(dest: &str, storage: &Arc<Storage>) -> Result<Self> {
-        if let Some(rest) = dest.strip_prefix("s3://") {
-            let (bucket, key) = s3::split(dest)?;
-            if rest.contains(['*', '?', '[', '{']) {
-                return Err(Error::invalid_argument(format!(
-                    "{dest}: a write destination is a prefix, not a pattern"
-                )));
-            }
-            let key = key.trim_end_matches('/');
-            return Ok(Destination::S3 {
-                url: format!("s3://{bucket}/{key}")
-                    .trim_end_matches('/')
-                    .to_string(),
-                bucket: bucket.to_string(),
-                prefix: if key.is_empty() {
-                    String::new()
-                } else {
-                    format!("{key}/")
-                },
-                storage: storage.clone(),
+        if let Some(path) = crate::source::local_path(dest) {
+            return Ok(Destination::Local {
+                dir: PathBuf::from(path),
             });
         }
-        if dest.contains("://") && !dest.starts_with("file://") {
+        if dest.split_once("://").is_some_and(|(_, rest)| rest.contains(['*', '?', '[', '{'])) {
             return Err(Error::invalid_argument(format!(
-                "{dest}: write() writes to a local directory or an s3:// prefix"
+                "{dest}: a write destination is a prefix, not a pattern"
             )));
         }
-        Ok(Destination::Local {
-            dir: PathBuf::from(dest.strip_prefix("file://").unwrap_or(dest)),
+        Ok(Destination::Remote {
+            url: dest.trim_end_matches('/').to_string(),
+            writer: crate::source::writer(dest, storage)?,
+            storage: storage.clone(),
         })
     }
 
@@ -95,7 +78,7 @@ impl Destination {
                 };
                 file.starts_with(dir)
             }
-            Destination::S3 { url: prefix, .. } => url.starts_with(&format!("{prefix}/")),
+            Destination::Remote { url: prefix, .. } => url.starts_with(&format!("{prefix}/")),
         }
     }
 
@@ -103,7 +86,7 @@ impl Destination {
     pub fn url(&self) -> String {
         match self {
             Destination::Local { dir } => dir.to_string_lossy().into_owned(),
-            Destination::S3 { url, .. } => url.clone(),
+            Destination::Remote { url, .. } => url.clone(),
         }
     }
 
@@ -111,12 +94,12 @@ impl Destination {
         manifest::join(&self.url(), name)
     }
 
-    /// Whether the destination is there already (a local directory; an S3 prefix always
-    /// is).
+    /// Whether the destination is there already (a local directory; a remote prefix
+    /// always is).
     pub fn exists(&self) -> bool {
         match self {
             Destination::Local { dir } => dir.exists(),
-            Destination::S3 { .. } => true,
+            Destination::Remote { .. } => true,
         }
     }
 
@@ -155,7 +138,7 @@ impl Destination {
         Ok(())
     }
 
-    /// Names directly in the destination (local) or under the prefix (S3).
+    /// Names directly in the destination (local) or under the prefix (remote).
     fn list(&self) -> Result<Vec<String>> {
         match self {
             Destination::Local { dir } => {
@@ -171,35 +154,7 @@ impl Destination {
                 }
                 Ok(names)
             }
-            Destination::S3 { .. } => {
-                let (client, bucket, prefix) = self.s3_parts()?;
-                let mut names = Vec::new();
-                let mut token: Option<String> = None;
-                loop {
-                    let page = self.retrying("LIST", || {
-                        let request = client
-                            .list_objects_v2()
-                            .bucket(bucket)
-                            .prefix(prefix)
-                            .set_continuation_token(token.clone());
-                        async move {
-                            request
-                                .send()
-                                .await
-                                .map_err(|e| s3::failure(&self.url(), e))
-                        }
-                    })?;
-                    names.extend(
-                        page.contents()
-                            .iter()
-                            .filter_map(|o| o.key()?.strip_prefix(prefix).map(str::to_string)),
-                    );
-                    token = page.next_continuation_token().map(str::to_string);
-                    if token.is_none() {
-                        return Ok(names);
-                    }
-                }
-            }
+            Destination::Remote { writer, .. } => self.retrying("LIST", || writer.list()),
         }
     }
 
@@ -211,18 +166,8 @@ impl Destination {
                 }
                 _ => Ok(()),
             },
-            Destination::S3 { .. } => {
-                let (client, bucket, prefix) = self.s3_parts()?;
-                let url = self.url_of(name);
-                self.retrying("DELETE", || {
-                    let request = client
-                        .delete_object()
-                        .bucket(bucket)
-                        .key(format!("{prefix}{name}"));
-                    let url = url.clone();
-                    async move { request.send().await.map_err(|e| s3::failure(&url, e)) }
-                })?;
-                Ok(())
+            Destination::Remote { writer, .. } => {
+                self.retrying("DELETE", || writer.delete(name))
             }
         }
     }
@@ -255,7 +200,7 @@ impl Destination {
                     path: dir.join(name),
                 }
             }
-            Destination::S3 { .. } => Target::S3 {
+            Destination::Remote { .. } => Target::Remote {
                 buffer: Vec::new(),
                 upload: None,
             },
@@ -270,64 +215,28 @@ impl Destination {
         })
     }
 
-    fn s3_parts(&self) -> Result<(aws_sdk_s3::Client, &str, &str)> {
-        match self {
-            Destination::S3 {
-                bucket,
-                prefix,
-                storage,
-                ..
-            } => Ok((s3::client(storage)?, bucket, prefix)),
-            Destination::Local { .. } => Err(Error::Internal("not an S3 destination".into())),
-        }
-    }
-
-    fn bucket(&self) -> Result<&str> {
-        match self {
-            Destination::S3 { bucket, .. } => Ok(bucket),
-            Destination::Local { .. } => Err(Error::Internal("not an S3 destination".into())),
-        }
-    }
-
     fn put_object(&self, name: &str, bytes: Bytes) -> Result<()> {
-        let (client, bucket, prefix) = self.s3_parts()?;
-        let url = self.url_of(name);
-        self.retrying("PUT", || {
-            let request = client
-                .put_object()
-                .bucket(bucket)
-                .key(format!("{prefix}{name}"))
-                .body(ByteStream::from(bytes.clone()));
-            let url = url.clone();
-            async move { request.send().await.map_err(|e| s3::failure(&url, e)) }
-        })?;
-        Ok(())
+        let Destination::Remote { writer, .. } = self else {
+            return Err(Error::Internal("not a remote destination".into()));
+        };
+        self.retrying("PUT", || writer.put(name, bytes.clone()))
     }
 
-    fn start_upload(&self, name: &str) -> Result<Multipart> {
-        let (client, bucket, prefix) = self.s3_parts()?;
-        let key = format!("{prefix}{name}");
-        let url = self.url_of(name);
-        let created = self.retrying("CreateMultipartUpload", || {
-            let request = client.create_multipart_upload().bucket(bucket).key(&key);
-            let url = url.clone();
-            async move { request.send().await.map_err(|e| s3::failure(&url, e)) }
-        })?;
-        let upload_id = created
-            .upload_id()
-            .ok_or_else(|| Error::write(&url, std::io::Error::other("no upload id in the reply")))?
-            .to_string();
-        Ok(Multipart {
-            client,
-            key,
-            upload_id,
+    fn start_upload(&self, name: &str) -> Result<Parts> {
+        let Destination::Remote { writer, .. } = self else {
+            return Err(Error::Internal("not a remote destination".into()));
+        };
+        let upload = self.retrying("start an upload", || writer.start_upload(name))?;
+        Ok(Parts {
+            upload,
             next_part: 1,
+            offset: 0,
             uploading: tokio::task::JoinSet::new(),
             parts: Vec::new(),
         })
     }
 
-    /// Runs one S3 request to completion on the I/O runtime, with the storage options'
+    /// Runs one request to completion on the I/O runtime, with the storage options'
     /// retries and timeout.
     fn retrying<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T>
     where
@@ -335,8 +244,8 @@ impl Destination {
         F: FnMut() -> Fut + Send,
         Fut: std::future::Future<Output = std::result::Result<T, Failure>> + Send,
     {
-        let Destination::S3 { storage, url, .. } = self else {
-            return Err(Error::Internal("not an S3 destination".into()));
+        let Destination::Remote { storage, url, .. } = self else {
+            return Err(Error::Internal("not a remote destination".into()));
         };
         runtime::block_on_outside(runtime()?, retry(storage, url, what, attempt))?
     }
@@ -368,27 +277,28 @@ enum Target {
         temp: PathBuf,
         path: PathBuf,
     },
-    /// Bytes not yet sent; once they pass a part's size, a multipart upload.
-    S3 {
+    /// Bytes not yet sent; once they pass a part's size, an upload in parts.
+    Remote {
         buffer: Vec<u8>,
-        upload: Option<Multipart>,
+        upload: Option<Parts>,
     },
 }
 
-/// A multipart upload under way: parts are sent as they fill, at most
-/// `PARTS_IN_FLIGHT` at once.
-struct Multipart {
-    client: aws_sdk_s3::Client,
-    key: String,
-    upload_id: String,
-    next_part: i32,
-    uploading: tokio::task::JoinSet<Result<CompletedPart>>,
-    parts: Vec<CompletedPart>,
+/// An upload in parts under way: parts are sent as they fill, at most the upload's
+/// `parts_in_flight()` at once.
+struct Parts {
+    upload: Arc<dyn Upload>,
+    next_part: u32,
+    /// Where the next part starts in the object.
+    offset: u64,
+    uploading: tokio::task::JoinSet<Result<(u32, String)>>,
+    /// Parts sent: their numbers and what completing needs of each.
+    parts: Vec<(u32, String)>,
 }
 
 /// One file being written as a stream (see [`Destination::create`]). It holds at most a
-/// 1 MiB write buffer locally, and on S3 one part being filled plus `PARTS_IN_FLIGHT`
-/// being sent. Dropped without [`Sink::commit`], it leaves nothing: the temporary is
+/// 1 MiB write buffer locally, and remotely one part being filled plus the parts in
+/// flight. Dropped without [`Sink::commit`], it leaves nothing: the temporary is
 /// removed, the multipart upload aborted.
 pub struct Sink<'a> {
     destination: &'a Destination,
@@ -420,15 +330,12 @@ impl Sink<'_> {
                     .and_then(|()| std::fs::rename(&*temp, &*path))
                     .map_err(|e| Error::write(&url, e))?;
             }
-            Target::S3 { buffer, upload } => match upload {
+            Target::Remote { buffer, upload } => match upload {
                 None => {
                     let bytes = Bytes::from(std::mem::take(buffer));
                     self.destination.put_object(&self.name, bytes)?;
                 }
-                Some(_) => {
-                    self.send_part()?;
-                    self.complete()?;
-                }
+                Some(_) => self.complete()?,
             },
         }
         self.committed = true;
@@ -436,98 +343,66 @@ impl Sink<'_> {
     }
 
     /// Sends the buffer as the next part (starting the upload if needed), waiting for
-    /// an earlier part first when `PARTS_IN_FLIGHT` are on their way.
+    /// an earlier part first when as many as the upload takes are on their way.
     fn send_part(&mut self) -> Result<()> {
         let url = self.url();
-        let Target::S3 { buffer, upload } = &mut self.target else {
+        let Target::Remote { buffer, upload } = &mut self.target else {
             return Ok(());
         };
-        let Destination::S3 { storage, .. } = self.destination else {
-            return Err(Error::Internal("not an S3 destination".into()));
+        let Destination::Remote { storage, .. } = self.destination else {
+            return Err(Error::Internal("not a remote destination".into()));
         };
         if upload.is_none() {
             *upload = Some(self.destination.start_upload(&self.name)?);
         }
-        let Some(upload) = upload else {
+        let Some(parts) = upload else {
             return Ok(());
         };
         let rt = runtime()?;
-        while upload.uploading.len() >= PARTS_IN_FLIGHT {
-            if let Some(sent) = runtime::block_on_outside(rt, upload.uploading.join_next())? {
-                upload.parts.push(joined(sent, &url)??);
+        while parts.uploading.len() >= parts.upload.parts_in_flight() {
+            if let Some(sent) = runtime::block_on_outside(rt, parts.uploading.join_next())? {
+                parts.parts.push(joined(sent, &url)??);
             }
         }
-        // S3 takes a last part of any size, but none of zero bytes after the first.
-        if buffer.is_empty() && upload.next_part > 1 {
-            return Ok(());
-        }
         let chunk = Bytes::from(std::mem::take(buffer));
-        let number = upload.next_part;
-        upload.next_part += 1;
-        let (client, storage) = (upload.client.clone(), storage.clone());
-        let (bucket, key, upload_id) = (
-            self.destination.bucket()?.to_string(),
-            upload.key.clone(),
-            upload.upload_id.clone(),
-        );
-        upload.uploading.spawn_on(
+        let (number, offset) = (parts.next_part, parts.offset);
+        parts.next_part += 1;
+        parts.offset += chunk.len() as u64;
+        let (upload, storage) = (parts.upload.clone(), storage.clone());
+        parts.uploading.spawn_on(
             async move {
-                let sent = retry(&storage, &url, "UploadPart", || {
-                    let request = client
-                        .upload_part()
-                        .bucket(&bucket)
-                        .key(&key)
-                        .upload_id(&upload_id)
-                        .part_number(number)
-                        .body(ByteStream::from(chunk.clone()));
-                    let url = url.clone();
-                    async move { request.send().await.map_err(|e| s3::failure(&url, e)) }
+                let tag = retry(&storage, &url, "upload a part", || {
+                    upload.send_part(number, offset, chunk.clone())
                 })
                 .await?;
-                Ok(CompletedPart::builder()
-                    .part_number(number)
-                    .set_e_tag(sent.e_tag().map(str::to_string))
-                    .build())
+                Ok((number, tag))
             },
             rt.handle(),
         );
         Ok(())
     }
 
-    /// Waits for the parts on their way and completes the upload.
+    /// Waits for the parts on their way, sends the rest of the buffer and completes the
+    /// upload.
     fn complete(&mut self) -> Result<()> {
         let url = self.url();
-        let Target::S3 {
-            upload: Some(upload),
-            ..
+        let Target::Remote {
+            buffer,
+            upload: Some(parts),
         } = &mut self.target
         else {
             return Ok(());
         };
         let rt = runtime()?;
-        while let Some(sent) = runtime::block_on_outside(rt, upload.uploading.join_next())? {
-            upload.parts.push(joined(sent, &url)??);
+        while let Some(sent) = runtime::block_on_outside(rt, parts.uploading.join_next())? {
+            parts.parts.push(joined(sent, &url)??);
         }
-        upload.parts.sort_by_key(|p| p.part_number());
-        let (client, key, upload_id) = (&upload.client, &upload.key, &upload.upload_id);
-        let parts = upload.parts.clone();
-        let bucket = self.destination.bucket()?;
-        self.destination
-            .retrying("CompleteMultipartUpload", || {
-                let request = client
-                    .complete_multipart_upload()
-                    .bucket(bucket)
-                    .key(key)
-                    .upload_id(upload_id)
-                    .multipart_upload(
-                        CompletedMultipartUpload::builder()
-                            .set_parts(Some(parts.clone()))
-                            .build(),
-                    );
-                let url = url.clone();
-                async move { request.send().await.map_err(|e| s3::failure(&url, e)) }
-            })
-            .map(drop)
+        parts.parts.sort_by_key(|(number, _)| *number);
+        let last = Bytes::from(std::mem::take(buffer));
+        let (upload, done, offset) = (&parts.upload, &parts.parts, parts.offset);
+        self.destination.retrying("complete the upload", || {
+            upload.complete(done, last.clone(), offset)
+        })
     }
 
     fn write_bytes(&mut self, data: &[u8]) -> Result<()> {
@@ -535,7 +410,7 @@ impl Sink<'_> {
             Target::Local { file, .. } => {
                 std::io::Write::write_all(file, data).map_err(|e| Error::write(self.url(), e))
             }
-            Target::S3 { buffer, .. } => {
+            Target::Remote { buffer, .. } => {
                 buffer.extend_from_slice(data);
                 if buffer.len() >= PART_BYTES {
                     self.send_part()?;
@@ -574,10 +449,10 @@ impl SinkFailure {
 
 /// A part upload's outcome, or why its task ended without one.
 fn joined(
-    sent: std::result::Result<Result<CompletedPart>, tokio::task::JoinError>,
+    sent: std::result::Result<Result<(u32, String)>, tokio::task::JoinError>,
     url: &str,
-) -> Result<Result<CompletedPart>> {
-    sent.map_err(|e| Error::write(url, std::io::Error::other(format!("UploadPart: {e}"))))
+) -> Result<Result<(u32, String)>> {
+    sent.map_err(|e| Error::write(url, std::io::Error::other(format!("upload a part: {e}"))))
 }
 
 impl std::io::Write for Sink<'_> {
@@ -613,23 +488,17 @@ impl Drop for Sink<'_> {
             Target::Local { temp, .. } => {
                 let _ = std::fs::remove_file(&*temp);
             }
-            Target::S3 {
-                upload: Some(upload),
+            Target::Remote {
+                upload: Some(parts),
                 ..
             } => {
-                // Best effort: the store also expires abandoned uploads by its own rules.
-                upload.uploading.abort_all();
-                if let (Ok(bucket), Ok(rt)) = (self.destination.bucket(), runtime()) {
-                    let abort = upload
-                        .client
-                        .abort_multipart_upload()
-                        .bucket(bucket)
-                        .key(&upload.key)
-                        .upload_id(&upload.upload_id);
-                    let _ = runtime::block_on_outside(rt, abort.send());
+                // Best effort: stores also drop abandoned uploads by their own rules.
+                parts.uploading.abort_all();
+                if let Ok(rt) = runtime() {
+                    let _ = runtime::block_on_outside(rt, parts.upload.abort());
                 }
             }
-            Target::S3 { upload: None, .. } => {}
+            Target::Remote { upload: None, .. } => {}
         }
     }
 }
