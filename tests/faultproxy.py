@@ -41,6 +41,9 @@ class Faults:
 
     latency: float = 0.0
     slow_down: float = 0.0
+    # 500 Internal Server Error; 429 Too Many Requests with `Retry-After: 1`.
+    server_error: float = 0.0
+    throttle: float = 0.0
     reset: float = 0.0
     truncate: float = 0.0
     blackhole: float = 0.0
@@ -121,7 +124,7 @@ class FaultProxy:
         faults = self.faults
         with self.lock:
             r = faults.rng.random()
-        for name in ("slow_down", "reset", "truncate", "blackhole"):
+        for name in ("slow_down", "server_error", "throttle", "reset", "truncate", "blackhole"):
             p = getattr(faults, name)
             if r < p:
                 return name
@@ -158,6 +161,13 @@ class FaultProxy:
             handler.send_header("Content-Length", str(len(SLOW_DOWN)))
             handler.end_headers()
             handler.wfile.write(SLOW_DOWN)
+            return
+        if fault in ("server_error", "throttle"):
+            handler.send_response(500 if fault == "server_error" else 429)
+            if fault == "throttle":
+                handler.send_header("Retry-After", "1")
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
             return
         upstream = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:

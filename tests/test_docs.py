@@ -4,7 +4,8 @@ README and of `docs/` runs as written.
 
 A page's blocks run in order in one fresh process (as a reader runs them one after the
 other), in a directory holding the files the examples read (`data/train`, `chats/`,
-`shards/`, ...), with S3 (SeaweedFS, bucket `bucket`) and the Hub (tests/hubserver.py)
+`shards/`, ...), with S3 (SeaweedFS, bucket `bucket`), GCS (fake-gcs-server, bucket `bucket`), Azure
+(tests/azureserver.py, container `container`) and the Hub (tests/hubserver.py)
 behind `AWS_ENDPOINT_URL` and `HF_ENDPOINT`. Markers on the line before a block:
 `<!-- fragment: why -->` (not run; the reason is required) and `<!-- own-process -->`
 (run alone in a process of its own: TensorFlow cannot share one with torch).
@@ -34,7 +35,8 @@ import pytest
 import shardflow as sf
 
 from hubserver import HubServer
-from servers import S3_KEY, S3_SECRET, Seaweed
+from azureserver import AzureServer
+from servers import S3_KEY, S3_SECRET, FakeGCS, Seaweed
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -265,14 +267,26 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory, seaweed: Seaweed) -> Any:
     s3.put_object(Bucket="bucket", Key="train-000.jsonl.gz",
                   Body=gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
 
+    # GCS (fake-gcs-server, through STORAGE_EMULATOR_HOST) and Azure (through a connection
+    # string): the same shards under train/.
+    gcs = FakeGCS(root)
+    gcs.create_bucket("bucket")
+    azure = AzureServer()
+    for i, part in enumerate(sorted((work / "data" / "train").glob("part-*.parquet"))):
+        gcs.put("bucket", f"train/part-{i:05d}.parquet", part.read_bytes())
+        azure.put_blob("container", f"train/part-{i:05d}.parquet", part.read_bytes())
+
     hub = HubServer(_hub_repos(root / "hub"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "AWS_"))}
-    env.update(AWS_ENDPOINT_URL=seaweed.s3_url, AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET,
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "AWS_", "AZURE_", "GOOGLE_", "STORAGE_EMULATOR"))}
+    env.update(STORAGE_EMULATOR_HOST=gcs.url, AZURE_STORAGE_CONNECTION_STRING=azure.connection_string,
+               AWS_ENDPOINT_URL=seaweed.s3_url, AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET,
                AWS_REGION="us-east-1", HF_ENDPOINT=hub.url, HF_HOME=str(root / "hf-home"),
                SHARDFLOW_CACHE_DIR=str(root / "cache"), TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
                RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
     yield work, env
     hub.stop()
+    gcs.stop()
+    azure.stop()
 
 
 #: Runs the blocks handed to it on stdin (a JSON list of [where, code]) in one namespace.

@@ -223,7 +223,7 @@ def sample_ids(loader: sf.DataLoader) -> list[int]:
 
 
 def test_faults_lose_and_repeat_nothing(store: Store, many: int, proxy: FaultProxy) -> None:
-    proxy.set_faults(latency=0.02, slow_down=0.05, reset=0.01, truncate=0.01, seed=1)
+    proxy.set_faults(latency=0.02, slow_down=0.03, server_error=0.02, throttle=0.005, reset=0.01, truncate=0.01, seed=1)
     options = store.options(proxy.url, retry_base_seconds=0.01, retry_max_seconds=0.2)
     ds = sf.dataset(store.url("many", "obj/0*.bin"), format="raw", storage_options=options)
     loader = sf.DataLoader(ds, batch_size=100, shuffle=True, seed=0)
@@ -232,7 +232,25 @@ def test_faults_lose_and_repeat_nothing(store: Store, many: int, proxy: FaultPro
     assert sorted(ids) == list(range(many))
     stats = loader.stats()
     assert stats["retries"] > 0 and stats["requests"] >= many + stats["retries"]
+    assert loader.report().throttled > 0  # 429s, their Retry-After waited out
     assert proxy.max_in_flight >= 4, proxy.max_in_flight
+
+
+def test_the_cache_serves_a_second_epoch_keyed_by_version(store: Store, tmp_path: Path) -> None:
+    for i in range(5):
+        store.put("cached", f"c/{i}.bin", bytes([i]) * 5000)
+    options = store.options(cache_dir=str(tmp_path / "cache"))
+    first = sf.DataLoader(sf.dataset(store.url("cached", "c/"), format="raw", storage_options=options), batch_size=5)
+    assert [bytes(b) for batch in first for b in batch["bytes"]] == [bytes([i]) * 5000 for i in range(5)]
+    assert first.stats()["cache_misses"] >= 5
+    again = sf.DataLoader(sf.dataset(store.url("cached", "c/"), format="raw", storage_options=options), batch_size=5)
+    assert [bytes(b) for batch in again for b in batch["bytes"]] == [bytes([i]) * 5000 for i in range(5)]
+    assert again.stats()["cache_hits"] >= 5 and again.stats()["bytes_fetched"] == 0
+    # A replaced object has a new version: it is fetched, not served stale.
+    store.put("cached", "c/3.bin", b"n" * 5000)
+    third = sf.DataLoader(sf.dataset(store.url("cached", "c/"), format="raw", storage_options=options), batch_size=5)
+    assert [bytes(b) for batch in third for b in batch["bytes"]][3] == b"n" * 5000
+    assert third.stats()["bytes_fetched"] == 5000
 
 
 def test_an_object_replaced_mid_epoch_is_an_error_naming_it(store: Store) -> None:
@@ -425,3 +443,50 @@ def test_azure_sas_tokens_and_anonymous_public_containers(azure_server: AzureSer
         read_azure("az://public/", account_name=ACCOUNT, anon=True, endpoint_url=azure_server.url)
     azure_server.public_containers.add("public")
     assert read_azure("az://public/", account_name=ACCOUNT, anon=True, endpoint_url=azure_server.url) == [b"public bytes"]
+
+
+def test_azure_managed_identity_token_then_anonymous_when_there_is_none(azure_server: AzureServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entra ID through a managed identity: the token comes from the identity endpoint
+    (IMDS, here a local one) and is sent as a bearer token; with no endpoint answering and
+    nothing else named, public containers still read anonymously."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_ID", "AZURE_FEDERATED_TOKEN_FILE", "IDENTITY_HEADER"):
+        monkeypatch.delenv(name, raising=False)
+    asked: list[dict[str, str]] = []
+
+    class Imds(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # quiet
+            pass
+
+        def do_GET(self) -> None:
+            asked.append({"path": self.path, "metadata": self.headers.get("Metadata", "")})
+            body = json.dumps({"access_token": "entra-token", "expires_on": str(int(time.time()) + 3600),
+                               "token_type": "Bearer", "resource": "https://storage.azure.com"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    imds = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
+    threading.Thread(target=imds.serve_forever, daemon=True).start()
+    try:
+        azure_server.put_blob("entra", "e.bin", b"entra bytes")
+        azure_server.bearer_tokens.add("entra-token")
+        monkeypatch.setenv("AZURE_MSI_ENDPOINT", f"http://127.0.0.1:{imds.server_address[1]}/metadata/identity/oauth2/token")
+        options = {"account_name": ACCOUNT, "endpoint_url": azure_server.url}
+        assert read_azure("az://entra/e.bin", **options) == [b"entra bytes"]
+        assert asked and asked[0]["metadata"] == "true" and "resource=https" in asked[0]["path"]
+        # No identity endpoint answers: anonymous, which a private container refuses and a
+        # public one serves.
+        monkeypatch.setenv("AZURE_MSI_ENDPOINT", "http://127.0.0.1:9/metadata/identity/oauth2/token")
+        with pytest.raises(sf.ShardflowError, match="az://entra/e.bin"):
+            read_azure("az://entra/e.bin", **options)
+        azure_server.public_containers.add("entra")
+        assert read_azure("az://entra/e.bin", **options) == [b"entra bytes"]
+    finally:
+        imds.shutdown()
+        imds.server_close()
