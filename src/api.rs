@@ -44,7 +44,7 @@ pub struct OpenOptions {
 
 impl Dataset {
     /// Opens a path, glob (`data/*.parquet`), brace range (`shard-{000..099}.tar`),
-    /// directory, `s3://` prefix or `http(s)://` URL, with the format taken from the file
+    /// directory, `s3://`/`gs://`/`az://` prefix or `http(s)://` URL, with the format taken from the file
     /// extensions. The shards are listed now, so a missing file fails here.
     pub fn open(source: impl Into<String>) -> Result<Self> {
         Self::builder(source).open()
@@ -133,7 +133,7 @@ impl Dataset {
     }
 
     /// Starts a write of this dataset's rows, in its order, to `dest` (a directory or
-    /// an `s3://` prefix) as `format` shards (`"parquet"`, `"jsonl"`, `"webdataset"`,
+    /// an `s3://`, `gs://` or `az://` prefix) as `format` shards (`"parquet"`, `"jsonl"`, `"webdataset"`,
     /// `"tfrecord"` or `"npz"`); see [`Writer`].
     pub fn write(&self, dest: impl Into<String>, format: impl Into<String>) -> Writer {
         Writer {

@@ -1175,12 +1175,13 @@ impl PyDataset {
     }
 
     /// Writes the rows, in this dataset's order, as shards of `format` under `dest` (a
-    /// directory or an `s3://` prefix), with a manifest that `shardflow.dataset(dest)`
+    /// directory or an `s3://`, `gs://` or `az://` prefix), with a manifest that `shardflow.dataset(dest)`
     /// reads; returns the manifest as a dict. Shards are encoded as streams, so memory
     /// does not grow with their size: `memory_limit` (default 512 MiB) bounds the rows
     /// held, and each of the `num_threads` writers adds at most a Parquet row group
-    /// (32 MiB) or, on S3, five 16 MiB upload parts. NPZ keeps a shard's rows until it
-    /// ends, so its shards are cut to fit the writers' half of `memory_limit`.
+    /// (32 MiB) or, on an object store, five 16 MiB upload parts (two on GCS, whose
+    /// resumable uploads take parts in order). NPZ keeps a shard's rows until it ends,
+    /// so its shards are cut to fit the writers' half of `memory_limit`.
     #[pyo3(signature = (dest, format="parquet", *, max_rows_per_shard=None, max_bytes_per_shard=None, compression=None, overwrite=false, storage_options=None, num_threads=None, memory_limit=None, progress=None))]
     #[allow(clippy::too_many_arguments)]
     fn write<'py>(

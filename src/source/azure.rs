@@ -26,13 +26,13 @@ use reqwest::header::{CONTENT_LENGTH, HeaderMap, HeaderName, HeaderValue};
 
 use super::backend::Backend;
 use super::object::{BoxFuture, IoCounters, ShardMeta, Source};
-use super::pattern;
+use super::listing::{ListedObject, Named, named, one};
 use super::remote::{ObjectInfo, ObjectRequests, Request, Response, open_shard};
 use super::retry::Failure;
 use super::runtime::{self, runtime};
 use super::storage::{AzureOptions, Storage};
 use super::transport::{range_response, short_cause, status_failure, transport_failure};
-use super::upload::{PrefixWriter, Tried, Upload, key_prefix};
+use super::upload::{PrefixWriter, Tried, Upload, key_prefix, relative_names};
 use crate::error::{Error, Position, Result};
 
 /// Blobs a listing page holds (Azure's largest).
@@ -349,13 +349,8 @@ impl AzureClients {
         Ok(builder)
     }
 
-    /// Blobs of `container` whose names start with `prefix`: (name, size, ETag) each.
-    async fn list_all(
-        &self,
-        url: &str,
-        container: &str,
-        prefix: &str,
-    ) -> Tried<Vec<(String, u64, String)>> {
+    /// Blobs of `container` whose names start with `prefix`.
+    async fn list_all(&self, url: &str, container: &str, prefix: &str) -> Tried<Vec<ListedObject>> {
         let mut blobs = Vec::new();
         let mut marker: Option<String> = None;
         loop {
@@ -389,7 +384,11 @@ impl AzureClients {
                 // Listings give ETags bare, headers quoted: one form, so that `If-Match`
                 // and the cache see the same version either way.
                 let etag = if etag.starts_with('"') { etag } else { format!("\"{etag}\"") };
-                blobs.push((name, size, etag));
+                blobs.push(ListedObject {
+                    name,
+                    size: Some(size),
+                    version: Some(etag),
+                });
             }
             marker = element(text, "NextMarker").filter(|m| !m.is_empty());
             if marker.is_none() {
@@ -512,48 +511,22 @@ impl Backend for Azure {
     fn list(&self, spec: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
         let parsed = parse(spec)?;
         let rt = runtime()?;
-        let given_up = |failure: Failure| match failure {
-            Failure::Permanent(e) => e,
-            Failure::Transient(cause) | Failure::Throttled(cause, _) => Error::Io {
-                url: spec.into(),
-                position: Position::Unknown,
-                source: std::io::Error::other(format!("listing failed: {cause}")),
-            },
-        };
-        if !pattern::is_glob(parsed.path) && !parsed.path.is_empty() && !parsed.path.ends_with('/') {
-            let blob = AzureBlob::new(spec, storage)?;
-            let info = runtime::block_on_outside(rt, blob.head())?.map_err(given_up)?;
-            return Ok(vec![ShardMeta {
-                url: spec.to_string(),
-                size: Some(info.size),
-                etag: info.etag,
-                rows: None,
-            }]);
+        match named(spec, parsed.path)? {
+            Named::One => {
+                let blob = AzureBlob::new(spec, storage)?;
+                let info = runtime::block_on_outside(rt, blob.head())?;
+                Ok(one(spec, info.map_err(|f| f.given_up(spec, "HEAD"))?))
+            }
+            Named::Listed(keys) => {
+                let clients = clients(storage, parsed.account)?;
+                let blobs = runtime::block_on_outside(
+                    rt,
+                    clients.list_all(spec, parsed.container, keys.literal_prefix()),
+                )?;
+                let blobs = blobs.map_err(|f| f.given_up(spec, "listing"))?;
+                keys.shards(spec, blobs, |name| format!("{}{name}", parsed.root))
+            }
         }
-        let listed = pattern::Listed::new(spec, parsed.path)?;
-        let clients = clients(storage, parsed.account)?;
-        let blobs = runtime::block_on_outside(
-            rt,
-            clients.list_all(spec, parsed.container, listed.literal_prefix()),
-        )?
-        .map_err(given_up)?;
-        let mut shards: Vec<ShardMeta> = blobs
-            .into_iter()
-            .filter(|(name, _, _)| listed.keeps(name))
-            .map(|(name, size, etag)| ShardMeta {
-                url: format!("{}{name}", parsed.root),
-                size: Some(size),
-                etag: Some(etag),
-                rows: None,
-            })
-            .collect();
-        if shards.is_empty() {
-            return Err(Error::NoMatch {
-                pattern: spec.to_string(),
-            });
-        }
-        shards.sort_by(|a, b| a.url.cmp(&b.url));
-        Ok(shards)
     }
 
     fn open(
@@ -628,10 +601,7 @@ impl PrefixWriter for AzureWriter {
     fn list(&self) -> BoxFuture<'_, Tried<Vec<String>>> {
         Box::pin(async move {
             let blobs = self.clients.list_all(&self.url, &self.container, &self.prefix).await?;
-            Ok(blobs
-                .into_iter()
-                .filter_map(|(name, _, _)| name.strip_prefix(self.prefix.as_str()).map(str::to_string))
-                .collect())
+            Ok(relative_names(blobs, &self.prefix))
         })
     }
 

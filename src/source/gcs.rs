@@ -29,13 +29,13 @@ use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RA
 
 use super::backend::Backend;
 use super::object::{BoxFuture, IoCounters, ShardMeta, Source};
-use super::pattern;
+use super::listing::{ListedObject, Named, named, one, split_bucket};
 use super::remote::{ObjectInfo, ObjectRequests, Request, Response, open_shard};
 use super::retry::Failure;
 use super::runtime::{self, runtime};
 use super::storage::Storage;
 use super::transport::{range_response, status_failure, transport_failure};
-use super::upload::{PrefixWriter, Tried, Upload, key_prefix};
+use super::upload::{PrefixWriter, Tried, Upload, key_prefix, relative_names};
 use crate::error::{Error, Position, Result};
 
 /// The JSON API's address when no emulator or endpoint is given.
@@ -54,14 +54,7 @@ fn escape(text: &str) -> String {
 
 /// `gs://bucket/name` split in two.
 fn split(url: &str) -> Result<(&str, &str)> {
-    let rest = url.strip_prefix("gs://").unwrap_or(url);
-    match rest.split_once('/') {
-        Some((bucket, name)) if !bucket.is_empty() => Ok((bucket, name)),
-        None if !rest.is_empty() => Ok((rest, "")),
-        _ => Err(Error::invalid_argument(format!(
-            "{url}: expected gs://bucket/name"
-        ))),
-    }
+    split_bucket(url, "gs")
 }
 
 /// This process's GCS client for one dataset.
@@ -206,15 +199,15 @@ impl GcsClients {
         })
     }
 
-    /// One page of the objects whose names start with `prefix`: (name, size, generation)
-    /// each, and the next page's token.
+    /// One page of the objects whose names start with `prefix`, and the next page's
+    /// token.
     async fn list_page(
         &self,
         url: &str,
         bucket: &str,
         prefix: &str,
         token: Option<&str>,
-    ) -> Tried<(Vec<(String, u64, String)>, Option<String>)> {
+    ) -> Tried<(Vec<ListedObject>, Option<String>)> {
         let mut query = format!(
             "/storage/v1/b/{}/o?prefix={}&maxResults={PAGE_SIZE}&fields=items(name,size,generation),nextPageToken",
             escape(bucket),
@@ -239,13 +232,17 @@ impl GcsClients {
             ) else {
                 return Err(bad_reply(url, "a listed object lacks its name, size or generation"));
             };
-            objects.push((name.to_string(), size, generation.to_string()));
+            objects.push(ListedObject {
+                name: name.to_string(),
+                size: Some(size),
+                version: Some(generation.to_string()),
+            });
         }
         Ok((objects, page["nextPageToken"].as_str().map(str::to_string)))
     }
 
     /// Every object whose name starts with `prefix`.
-    async fn list_all(&self, url: &str, bucket: &str, prefix: &str) -> Tried<Vec<(String, u64, String)>> {
+    async fn list_all(&self, url: &str, bucket: &str, prefix: &str) -> Tried<Vec<ListedObject>> {
         let mut objects = Vec::new();
         let mut token = None;
         loop {
@@ -386,49 +383,22 @@ impl Backend for Gcs {
     fn list(&self, spec: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
         let (bucket, name) = split(spec)?;
         let rt = runtime()?;
-        let given_up = |failure: Failure| match failure {
-            Failure::Permanent(e) => e,
-            Failure::Transient(cause) | Failure::Throttled(cause, _) => Error::Io {
-                url: spec.into(),
-                position: Position::Unknown,
-                source: std::io::Error::other(format!("listing failed: {cause}")),
-            },
-        };
-        let glob = pattern::is_glob(name);
-        if !glob && !name.is_empty() && !name.ends_with('/') {
-            let object = GcsObject::new(spec, storage)?;
-            let info = runtime::block_on_outside(rt, object.head())?.map_err(given_up)?;
-            return Ok(vec![ShardMeta {
-                url: spec.to_string(),
-                size: Some(info.size),
-                etag: info.etag,
-                rows: None,
-            }]);
+        match named(spec, name)? {
+            Named::One => {
+                let object = GcsObject::new(spec, storage)?;
+                let info = runtime::block_on_outside(rt, object.head())?;
+                Ok(one(spec, info.map_err(|f| f.given_up(spec, "HEAD"))?))
+            }
+            Named::Listed(keys) => {
+                let clients = clients(storage)?;
+                let objects = runtime::block_on_outside(
+                    rt,
+                    clients.list_all(spec, bucket, keys.literal_prefix()),
+                )?;
+                let objects = objects.map_err(|f| f.given_up(spec, "listing"))?;
+                keys.shards(spec, objects, |name| format!("gs://{bucket}/{name}"))
+            }
         }
-        let matcher = pattern::Listed::new(spec, name)?;
-        let clients = clients(storage)?;
-        let objects = runtime::block_on_outside(
-            rt,
-            clients.list_all(spec, bucket, matcher.literal_prefix()),
-        )?
-        .map_err(given_up)?;
-        let mut shards: Vec<ShardMeta> = objects
-            .into_iter()
-            .filter(|(name, _, _)| matcher.keeps(name))
-            .map(|(name, size, generation)| ShardMeta {
-                url: format!("gs://{bucket}/{name}"),
-                size: Some(size),
-                etag: Some(generation),
-                rows: None,
-            })
-            .collect();
-        if shards.is_empty() {
-            return Err(Error::NoMatch {
-                pattern: spec.to_string(),
-            });
-        }
-        shards.sort_by(|a, b| a.url.cmp(&b.url));
-        Ok(shards)
     }
 
     fn open(
@@ -480,10 +450,7 @@ impl PrefixWriter for GcsWriter {
     fn list(&self) -> BoxFuture<'_, Tried<Vec<String>>> {
         Box::pin(async move {
             let objects = self.clients.list_all(&self.url, &self.bucket, &self.prefix).await?;
-            Ok(objects
-                .into_iter()
-                .filter_map(|(name, _, _)| name.strip_prefix(self.prefix.as_str()).map(str::to_string))
-                .collect())
+            Ok(relative_names(objects, &self.prefix))
         })
     }
 
@@ -630,8 +597,6 @@ mod tests {
 
     #[test]
     fn names_are_escaped_whole() {
-        assert_eq!(split("gs://b/k/x.parquet").unwrap(), ("b", "k/x.parquet"));
-        assert!(split("gs:///k").is_err());
         assert_eq!(escape("a/b c~_.-"), "a%2Fb%20c~_.-");
     }
 }

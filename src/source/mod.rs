@@ -8,6 +8,8 @@
 //! - Backends, each importing no other: `local` (files), [`s3`] (with `sigv4`, its
 //!   signer), `gcs` (`gs://`), `azure` (`az://`, `abfs[s]://`, Azure's `https://`),
 //!   `http` (plain `http(s)://` URLs), `hf` (Hugging Face Hub dataset repos).
+//! - `listing`: what the object stores share in listing a spec (one object, or the
+//!   keys below a prefix or matching a glob).
 //! - [`upload`]: what a backend that can be written to provides the writer (objects
 //!   under a prefix, uploads in parts).
 //! - [`remote`]: a remote object read with retries, resumed bodies, parallel ranges,
@@ -26,6 +28,7 @@ pub mod cache;
 mod gcs;
 mod hf;
 mod http;
+mod listing;
 mod local;
 pub mod manifest;
 mod object;

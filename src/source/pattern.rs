@@ -149,52 +149,6 @@ pub fn is_glob(path: &str) -> bool {
     path.contains(['*', '?', '['])
 }
 
-/// Which listed keys of an object store a spec's path (`key`: a glob, or a prefix ending
-/// in `/`, or a whole bucket) names: a glob's matches (`*` not crossing `/`), or
-/// everything below the prefix but hidden and `_` files, as for directories.
-pub struct Listed {
-    literal_prefix: String,
-    glob: Option<glob::Pattern>,
-}
-
-impl Listed {
-    pub fn new(spec: &str, key: &str) -> crate::error::Result<Self> {
-        let glob = if is_glob(key) {
-            Some(glob::Pattern::new(key).map_err(|e| {
-                crate::error::Error::invalid_argument(format!("bad glob {spec:?}: {e}"))
-            })?)
-        } else {
-            None
-        };
-        Ok(Self {
-            literal_prefix: key[..key.find(['*', '?', '[']).unwrap_or(key.len())].to_string(),
-            glob,
-        })
-    }
-
-    /// What every key named begins with: the listing's `prefix=`.
-    pub fn literal_prefix(&self) -> &str {
-        &self.literal_prefix
-    }
-
-    /// Whether the listed key `name` is one of the shards.
-    pub fn keeps(&self, name: &str) -> bool {
-        match &self.glob {
-            Some(glob) => glob.matches_with(
-                name,
-                glob::MatchOptions {
-                    require_literal_separator: true,
-                    ..Default::default()
-                },
-            ),
-            None => {
-                let base = name.rsplit('/').next().unwrap_or(name);
-                !base.is_empty() && !base.starts_with(['.', '_'])
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,6 +56,19 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// The error once no more tries will be made: a final one as it is; one worth
+    /// another try as an I/O error naming `url`, saying what failed (`what`) and why.
+    pub fn given_up(self, url: &str, what: &str) -> Error {
+        match self {
+            Failure::Permanent(e) => e,
+            Failure::Transient(cause) | Failure::Throttled(cause, _) => Error::Io {
+                url: url.into(),
+                position: crate::error::Position::Unknown,
+                source: std::io::Error::other(format!("{what} failed: {cause}")),
+            },
+        }
+    }
+
     /// What a failure worth another try says, and how long its server asked to wait.
     fn retry_cause(self) -> std::result::Result<(String, Duration), Error> {
         match self {

@@ -13,13 +13,13 @@ use bytes::Bytes;
 
 use super::backend::Backend;
 use super::object::{BoxFuture, IoCounters, ShardMeta, Source};
-use super::pattern;
+use super::listing::{ListedObject, Named, named, one, split_bucket};
 use super::remote::{Body, ObjectInfo, ObjectRequests, Request, Response, open_shard};
 use super::retry::{Failure, transient_status};
 use super::runtime::{self, runtime};
 use super::sigv4::{Scope, Signer, encode_key};
 use super::storage::Storage;
-use super::upload::{PrefixWriter, Tried, Upload};
+use super::upload::{PrefixWriter, Tried, Upload, relative_names};
 use super::transport::{
     changed, range_response, short_cause, size_from_content_range, status_failure,
     transport_failure,
@@ -28,14 +28,7 @@ use crate::error::{Error, Result};
 
 /// `s3://bucket/key` split in two.
 pub fn split(url: &str) -> Result<(&str, &str)> {
-    let rest = url.strip_prefix("s3://").unwrap_or(url);
-    match rest.split_once('/') {
-        Some((bucket, key)) if !bucket.is_empty() => Ok((bucket, key)),
-        None if !rest.is_empty() => Ok((rest, "")),
-        _ => Err(Error::invalid_argument(format!(
-            "{url}: expected s3://bucket/key"
-        ))),
-    }
+    split_bucket(url, "s3")
 }
 
 /// This process's S3 clients for one dataset: the SDK's, for listing, HEAD, writes and
@@ -488,26 +481,8 @@ impl S3Writer {
 impl PrefixWriter for S3Writer {
     fn list(&self) -> BoxFuture<'_, Tried<Vec<String>>> {
         Box::pin(async move {
-            let mut names = Vec::new();
-            let mut token: Option<String> = None;
-            loop {
-                let page = self
-                    .client
-                    .list_objects_v2()
-                    .bucket(&self.bucket)
-                    .prefix(&self.prefix)
-                    .set_continuation_token(token.take())
-                    .send()
-                    .await
-                    .map_err(|e| failure(&self.url, e))?;
-                names.extend(page.contents().iter().filter_map(|o| {
-                    o.key()?.strip_prefix(self.prefix.as_str()).map(str::to_string)
-                }));
-                token = page.next_continuation_token().map(str::to_string);
-                if token.is_none() {
-                    return Ok(names);
-                }
-            }
+            let objects = list_objects(&self.client, &self.url, &self.bucket, &self.prefix).await?;
+            Ok(relative_names(objects, &self.prefix))
         })
     }
 
@@ -657,82 +632,53 @@ impl Upload for S3Upload {
 /// `/`, or the one object named. Sizes and ETags come from the listing.
 pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
     let (bucket, key) = split(url)?;
-    let client = client(storage)?;
     let rt = runtime()?;
-    let glob = pattern::is_glob(key);
-    if !glob && !key.is_empty() && !key.ends_with('/') {
-        // One object: HEAD it, so a missing one fails now.
-        let object = S3Object::new(url, storage)?;
-        let info = rt.block_on(object.head()).map_err(|f| match f {
-            Failure::Permanent(e) => e,
-            Failure::Transient(cause) | Failure::Throttled(cause, _) => Error::Io {
-                url: url.into(),
-                position: crate::error::Position::Unknown,
-                source: std::io::Error::other(cause),
-            },
-        })?;
-        return Ok(vec![ShardMeta {
-            url: url.to_string(),
-            size: Some(info.size),
-            etag: info.etag,
-            rows: None,
-        }]);
-    }
-    let listed = pattern::Listed::new(url, key)?;
-    let mut shards = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let page = rt
-            .block_on(
-                client
-                    .list_objects_v2()
-                    .bucket(bucket)
-                    .prefix(listed.literal_prefix())
-                    .set_continuation_token(token.take())
-                    .send(),
-            )
-            .map_err(|e| match failure(url, e) {
-                Failure::Permanent(e) => e,
-                Failure::Transient(cause) | Failure::Throttled(cause, _) => Error::Io {
-                    url: url.into(),
-                    position: crate::error::Position::Unknown,
-                    source: std::io::Error::other(format!("listing failed: {cause}")),
-                },
-            })?;
-        for object in page.contents() {
-            let Some(name) = object.key() else { continue };
-            let keep = listed.keeps(name);
-            if keep {
-                shards.push(ShardMeta {
-                    url: format!("s3://{bucket}/{name}"),
-                    size: object.size().map(|s| s.max(0) as u64),
-                    etag: object.e_tag().map(str::to_string),
-                    rows: None,
-                });
-            }
+    match named(url, key)? {
+        Named::One => {
+            let object = S3Object::new(url, storage)?;
+            let info = runtime::block_on_outside(rt, object.head())?;
+            Ok(one(url, info.map_err(|f| f.given_up(url, "HEAD"))?))
         }
-        token = page.next_continuation_token().map(str::to_string);
-        if token.is_none() {
-            break;
+        Named::Listed(keys) => {
+            let client = client(storage)?;
+            let objects = runtime::block_on_outside(
+                rt,
+                list_objects(&client, url, bucket, keys.literal_prefix()),
+            )?;
+            let objects = objects.map_err(|f| f.given_up(url, "listing"))?;
+            keys.shards(url, objects, |name| format!("s3://{bucket}/{name}"))
         }
     }
-    if shards.is_empty() {
-        return Err(Error::NoMatch {
-            pattern: url.to_string(),
-        });
-    }
-    shards.sort_by(|a, b| a.url.cmp(&b.url));
-    Ok(shards)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_split_into_bucket_and_key() {
-        assert_eq!(split("s3://b/k/x.parquet").unwrap(), ("b", "k/x.parquet"));
-        assert_eq!(split("s3://b").unwrap(), ("b", ""));
-        assert!(split("s3:///k").is_err());
+/// Every object of `bucket` whose key starts with `prefix` (ListObjectsV2, page by page).
+async fn list_objects(
+    client: &aws_sdk_s3::Client,
+    url: &str,
+    bucket: &str,
+    prefix: &str,
+) -> Tried<Vec<ListedObject>> {
+    let mut objects = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = client
+            .list_objects_v2()
+            .bucket(bucket)
+            .prefix(prefix)
+            .set_continuation_token(token.take())
+            .send()
+            .await
+            .map_err(|e| failure(url, e))?;
+        objects.extend(page.contents().iter().filter_map(|o| {
+            Some(ListedObject {
+                name: o.key()?.to_string(),
+                size: o.size().map(|s| s.max(0) as u64),
+                version: o.e_tag().map(str::to_string),
+            })
+        }));
+        token = page.next_continuation_token().map(str::to_string);
+        if token.is_none() {
+            return Ok(objects);
+        }
     }
 }

@@ -56,3 +56,11 @@ pub fn key_prefix(key: &str) -> String {
         key => format!("{key}/"),
     }
 }
+
+/// The names of `objects` (listed below `prefix`) relative to it.
+pub fn relative_names(objects: Vec<super::listing::ListedObject>, prefix: &str) -> Vec<String> {
+    objects
+        .into_iter()
+        .filter_map(|o| o.name.strip_prefix(prefix).map(str::to_string))
+        .collect()
+}
