@@ -490,3 +490,19 @@ def test_azure_managed_identity_token_then_anonymous_when_there_is_none(azure_se
     finally:
         imds.shutdown()
         imds.server_close()
+
+
+def test_the_command_line_takes_both_schemes_as_it_takes_paths(formats: tuple[Path, dict], gcs_server: FakeGCS, azure_server: AzureServer, tmp_path: Path) -> None:
+    """`shardflow convert` from GCS to Azure, credentials from the environment (the
+    emulator's address; a connection string), then `head` of what it wrote."""
+    root, _ = formats
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "GOOGLE_", "STORAGE_EMULATOR"))}
+    env.update(STORAGE_EMULATOR_HOST=gcs_server.url, AZURE_STORAGE_CONNECTION_STRING=azure_server.connection_string, HOME=str(tmp_path))
+    cli = [sys.executable, "-m", "shardflow"]
+    azure_server.create_container("converted")
+    subprocess.run([*cli, "convert", "gs://formats/parquet/", "az://converted/jsonl", "--to", "jsonl", "--max-rows-per-shard", "600"],
+                   env=env, check=True, capture_output=True, timeout=120)
+    assert sorted(azure_server.containers["converted"].blobs) == ["jsonl/_shardflow.json"] + [f"jsonl/part-{i:05d}.jsonl" for i in range(3)]
+    head = subprocess.run([*cli, "head", "-n", "3", "az://converted/jsonl"], env=env, check=True, capture_output=True, text=True, timeout=120)
+    expected = pq.read_table(root / "parquet" / "part-0.parquet").slice(0, 3).to_pylist()
+    assert [json.loads(line)["id"] for line in head.stdout.splitlines()] == [r["id"] for r in expected]
