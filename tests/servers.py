@@ -151,13 +151,20 @@ class FakeGCS:
 
         self._call("POST", "/storage/v1/b", json.dumps({"name": bucket}).encode())
 
-    def put(self, bucket: str, name: str, data: bytes) -> dict:
-        """Uploads one object; returns its metadata (with its new `generation`)."""
+    def put(self, bucket: str, name: str, data: bytes, content_encoding: str | None = None) -> dict:
+        """Uploads one object (stored with `Content-Encoding: content_encoding`, as
+        `gsutil cp -Z` stores gzip); returns its metadata (with its new `generation`)."""
         import json
         from urllib.parse import quote
 
-        path = f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(name, safe='')}"
-        return json.loads(self._call("POST", path, data, "application/octet-stream"))
+        if content_encoding is None:
+            path = f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(name, safe='')}"
+            return json.loads(self._call("POST", path, data, "application/octet-stream"))
+        meta = json.dumps({"name": name, "contentEncoding": content_encoding}).encode()
+        body = (b"--part\r\nContent-Type: application/json\r\n\r\n" + meta
+                + b"\r\n--part\r\nContent-Type: application/octet-stream\r\n\r\n" + data + b"\r\n--part--\r\n")
+        path = f"/upload/storage/v1/b/{bucket}/o?uploadType=multipart"
+        return json.loads(self._call("POST", path, body, "multipart/related; boundary=part"))
 
     def names(self, bucket: str, prefix: str = "") -> list[str]:
         """The names in `bucket` that start with `prefix` (none in a bucket not there)."""

@@ -47,7 +47,8 @@ def fetch(url: str, headers: dict[str, str] | None = None, form: dict[str, str] 
         with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers or {})) as response:
             return response.status, response.read(), response.headers
     except urllib.error.HTTPError as error:
-        return error.code, error.read(), error.headers
+        with error:  # closed here: an open refusal is a ResourceWarning later
+            return error.code, error.read(), error.headers
 
 
 def tamper(token: str) -> str:

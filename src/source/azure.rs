@@ -20,18 +20,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine as _;
 use bytes::Bytes;
-use object_store::azure::{AzureAuthorizer, AzureCredential, AzureCredentialProvider, MicrosoftAzureBuilder};
+use object_store::azure::{
+    AzureAuthorizer, AzureCredential, AzureCredentialProvider, MicrosoftAzureBuilder,
+};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::header::{CONTENT_LENGTH, HeaderMap, HeaderName, HeaderValue};
 
 use super::backend::Backend;
+use super::listing::{ListedObject, list_spec};
 use super::object::{BoxFuture, IoCounters, ShardMeta, Source};
-use super::listing::{ListedObject, Named, named, one};
 use super::remote::{ObjectInfo, ObjectRequests, Request, Response, open_shard};
 use super::retry::Failure;
-use super::runtime::{self, runtime};
 use super::storage::{AzureOptions, Storage};
-use super::transport::{range_response, short_cause, status_failure, transport_failure};
+use super::transport::{range_response, short_cause, status_failure, succeeded, transport_failure};
 use super::upload::{PrefixWriter, Tried, Upload, key_prefix, relative_names};
 use crate::error::{Error, Position, Result};
 
@@ -70,7 +71,11 @@ fn parse(url: &str) -> Result<BlobUrl<'_>> {
     let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
     let (head, path) = rest.split_once('/').unwrap_or((rest, ""));
     let (account, container, root) = if scheme == "https" || scheme == "http" {
-        let account = head.split('.').next().filter(|a| !a.is_empty()).ok_or_else(bad)?;
+        let account = head
+            .split('.')
+            .next()
+            .filter(|a| !a.is_empty())
+            .ok_or_else(bad)?;
         let (container, path) = path.split_once('/').unwrap_or((path, ""));
         let root = format!("{scheme}://{head}/{container}/");
         return match container {
@@ -84,7 +89,11 @@ fn parse(url: &str) -> Result<BlobUrl<'_>> {
         };
     } else {
         match head.split_once('@') {
-            Some((container, host)) => (host.split('.').next(), container, format!("{scheme}://{head}/")),
+            Some((container, host)) => (
+                host.split('.').next(),
+                container,
+                format!("{scheme}://{head}/"),
+            ),
             None => (None, head, format!("{scheme}://{head}/")),
         }
     };
@@ -166,9 +175,12 @@ struct Clients {
     fell_back: AtomicBool,
 }
 
-/// The dataset's clients, one per account (built on first use here).
+/// The dataset's clients, one per account (built on first use here): the account a URL
+/// names (`None`: the one the options or environment name) and its clients.
 #[derive(Clone, Default)]
-struct Accounts(Arc<std::sync::Mutex<Vec<(Option<String>, AzureClients)>>>);
+struct Accounts(Arc<std::sync::Mutex<Vec<AccountClients>>>);
+
+type AccountClients = (Option<String>, AzureClients);
 
 fn clients(storage: &Storage, account: Option<&str>) -> Result<AzureClients> {
     let accounts = storage.client(|| Ok(Accounts::default()))?;
@@ -232,16 +244,29 @@ fn make_clients(storage: &Storage, url_account: Option<&str>) -> Result<AzureCli
         .with_container_name("credentials");
     let mut named = true;
     builder = if let Some(key) = key {
-        builder
-            .with_access_key(key)
-            .with_config(object_store::azure::AzureConfigKey::CredentialType, "access_key")
+        builder.with_access_key(key).with_config(
+            object_store::azure::AzureConfigKey::CredentialType,
+            "access_key",
+        )
     } else if let Some(sas) = sas {
         builder
-            .with_config(object_store::azure::AzureConfigKey::SasKey, sas.trim_start_matches('?'))
-            .with_config(object_store::azure::AzureConfigKey::CredentialType, "sas_token")
+            .with_config(
+                object_store::azure::AzureConfigKey::SasKey,
+                sas.trim_start_matches('?'),
+            )
+            .with_config(
+                object_store::azure::AzureConfigKey::CredentialType,
+                "sas_token",
+            )
     } else {
-        let (tenant, client, secret) = (&options.tenant_id, &options.client_id, &options.client_secret);
-        named = tenant.is_some() || client.is_some() || secret.is_some()
+        let (tenant, client, secret) = (
+            &options.tenant_id,
+            &options.client_id,
+            &options.client_secret,
+        );
+        named = tenant.is_some()
+            || client.is_some()
+            || secret.is_some()
             || env("AZURE_CLIENT_ID").is_some()
             || env("AZURE_FEDERATED_TOKEN_FILE").is_some();
         let mut builder = builder;
@@ -267,9 +292,13 @@ fn make_clients(storage: &Storage, url_account: Option<&str>) -> Result<AzureCli
         };
         let azure = builder
             .with_retry(retry)
-            .with_client_options(object_store::ClientOptions::new().with_timeout(storage.options.timeout))
+            .with_client_options(
+                object_store::ClientOptions::new().with_timeout(storage.options.timeout),
+            )
             .build()
-            .map_err(|e| Error::invalid_argument(format!("Azure credentials: {}", short_cause(&e))))?;
+            .map_err(|e| {
+                Error::invalid_argument(format!("Azure credentials: {}", short_cause(&e)))
+            })?;
         Some(azure.credentials().clone())
     };
     Ok(AzureClients(Arc::new(Clients {
@@ -306,7 +335,10 @@ impl AzureClients {
                 inner.fell_back.store(true, Ordering::Relaxed);
                 Ok(None)
             }
-            Err(e) => Err(Failure::Transient(format!("no Azure credential: {}", short_cause(&e)))),
+            Err(e) => Err(Failure::Transient(format!(
+                "no Azure credential: {}",
+                short_cause(&e)
+            ))),
         }
     }
 
@@ -319,13 +351,18 @@ impl AzureClients {
         headers: &[(HeaderName, String)],
         length: usize,
     ) -> Tried<reqwest::RequestBuilder> {
-        let bad = |what: String| Failure::Permanent(Error::invalid_argument(format!("{url}: {what}")));
-        let mut request = object_store::client::HttpRequest::new(object_store::client::HttpRequestBody::empty());
+        let bad =
+            |what: String| Failure::Permanent(Error::invalid_argument(format!("{url}: {what}")));
+        let mut request =
+            object_store::client::HttpRequest::new(object_store::client::HttpRequestBody::empty());
         *request.method_mut() = method.clone();
         *request.uri_mut() = url.parse().map_err(|e| bad(format!("{e}")))?;
         let mut all = HeaderMap::new();
         for (name, value) in headers {
-            all.insert(name.clone(), HeaderValue::from_str(value).map_err(|e| bad(format!("{e}")))?);
+            all.insert(
+                name.clone(),
+                HeaderValue::from_str(value).map_err(|e| bad(format!("{e}")))?,
+            );
         }
         if length > 0 || matches!(method, reqwest::Method::PUT) {
             all.insert(CONTENT_LENGTH, HeaderValue::from(length));
@@ -334,12 +371,16 @@ impl AzureClients {
         match self.credential().await? {
             Some(credential) => AzureAuthorizer::new(&credential, &self.0.account)
                 .try_authorize(&mut request)
-                .map_err(|e| Failure::Permanent(Error::invalid_argument(format!("Azure signing: {}", short_cause(&e)))))?,
+                .map_err(|e| {
+                    Failure::Permanent(Error::invalid_argument(format!(
+                        "Azure signing: {}",
+                        short_cause(&e)
+                    )))
+                })?,
             None => {
-                request.headers_mut().insert(
-                    "x-ms-version",
-                    HeaderValue::from_static("2023-11-03"),
-                );
+                request
+                    .headers_mut()
+                    .insert("x-ms-version", HeaderValue::from_static("2023-11-03"));
             }
         }
         let mut builder = self.0.http.request(method, request.uri().to_string());
@@ -383,7 +424,11 @@ impl AzureClients {
                 };
                 // Listings give ETags bare, headers quoted: one form, so that `If-Match`
                 // and the cache see the same version either way.
-                let etag = if etag.starts_with('"') { etag } else { format!("\"{etag}\"") };
+                let etag = if etag.starts_with('"') {
+                    etag
+                } else {
+                    format!("\"{etag}\"")
+                };
                 blobs.push(ListedObject {
                     name,
                     size: Some(size),
@@ -481,7 +526,10 @@ impl ObjectRequests for AzureBlob {
     ) -> BoxFuture<'_, std::result::Result<Response, Failure>> {
         Box::pin(async move {
             let Request::Range(range) = &request;
-            let mut headers = vec![(HeaderName::from_static("x-ms-range"), request.range_header())];
+            let mut headers = vec![(
+                HeaderName::from_static("x-ms-range"),
+                request.range_header(),
+            )];
             if let Some(etag) = if_match {
                 headers.push((reqwest::header::IF_MATCH, etag));
             }
@@ -510,23 +558,20 @@ impl Backend for Azure {
     /// or the one blob named. Sizes and ETags come from the listing.
     fn list(&self, spec: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
         let parsed = parse(spec)?;
-        let rt = runtime()?;
-        match named(spec, parsed.path)? {
-            Named::One => {
+        list_spec(
+            spec,
+            parsed.path,
+            || {
                 let blob = AzureBlob::new(spec, storage)?;
-                let info = runtime::block_on_outside(rt, blob.head())?;
-                Ok(one(spec, info.map_err(|f| f.given_up(spec, "HEAD"))?))
-            }
-            Named::Listed(keys) => {
+                Ok(async move { blob.head().await })
+            },
+            |prefix| {
                 let clients = clients(storage, parsed.account)?;
-                let blobs = runtime::block_on_outside(
-                    rt,
-                    clients.list_all(spec, parsed.container, keys.literal_prefix()),
-                )?;
-                let blobs = blobs.map_err(|f| f.given_up(spec, "listing"))?;
-                keys.shards(spec, blobs, |name| format!("{}{name}", parsed.root))
-            }
-        }
+                let container = parsed.container;
+                Ok(async move { clients.list_all(spec, container, &prefix).await })
+            },
+            |name| format!("{}{name}", parsed.root),
+        )
     }
 
     fn open(
@@ -570,15 +615,6 @@ impl AzureWriter {
     }
 }
 
-/// A reply whose body does not matter: success, or what the refusal means.
-fn done(url: &str, response: &reqwest::Response) -> Tried<()> {
-    if response.status().is_success() {
-        Ok(())
-    } else {
-        Err(status_failure(url, response, None))
-    }
-}
-
 /// Sends a PUT of `body` to `blob_url` (with `query`), signed with `headers`.
 async fn put(
     clients: &AzureClients,
@@ -594,13 +630,16 @@ async fn put(
         .send()
         .await
         .map_err(transport_failure)?;
-    done(url, &response)
+    succeeded(url, &response)
 }
 
 impl PrefixWriter for AzureWriter {
     fn list(&self) -> BoxFuture<'_, Tried<Vec<String>>> {
         Box::pin(async move {
-            let blobs = self.clients.list_all(&self.url, &self.container, &self.prefix).await?;
+            let blobs = self
+                .clients
+                .list_all(&self.url, &self.container, &self.prefix)
+                .await?;
             Ok(relative_names(blobs, &self.prefix))
         })
     }
@@ -617,14 +656,24 @@ impl PrefixWriter for AzureWriter {
             if response.status() == reqwest::StatusCode::NOT_FOUND {
                 return Ok(());
             }
-            done(&self.url_of(name), &response)
+            succeeded(&self.url_of(name), &response)
         })
     }
 
     fn put<'a>(&'a self, name: &'a str, bytes: Bytes) -> BoxFuture<'a, Tried<()>> {
         Box::pin(async move {
-            let headers = [(HeaderName::from_static("x-ms-blob-type"), "BlockBlob".to_string())];
-            put(&self.clients, &self.url_of(name), &self.blob_url(name), &headers, bytes).await
+            let headers = [(
+                HeaderName::from_static("x-ms-blob-type"),
+                "BlockBlob".to_string(),
+            )];
+            put(
+                &self.clients,
+                &self.url_of(name),
+                &self.blob_url(name),
+                &headers,
+                bytes,
+            )
+            .await
         })
     }
 
@@ -706,13 +755,22 @@ mod tests {
     #[test]
     fn url_forms_name_account_container_and_path() {
         let az = parse("az://c/a/b.parquet").unwrap();
-        assert_eq!((az.account, az.container, az.path), (None, "c", "a/b.parquet"));
+        assert_eq!(
+            (az.account, az.container, az.path),
+            (None, "c", "a/b.parquet")
+        );
         assert_eq!(az.root, "az://c/");
         let abfs = parse("abfss://c@acct.dfs.core.windows.net/a/b").unwrap();
-        assert_eq!((abfs.account, abfs.container, abfs.path), (Some("acct"), "c", "a/b"));
+        assert_eq!(
+            (abfs.account, abfs.container, abfs.path),
+            (Some("acct"), "c", "a/b")
+        );
         assert_eq!(abfs.root, "abfss://c@acct.dfs.core.windows.net/");
         let https = parse("https://acct.blob.core.windows.net/c/a/b").unwrap();
-        assert_eq!((https.account, https.container, https.path), (Some("acct"), "c", "a/b"));
+        assert_eq!(
+            (https.account, https.container, https.path),
+            (Some("acct"), "c", "a/b")
+        );
         assert_eq!(https.root, "https://acct.blob.core.windows.net/c/");
         assert!(parse("az:///x").is_err());
         assert!(is_blob_host("https://acct.blob.core.windows.net/c/x"));
@@ -726,8 +784,13 @@ mod tests {
         assert_eq!(element(blob, "Name").as_deref(), Some("a&b"));
         assert_eq!(element(blob, "Etag").as_deref(), Some("\"0x1\""));
         assert_eq!(element(xml, "NextMarker").as_deref(), Some("m"));
-        let parts = connection_string("DefaultEndpointsProtocol=http;AccountName=dev;AccountKey=a2V5;").unwrap();
-        assert_eq!(parts.endpoint.as_deref(), Some("http://dev.blob.core.windows.net"));
+        let parts =
+            connection_string("DefaultEndpointsProtocol=http;AccountName=dev;AccountKey=a2V5;")
+                .unwrap();
+        assert_eq!(
+            parts.endpoint.as_deref(),
+            Some("http://dev.blob.core.windows.net")
+        );
         assert_eq!(parts.key.as_deref(), Some("a2V5"));
     }
 }

@@ -28,13 +28,12 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, RANGE};
 
 use super::backend::Backend;
+use super::listing::{ListedObject, list_spec, split_bucket};
 use super::object::{BoxFuture, IoCounters, ShardMeta, Source};
-use super::listing::{ListedObject, Named, named, one, split_bucket};
 use super::remote::{ObjectInfo, ObjectRequests, Request, Response, open_shard};
 use super::retry::Failure;
-use super::runtime::{self, runtime};
 use super::storage::Storage;
-use super::transport::{range_response, status_failure, transport_failure};
+use super::transport::{range_response, status_failure, succeeded, transport_failure};
 use super::upload::{PrefixWriter, Tried, Upload, key_prefix, relative_names};
 use crate::error::{Error, Position, Result};
 
@@ -46,7 +45,11 @@ const PAGE_SIZE: u32 = 1000;
 
 /// What an object name keeps unescaped in a URL path segment or a query value (RFC 3986's
 /// unreserved characters): a `/` in a name is escaped, as the JSON API wants.
-const NAME: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const NAME: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 fn escape(text: &str) -> String {
     utf8_percent_encode(text, NAME).to_string()
@@ -149,7 +152,10 @@ fn credential_chain(token: Option<&str>, timeout: Duration) -> Result<GcpCredent
         .with_client_options(object_store::ClientOptions::new().with_timeout(timeout))
         .build()
         .map_err(|e| {
-            Error::invalid_argument(format!("GCS credentials: {}", super::transport::short_cause(&e)))
+            Error::invalid_argument(format!(
+                "GCS credentials: {}",
+                super::transport::short_cause(&e)
+            ))
         })?;
     Ok(gcs.credentials().clone())
 }
@@ -230,7 +236,10 @@ impl GcsClients {
                 number(&item["size"]),
                 item["generation"].as_str(),
             ) else {
-                return Err(bad_reply(url, "a listed object lacks its name, size or generation"));
+                return Err(bad_reply(
+                    url,
+                    "a listed object lacks its name, size or generation",
+                ));
             };
             objects.push(ListedObject {
                 name: name.to_string(),
@@ -246,7 +255,9 @@ impl GcsClients {
         let mut objects = Vec::new();
         let mut token = None;
         loop {
-            let (page, next) = self.list_page(url, bucket, prefix, token.as_deref()).await?;
+            let (page, next) = self
+                .list_page(url, bucket, prefix, token.as_deref())
+                .await?;
             objects.extend(page);
             match next {
                 Some(next) => token = Some(next),
@@ -278,15 +289,6 @@ async fn json_reply(url: &str, response: reqwest::Response) -> Tried<serde_json:
     serde_json::from_slice(&body).map_err(|_| bad_reply(url, "not JSON"))
 }
 
-/// A reply whose body does not matter: success, or what the refusal means.
-fn done(url: &str, response: &reqwest::Response) -> Tried<()> {
-    if response.status().is_success() {
-        Ok(())
-    } else {
-        Err(status_failure(url, response, None))
-    }
-}
-
 /// The requests of one object.
 struct GcsObject {
     url: String,
@@ -299,7 +301,9 @@ impl GcsObject {
     fn new(url: &str, storage: &Storage) -> Result<Self> {
         let (bucket, name) = split(url)?;
         if name.is_empty() {
-            return Err(Error::invalid_argument(format!("{url}: expected gs://bucket/name")));
+            return Err(Error::invalid_argument(format!(
+                "{url}: expected gs://bucket/name"
+            )));
         }
         Ok(Self {
             url: url.to_string(),
@@ -382,23 +386,19 @@ impl Backend for Gcs {
     /// or the one object named. Sizes and generations come from the listing.
     fn list(&self, spec: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
         let (bucket, name) = split(spec)?;
-        let rt = runtime()?;
-        match named(spec, name)? {
-            Named::One => {
+        list_spec(
+            spec,
+            name,
+            || {
                 let object = GcsObject::new(spec, storage)?;
-                let info = runtime::block_on_outside(rt, object.head())?;
-                Ok(one(spec, info.map_err(|f| f.given_up(spec, "HEAD"))?))
-            }
-            Named::Listed(keys) => {
+                Ok(async move { object.head().await })
+            },
+            |prefix| {
                 let clients = clients(storage)?;
-                let objects = runtime::block_on_outside(
-                    rt,
-                    clients.list_all(spec, bucket, keys.literal_prefix()),
-                )?;
-                let objects = objects.map_err(|f| f.given_up(spec, "listing"))?;
-                keys.shards(spec, objects, |name| format!("gs://{bucket}/{name}"))
-            }
-        }
+                Ok(async move { clients.list_all(spec, bucket, &prefix).await })
+            },
+            |name| format!("gs://{bucket}/{name}"),
+        )
     }
 
     fn open(
@@ -449,7 +449,10 @@ impl GcsWriter {
 impl PrefixWriter for GcsWriter {
     fn list(&self) -> BoxFuture<'_, Tried<Vec<String>>> {
         Box::pin(async move {
-            let objects = self.clients.list_all(&self.url, &self.bucket, &self.prefix).await?;
+            let objects = self
+                .clients
+                .list_all(&self.url, &self.bucket, &self.prefix)
+                .await?;
             Ok(relative_names(objects, &self.prefix))
         })
     }
@@ -471,7 +474,7 @@ impl PrefixWriter for GcsWriter {
             if response.status() == reqwest::StatusCode::NOT_FOUND {
                 return Ok(());
             }
-            done(&self.url_of(name), &response)
+            succeeded(&self.url_of(name), &response)
         })
     }
 
@@ -486,7 +489,7 @@ impl PrefixWriter for GcsWriter {
                 .send()
                 .await
                 .map_err(transport_failure)?;
-            done(&self.url_of(name), &response)
+            succeeded(&self.url_of(name), &response)
         })
     }
 
@@ -501,7 +504,7 @@ impl PrefixWriter for GcsWriter {
                 .send()
                 .await
                 .map_err(transport_failure)?;
-            done(&url, &response)?;
+            succeeded(&url, &response)?;
             let session = response
                 .headers()
                 .get(reqwest::header::LOCATION)
@@ -546,13 +549,16 @@ impl Upload for ResumableUpload {
 
     fn send_part(&self, _number: u32, offset: u64, bytes: Bytes) -> BoxFuture<'_, Tried<String>> {
         Box::pin(async move {
+            if bytes.is_empty() {
+                return Ok(String::new()); // nothing to send: the session stays where it is
+            }
             let range = format!("bytes {offset}-{}/*", offset + bytes.len() as u64 - 1);
             let response = self.send(bytes, range).await?;
             // 308: the part is kept, more to come.
             if response.status().as_u16() == 308 {
                 return Ok(String::new());
             }
-            Err(match done(&self.url, &response) {
+            Err(match succeeded(&self.url, &response) {
                 Err(failure) => failure,
                 Ok(()) => bad_reply(&self.url, "the upload ended before its last part"),
             })
@@ -572,7 +578,7 @@ impl Upload for ResumableUpload {
                 n => format!("bytes {offset}-{}/{total}", offset + n as u64 - 1),
             };
             let response = self.send(last, range).await?;
-            done(&self.url, &response)
+            succeeded(&self.url, &response)
         })
     }
 

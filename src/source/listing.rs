@@ -3,9 +3,13 @@
 //! fails at once) or the objects below a prefix or matching a glob, and the shards those
 //! make. Each backend lists its own way; none imports another.
 
+use std::future::Future;
+
 use super::object::ShardMeta;
 use super::pattern::is_glob;
 use super::remote::ObjectInfo;
+use super::retry::Tried;
+use super::runtime::{self, runtime};
 use crate::error::{Error, Result};
 
 /// `scheme://bucket/key` split in two (`key` may be empty: the whole bucket).
@@ -32,35 +36,40 @@ pub struct ListedObject {
     pub version: Option<String>,
 }
 
-/// What a spec's key names.
-pub enum Named {
-    /// One object (no glob, no trailing `/`).
-    One,
-    /// Objects listed below [`Keys::literal_prefix`], some of them kept.
-    Listed(Keys),
-}
-
-/// What `key` (a spec's path in its bucket) names.
-pub fn named(spec: &str, key: &str) -> Result<Named> {
+/// The shards `spec` (whose key in its bucket is `key`) names, waiting on the calling
+/// thread: a glob's matches or everything below a prefix ending in `/` (`list` gets the
+/// listing's prefix; sorted by URL, `url_of` a key), or the one object named (`head`,
+/// so that a missing one fails now). Sizes and versions come from the store.
+pub fn list_spec<H, L>(
+    spec: &str,
+    key: &str,
+    head: impl FnOnce() -> Result<H>,
+    list: impl FnOnce(String) -> Result<L>,
+    url_of: impl Fn(&str) -> String,
+) -> Result<Vec<ShardMeta>>
+where
+    H: Future<Output = Tried<ObjectInfo>> + Send,
+    L: Future<Output = Tried<Vec<ListedObject>>> + Send,
+{
+    let rt = runtime()?;
     if !is_glob(key) && !key.is_empty() && !key.ends_with('/') {
-        return Ok(Named::One);
+        let info = runtime::block_on_outside(rt, head()?)?.map_err(|f| f.given_up(spec, "HEAD"))?;
+        return Ok(vec![ShardMeta {
+            url: spec.to_string(),
+            size: Some(info.size),
+            etag: info.etag,
+            rows: None,
+        }]);
     }
-    Ok(Named::Listed(Keys::new(spec, key)?))
-}
-
-/// The one object a spec names, as its HEAD described it.
-pub fn one(spec: &str, info: ObjectInfo) -> Vec<ShardMeta> {
-    vec![ShardMeta {
-        url: spec.to_string(),
-        size: Some(info.size),
-        etag: info.etag,
-        rows: None,
-    }]
+    let keys = Keys::new(spec, key)?;
+    let objects = runtime::block_on_outside(rt, list(keys.literal_prefix.clone())?)?
+        .map_err(|f| f.given_up(spec, "listing"))?;
+    keys.shards(spec, objects, url_of)
 }
 
 /// Which listed keys a glob or a prefix names: a glob's matches (`*` not crossing `/`),
 /// or everything below the prefix but hidden and `_` files, as for directories.
-pub struct Keys {
+struct Keys {
     literal_prefix: String,
     glob: Option<glob::Pattern>,
 }
@@ -78,11 +87,6 @@ impl Keys {
             literal_prefix: key[..key.find(['*', '?', '[']).unwrap_or(key.len())].to_string(),
             glob,
         })
-    }
-
-    /// What every key named begins with: the listing's prefix.
-    pub fn literal_prefix(&self) -> &str {
-        &self.literal_prefix
     }
 
     fn keeps(&self, name: &str) -> bool {
@@ -103,7 +107,7 @@ impl Keys {
 
     /// The shards among `objects` (listed below the literal prefix), sorted by URL
     /// (`url_of` a key); none is an error naming `spec`.
-    pub fn shards(
+    fn shards(
         &self,
         spec: &str,
         objects: Vec<ListedObject>,
@@ -135,22 +139,20 @@ mod tests {
 
     #[test]
     fn urls_split_into_bucket_and_key() {
-        assert_eq!(split_bucket("s3://b/k/x.parquet", "s3").unwrap(), ("b", "k/x.parquet"));
+        assert_eq!(
+            split_bucket("s3://b/k/x.parquet", "s3").unwrap(),
+            ("b", "k/x.parquet")
+        );
         assert_eq!(split_bucket("gs://b", "gs").unwrap(), ("b", ""));
         assert!(split_bucket("s3:///k", "s3").is_err());
     }
 
     #[test]
     fn globs_and_prefixes_keep_what_a_folder_would() {
-        let Ok(Named::Listed(keys)) = named("s3://b/d/*.bin", "d/*.bin") else {
-            panic!("a glob is listed")
-        };
-        assert_eq!(keys.literal_prefix(), "d/");
-        assert!(keys.keeps("d/x.bin") && !keys.keeps("d/e/x.bin"));
-        let Ok(Named::Listed(keys)) = named("s3://b/d/", "d/") else {
-            panic!("a prefix is listed")
-        };
-        assert!(keys.keeps("d/e/x.bin") && !keys.keeps("d/_SUCCESS") && !keys.keeps("d/.x"));
-        assert!(matches!(named("s3://b/d/x.bin", "d/x.bin"), Ok(Named::One)));
+        let glob = Keys::new("s3://b/d/*.bin", "d/*.bin").unwrap();
+        assert_eq!(glob.literal_prefix, "d/");
+        assert!(glob.keeps("d/x.bin") && !glob.keeps("d/e/x.bin"));
+        let prefix = Keys::new("s3://b/d/", "d/").unwrap();
+        assert!(prefix.keeps("d/e/x.bin") && !prefix.keeps("d/_SUCCESS") && !prefix.keeps("d/.x"));
     }
 }

@@ -149,11 +149,13 @@ pub fn find(spec: &str, storage: &Arc<Storage>) -> Result<Option<Manifest>> {
         // An object store cannot tell a prefix from an object without asking: a last
         // segment with an extension (`chat.jsonl`) is taken for an object, so that its
         // errors (credentials, say) name it rather than a manifest beside it.
-        None => super::is_object_store(spec) && {
-            let rest = spec.split_once("://").map_or("", |(_, rest)| rest);
-            let last = rest.rsplit('/').next().unwrap_or("");
-            !rest.is_empty() && (rest.ends_with('/') || !last.contains('.'))
-        },
+        None => {
+            super::is_object_store(spec) && {
+                let rest = spec.split_once("://").map_or("", |(_, rest)| rest);
+                let last = rest.rsplit('/').next().unwrap_or("");
+                !rest.is_empty() && (rest.ends_with('/') || !last.contains('.'))
+            }
+        }
     };
     if !is_prefix {
         return Ok(None);

@@ -43,6 +43,9 @@ fn jitter() -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// One try's outcome.
+pub type Tried<T> = Result<T, Failure>;
+
 /// The outcome of one failed try.
 #[derive(Debug)]
 pub enum Failure {

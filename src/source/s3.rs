@@ -12,18 +12,18 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use bytes::Bytes;
 
 use super::backend::Backend;
+use super::listing::{ListedObject, list_spec, split_bucket};
 use super::object::{BoxFuture, IoCounters, ShardMeta, Source};
-use super::listing::{ListedObject, Named, named, one, split_bucket};
 use super::remote::{Body, ObjectInfo, ObjectRequests, Request, Response, open_shard};
 use super::retry::{Failure, transient_status};
 use super::runtime::{self, runtime};
 use super::sigv4::{Scope, Signer, encode_key};
 use super::storage::Storage;
-use super::upload::{PrefixWriter, Tried, Upload, relative_names};
 use super::transport::{
     changed, range_response, short_cause, size_from_content_range, status_failure,
     transport_failure,
 };
+use super::upload::{PrefixWriter, Tried, Upload, relative_names};
 use crate::error::{Error, Result};
 
 /// `s3://bucket/key` split in two.
@@ -448,7 +448,7 @@ impl Backend for S3 {
 
     /// Writes under `s3://bucket/prefix`.
     fn writer(&self, url: &str, storage: &Arc<Storage>) -> Option<Result<Box<dyn PrefixWriter>>> {
-        Some(S3Writer::new(url, storage))
+        Some(S3Writer::new(url, storage).map(|w| Box::new(w) as Box<dyn PrefixWriter>))
     }
 }
 
@@ -463,14 +463,14 @@ struct S3Writer {
 }
 
 impl S3Writer {
-    fn new(url: &str, storage: &Arc<Storage>) -> Result<Box<dyn PrefixWriter>> {
+    fn new(url: &str, storage: &Arc<Storage>) -> Result<Self> {
         let (bucket, key) = split(url)?;
-        Ok(Box::new(S3Writer {
+        Ok(S3Writer {
             url: url.trim_end_matches('/').to_string(),
             bucket: bucket.to_string(),
             prefix: super::upload::key_prefix(key),
             client: client(storage)?,
-        }))
+        })
     }
 
     fn url_of(&self, name: &str) -> String {
@@ -632,23 +632,19 @@ impl Upload for S3Upload {
 /// `/`, or the one object named. Sizes and ETags come from the listing.
 pub fn list(url: &str, storage: &Arc<Storage>) -> Result<Vec<ShardMeta>> {
     let (bucket, key) = split(url)?;
-    let rt = runtime()?;
-    match named(url, key)? {
-        Named::One => {
+    list_spec(
+        url,
+        key,
+        || {
             let object = S3Object::new(url, storage)?;
-            let info = runtime::block_on_outside(rt, object.head())?;
-            Ok(one(url, info.map_err(|f| f.given_up(url, "HEAD"))?))
-        }
-        Named::Listed(keys) => {
+            Ok(async move { object.head().await })
+        },
+        |prefix| {
             let client = client(storage)?;
-            let objects = runtime::block_on_outside(
-                rt,
-                list_objects(&client, url, bucket, keys.literal_prefix()),
-            )?;
-            let objects = objects.map_err(|f| f.given_up(url, "listing"))?;
-            keys.shards(url, objects, |name| format!("s3://{bucket}/{name}"))
-        }
-    }
+            Ok(async move { list_objects(&client, url, bucket, &prefix).await })
+        },
+        |name| format!("s3://{bucket}/{name}"),
+    )
 }
 
 /// Every object of `bucket` whose key starts with `prefix` (ListObjectsV2, page by page).

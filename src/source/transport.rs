@@ -136,6 +136,15 @@ pub fn status_failure(
     }
 }
 
+/// A reply whose body does not matter: success, or what the refusal means (as
+/// [`status_failure`] reads it, naming `name`).
+pub fn succeeded(name: &str, response: &reqwest::Response) -> std::result::Result<(), Failure> {
+    match response.status().is_success() {
+        true => Ok(()),
+        false => Err(status_failure(name, response, None)),
+    }
+}
+
 /// A request that got no answer (refused, reset, timed out): worth another try.
 pub fn transport_failure(e: reqwest::Error) -> Failure {
     Failure::Transient(short_cause(&e))

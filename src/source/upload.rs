@@ -11,10 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::object::BoxFuture;
-use super::retry::Failure;
-
-/// One try's outcome.
-pub type Tried<T> = std::result::Result<T, Failure>;
+pub use super::retry::Tried;
 
 /// The objects under one prefix (a write destination), by their names relative to it.
 pub trait PrefixWriter: Send + Sync {

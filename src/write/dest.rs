@@ -54,7 +54,10 @@ impl Destination {
                 dir: PathBuf::from(path),
             });
         }
-        if dest.split_once("://").is_some_and(|(_, rest)| rest.contains(['*', '?', '[', '{'])) {
+        if dest
+            .split_once("://")
+            .is_some_and(|(_, rest)| rest.contains(['*', '?', '[', '{']))
+        {
             return Err(Error::invalid_argument(format!(
                 "{dest}: a write destination is a prefix, not a pattern"
             )));
@@ -166,9 +169,7 @@ impl Destination {
                 }
                 _ => Ok(()),
             },
-            Destination::Remote { writer, .. } => {
-                self.retrying("DELETE", || writer.delete(name))
-            }
+            Destination::Remote { writer, .. } => self.retrying("DELETE", || writer.delete(name)),
         }
     }
 
