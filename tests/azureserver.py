@@ -45,7 +45,6 @@ import hmac
 import ipaddress
 import itertools
 import re
-import sys
 import threading
 import time
 import uuid
@@ -54,9 +53,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 from xml.sax.saxutils import escape
+
+from faultproxy import LocalServer
 
 ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -189,7 +190,7 @@ class AzureServer:
         self.lock = threading.Lock()
         # Azure ETags look like "0x8DC2B5F3E7A1C4D"; a counter keeps each write's distinct.
         self._etags = itertools.count(0x8DC000000000000 + time.time_ns() // 1000 % 0x1000000000)
-        self.server = _Server(("127.0.0.1", 0), self._handler())
+        self.server = LocalServer(("127.0.0.1", 0), self._handler())
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/{ACCOUNT}"
         self.connection_string = (
@@ -756,13 +757,3 @@ def ip_in(allowed: str, address: str) -> bool:
     except ValueError:
         return False
     return ip.version == first.version == last.version and first <= ip <= last  # type: ignore[operator]
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        # A client that hangs up mid-answer (a cancelled read) is normal.
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)  # type: ignore[arg-type]

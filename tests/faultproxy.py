@@ -92,7 +92,7 @@ class FaultProxy:
             def do_DELETE(self) -> None:
                 proxy._forward(self, "DELETE")
 
-        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.server = LocalServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -222,7 +222,11 @@ class FaultProxy:
             handler.close_connection = True
 
 
-class _Server(ThreadingHTTPServer):
+class LocalServer(ThreadingHTTPServer):
+    """The test servers' HTTP server (this proxy's, tests/azureserver.py's and
+    tests/gcpauth.py's): a thread per connection, a deep accept queue, and clients that
+    hang up mid-answer taken as normal."""
+
     daemon_threads = True
     request_queue_size = 1024
 

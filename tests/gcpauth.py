@@ -27,12 +27,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import sys
 import threading
 import time
 from collections import Counter
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -40,6 +39,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from faultproxy import LocalServer
 
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 # Google refuses assertions that live longer than an hour, or whose clock is far off.
@@ -136,7 +136,7 @@ class GcpAuthServer:
         self.counts: Counter[str] = Counter()  # by path, without the query
         self.token_requests: list[dict[str, str]] = []  # the form of each POST /token
         self.lock = threading.Lock()
-        self.server = _Server(("127.0.0.1", 0), self._handler())
+        self.server = LocalServer(("127.0.0.1", 0), self._handler())
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.metadata_host = f"127.0.0.1:{self.port}"
@@ -393,13 +393,3 @@ class GcpAuthServer:
                 self.reply(206, data[start : end + 1], {**headers, "Content-Range": f"bytes {start}-{end}/{len(data)}"})
 
         return Handler
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        # A client that hangs up mid-answer (a cancelled read) is normal.
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)  # type: ignore[arg-type]
