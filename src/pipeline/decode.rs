@@ -560,8 +560,11 @@ impl UnitDecoder {
             if cancel.load(Ordering::Relaxed) {
                 return;
             }
-            let start = Instant::now();
+            // The span opens before the clock starts and closes after it stops, so the
+            // timeline's decode spans cover the decode time counted (and that time does
+            // not count the timeline's own bookkeeping).
             let span = stats.trace().map(|t| t.span("decode", "decode"));
+            let start = Instant::now();
             let mut send = |batch| {
                 let _ = tx.send(Decoding::Batch(batch));
             };
@@ -597,8 +600,8 @@ impl UnitDecoder {
                     Ok(decoded)
                 }),
             };
-            drop(span);
             let elapsed = start.elapsed();
+            drop(span);
             Stats::add_time(&stats.decode_ns, elapsed);
             stats.decode_times.record(elapsed);
             let _ = tx.send(Decoding::End(result, cutter.map(|c| c.state)));

@@ -834,15 +834,17 @@ fn run_transform(
     stats: &super::stats::Stats,
     times: &super::stage_times::OpTimes,
 ) -> Result<Vec<RecordBatch>> {
-    let (rows_in, start) = (batch.num_rows(), std::time::Instant::now());
+    // The span encloses the time counted (see the decode task's).
     let span = stats.trace().map(|t| t.span(times.name.as_str(), "op"));
+    let (rows_in, start) = (batch.num_rows(), std::time::Instant::now());
     let out = run_transform_untimed(transform, batch, stats);
+    let elapsed = start.elapsed();
     drop(span);
     if let Ok(out) = &out {
         times.record(
             rows_in,
             out.iter().map(RecordBatch::num_rows).sum(),
-            start.elapsed(),
+            elapsed,
         );
     }
     out
