@@ -30,6 +30,16 @@ def _free_port_pair() -> int:
     raise RuntimeError("no free port pair")
 
 
+def _stop(process: subprocess.Popen) -> None:
+    """Ends a server this module started: asked first, killed if it lingers."""
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class Seaweed:
     def __init__(self, directory: Path, auth: bool = True) -> None:
         self.ports = {name: _free_port_pair() for name in ("master", "volume", "filer", "s3")}
@@ -93,12 +103,7 @@ class Seaweed:
         }
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except Exception:  # noqa: BLE001
-            self.process.kill()
-            self.process.wait()
+        _stop(self.process)
         self.log.close()
 
 
@@ -192,10 +197,5 @@ class FakeGCS:
         return {"endpoint_url": endpoint or self.url, "token": "anon", **extra}
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except Exception:  # noqa: BLE001
-            self.process.kill()
-            self.process.wait()
+        _stop(self.process)
         self.log.close()

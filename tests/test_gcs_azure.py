@@ -26,7 +26,7 @@ from azureserver import ACCOUNT, ACCOUNT_KEY, AzureServer
 from faultproxy import FaultProxy
 from gcpauth import SERVICE_ACCOUNT, GcpAuthServer, verify_self_signed_jwt
 from servers import FakeGCS
-from test_remote import DIRS, normalize, write_formats
+from test_remote import DIRS, normalize, sample_ids, write_formats
 
 import shardflow as sf
 
@@ -211,15 +211,6 @@ def test_listing_pages_through_thousands_of_objects(store: Store, many: int, pro
     urls = [t["url"] for t in ds._shard_table()]
     assert urls == [store.url("many", f"obj/{i:05d}.bin") for i in range(many)]
     assert list_requests(store, proxy) >= 3, proxy.counts  # pages of at most 1,000
-
-
-def sample_ids(loader: sf.DataLoader) -> list[int]:
-    ids = []
-    for batch in loader:
-        for data in batch["bytes"]:
-            assert len(data) == 1024 and data == data[:4] * 256  # intact, not truncated or mixed
-            ids.append(int.from_bytes(data[:4], "little"))
-    return ids
 
 
 def test_faults_lose_and_repeat_nothing(store: Store, many: int, proxy: FaultProxy) -> None:
