@@ -960,6 +960,10 @@ impl Files {
     /// tell; before any, they may): cached units would then be let go before they are
     /// asked for again.
     fn may_outgrow_cache(&self) -> bool {
+        // The cache keeps its latest unit whatever its size: one unit is never let go.
+        if self.prepared.units.len() <= 1 {
+            return false;
+        }
         let per_row = self
             .decoded_row_bytes
             .load(std::sync::atomic::Ordering::Relaxed);

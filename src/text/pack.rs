@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use arrow_array::builder::{Int32Builder, ListBuilder};
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, RecordBatchOptions, UInt64Array};
+use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, RecordBatchOptions};
 use arrow_buffer::OffsetBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
@@ -159,19 +159,24 @@ impl Pack {
     }
 }
 
-/// The values of `column` at the token ranges `ranges` (row, start, len), in order.
+/// The values of `column` at the token ranges `ranges` (row, start, len), in order: each
+/// range copied whole (a pack's sequences are runs of a row's values).
 fn gather(
     column: &ListArray,
     ranges: impl Iterator<Item = (usize, usize, usize)>,
 ) -> Result<ArrayRef> {
     let offsets = column.value_offsets();
-    let mut indices = Vec::new();
-    for (row, start, len) in ranges {
-        let first = offsets[row] as u64 + start as u64;
-        indices.extend(first..first + len as u64);
+    let runs: Vec<(usize, usize)> = ranges
+        .map(|(row, start, len)| (offsets[row] as usize + start, len))
+        .collect();
+    let values = column.values().to_data();
+    let capacity = runs.iter().map(|&(_, len)| len).sum();
+    let mut out = arrow_data::transform::MutableArrayData::new(vec![&values], false, capacity);
+    for (first, len) in runs {
+        out.try_extend(0, first, first + len)
+            .map_err(|e| Error::Internal(format!("packing tokens: {e}")))?;
     }
-    arrow_select::take::take(column.values().as_ref(), &UInt64Array::from(indices), None)
-        .map_err(|e| Error::Internal(format!("packing tokens: {e}")))
+    Ok(arrow_array::make_array(out.freeze()))
 }
 
 fn list(field: &Field, offsets: Vec<i32>, values: ArrayRef) -> Result<ArrayRef> {
