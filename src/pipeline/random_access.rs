@@ -1264,6 +1264,11 @@ impl GatherSize {
         self.rows
     }
 
+    /// Bytes a gather holds at most.
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Gathers of about `bytes` at most from now on.
     pub(super) fn cap_bytes(&mut self, bytes: u64) {
         self.bytes = self.bytes.min(bytes.max(1));

@@ -315,8 +315,9 @@ impl Dataset {
                     remaining: None,
                     ..run.whole()
                 };
+                let window = window_after(ops, |_, _| false);
                 (
-                    self.head_stream(&head, part_of(&whole)?, &whole, &stats, None)?,
+                    self.head_stream(&head, part_of(&whole)?, &whole, &stats, window)?,
                     None,
                 )
             }
@@ -325,7 +326,10 @@ impl Dataset {
                 // head is a take/skip that the head's plan already applied.
                 let direct = run.skip_rows == 0
                     && ops.iter().enumerate().all(|(i, op)| split.applies(i, op));
-                let batch_rows = run.batch_rows.filter(|_| direct);
+                let batch_rows = match direct {
+                    true => run.batch_rows,
+                    false => window_after(ops, |i, op| split.applies(i, op)),
+                };
                 let part = part_of(run)?;
                 let kept = part.as_ref().and_then(|part| part.kept);
                 (
@@ -502,5 +506,14 @@ mod materialized {
             functions.iter().map(Arc::downgrade).collect(),
             read,
         ));
+    }
+}
+
+/// The rows of the windows that the first of `ops` not `applied` by the head's plan
+/// re-batches the head's batches into (a pack's, a batched map's), where it is such an op.
+fn window_after(ops: &[Op], applied: impl Fn(usize, &Op) -> bool) -> Option<usize> {
+    match ops.iter().enumerate().find(|(i, op)| !applied(*i, op))? {
+        (_, Op::Transform(t)) => t.batch_rows(),
+        _ => None,
     }
 }
