@@ -47,7 +47,7 @@ fn check_options(options: &ReadOptions) -> Result<u64> {
 
 /// The flatbuffer of an encapsulated message's metadata: after the continuation marker
 /// and length, or (before Arrow 0.15) after the length alone.
-fn message_flatbuffer(meta: &[u8]) -> std::result::Result<&[u8], String> {
+pub(super) fn message_flatbuffer(meta: &[u8]) -> std::result::Result<&[u8], String> {
     let start = if meta.get(..4) == Some(&CONTINUATION_MARKER[..]) {
         8
     } else {
@@ -64,7 +64,11 @@ fn message_flatbuffer(meta: &[u8]) -> std::result::Result<&[u8], String> {
 /// codec reserves up front: a lie of 2^46 would abort the process. The claim must be
 /// one the codec could reach from the buffer's bytes, and the message's total must stay
 /// within `limit`.
-fn check_message(flatbuffer: &[u8], body: &[u8], limit: u64) -> std::result::Result<(), String> {
+pub(super) fn check_message(
+    flatbuffer: &[u8],
+    body: &[u8],
+    limit: u64,
+) -> std::result::Result<(), String> {
     let message =
         arrow_ipc::root_as_message(flatbuffer).map_err(|e| format!("bad message: {e}"))?;
     let batch = match message.header_type() {
@@ -204,7 +208,10 @@ struct PreparedFile {
     limit: u64,
 }
 
-fn block_range(block: &Block, size: u64) -> std::result::Result<std::ops::Range<u64>, String> {
+pub(super) fn block_range(
+    block: &Block,
+    size: u64,
+) -> std::result::Result<std::ops::Range<u64>, String> {
     let start = u64::try_from(block.offset()).map_err(|_| "negative block offset")?;
     let len = u64::try_from(block.metaDataLength()).map_err(|_| "negative metadata length")?
         + u64::try_from(block.bodyLength()).map_err(|_| "negative body length")?;

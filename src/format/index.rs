@@ -26,7 +26,7 @@ const UNIT_BYTES: u64 = 4 << 20;
 const SCAN_THREADS: usize = 8;
 
 /// version (an HTTP resource without ETag), so that no index of it is persisted.
-fn current_key(shard: &ShardMeta) -> Option<String> {
+pub(super) fn current_key(shard: &ShardMeta) -> Option<String> {
     let url = shard.url.as_str();
     if let Some(path) = crate::source::local_path(url) {
         let meta = std::fs::metadata(path).ok()?;

@@ -9,6 +9,7 @@ mod blocks;
 pub mod cells;
 pub mod compression;
 pub mod csv;
+pub mod decoded_cache;
 pub mod example;
 pub mod hdf5;
 pub mod hf_features;

@@ -32,6 +32,8 @@ pub struct ReadOptions {
     /// by column), over those the files were written with: they say how the columns
     /// decode as they are read.
     pub media_features: BTreeMap<String, serde_json::Value>,
+    /// Where decoded units are kept for later reads (see [`super::decoded_cache`]).
+    pub decoded_cache: Option<std::path::PathBuf>,
 }
 
 /// Makes each work unit's job for one prepared dataset: the format-specific part.
@@ -112,6 +114,25 @@ impl PreparedShards {
         Self {
             huggingface: huggingface.or(self.huggingface),
             ..self
+        }
+    }
+
+    /// `plain` read through a cache of decoded units.
+    pub fn with_decoded_cache(
+        plain: &Arc<Self>,
+        cache: Arc<super::decoded_cache::DecodedCache>,
+    ) -> Self {
+        Self {
+            format: plain.format,
+            schema: plain.schema.clone(),
+            shards: plain.shards.clone(),
+            units: plain.units.clone(),
+            skipped_shards: plain.skipped_shards,
+            huggingface: plain.huggingface.clone(),
+            jobs: Box::new(super::decoded_cache::CachedJobs {
+                inner: plain.clone(),
+                cache,
+            }),
         }
     }
 

@@ -391,7 +391,13 @@ impl Dataset {
                         shard.url, shard.size, shard.etag
                     ));
                 }
-                hash.update(format!("\0{:?}", source.options));
+                // Where decoded units are kept changes no record: a state saved without
+                // the cache resumes with it.
+                let options = ReadOptions {
+                    decoded_cache: None,
+                    ..source.options.clone()
+                };
+                hash.update(format!("\0{options:?}"));
             }
             Origin::Combined(c) => {
                 hash.update(format!("combined {:?}", c.mix));
@@ -476,6 +482,15 @@ impl Dataset {
         if let Some(spec) = audio {
             let decoder = spec.bind(&read.schema, source.options.on_error)?;
             read = Arc::new(PreparedShards::with_cells(&read, Arc::new(decoder)));
+        }
+        if let Some(dir) = &source.options.decoded_cache {
+            let cache = format::decoded_cache::DecodedCache::open(
+                dir.clone(),
+                source.format.name(),
+                &source.options,
+                &read.schema,
+            );
+            read = Arc::new(PreparedShards::with_decoded_cache(&read, Arc::new(cache)));
         }
         Ok(read)
     }

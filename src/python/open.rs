@@ -18,7 +18,7 @@ use crate::source::ShardMeta;
 /// Opens a dataset from paths, `file://` URLs, globs (`data/*.parquet`), brace ranges
 /// (`shard-{000..099}.parquet`) or a list of these.
 #[pyfunction]
-#[pyo3(signature = (source, format=None, *, columns=None, schema=None, features=None, format_options=None, storage_options=None, on_error="raise", _listing=None))]
+#[pyo3(signature = (source, format=None, *, columns=None, schema=None, features=None, format_options=None, storage_options=None, on_error="raise", decoded_cache=None, _listing=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn dataset(
     py: Python<'_>,
@@ -30,6 +30,7 @@ pub fn dataset(
     format_options: Option<&Bound<'_, PyDict>>,
     storage_options: Option<&Bound<'_, PyDict>>,
     on_error: &str,
+    decoded_cache: Option<&Bound<'_, PyAny>>,
     _listing: Option<Vec<(String, Option<u64>, Option<String>)>>,
 ) -> PyResult<PyDataset> {
     let specs = source_list(source)?;
@@ -56,6 +57,7 @@ pub fn dataset(
         on_error: OnError::parse(on_error)?,
         images: None,
         media_features: Default::default(),
+        decoded_cache: decoded_cache_dir(decoded_cache)?,
     };
     let storage = storage_from(storage_options)?;
     let inner =
@@ -82,6 +84,7 @@ pub fn dataset(
     kwargs.set_item("format_options", format_options)?;
     kwargs.set_item("storage_options", storage_options)?;
     kwargs.set_item("on_error", on_error)?;
+    kwargs.set_item("decoded_cache", decoded_cache)?;
     kwargs.set_item("_listing", listing)?;
     Ok(PyDataset {
         inner,
@@ -89,6 +92,27 @@ pub fn dataset(
         access: Default::default(),
         epoch: Default::default(),
     })
+}
+
+/// The directory of `decoded_cache=`: a path, or `True` for `decoded/` under the user's
+/// cache directory (`$SHARDFLOW_CACHE_DIR`, else `~/.cache/shardflow`).
+fn decoded_cache_dir(given: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::path::PathBuf>> {
+    let Some(given) = given.filter(|g| !g.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(flag) = given.extract::<bool>() {
+        return match flag {
+            false => Ok(None),
+            true => crate::format::index::user_cache_dir()
+                .map(|d| Some(d.join("decoded")))
+                .ok_or_else(|| {
+                    PyValueError::new_err(
+                        "decoded_cache=True needs a cache directory: set SHARDFLOW_CACHE_DIR or HOME, or pass a path",
+                    )
+                }),
+        };
+    }
+    Ok(Some(given.extract::<std::path::PathBuf>()?))
 }
 
 /// The files `source` names, as `dataset(source)` lists them: `(url, size, version)` each

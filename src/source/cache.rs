@@ -25,7 +25,7 @@ pub struct DiskCache {
     approx_bytes: AtomicU64,
 }
 
-const TMP_PREFIX: &str = "tmp-";
+pub(crate) const TMP_PREFIX: &str = "tmp-";
 /// What follows an entry's data: its CRC32C (u32 LE), its length (u64 LE), this magic.
 const TRAILER_MAGIC: &[u8; 4] = b"SFC1";
 const TRAILER: usize = 16;
@@ -41,7 +41,7 @@ fn trailer(data: &[u8]) -> [u8; TRAILER] {
 }
 
 /// Whether a temporary file was left by a process that is gone (killed mid-write).
-fn abandoned_tmp(name: &str, modified: SystemTime) -> bool {
+pub(crate) fn abandoned_tmp(name: &str, modified: SystemTime) -> bool {
     let Some(rest) = name.strip_prefix(TMP_PREFIX) else {
         return false;
     };

@@ -1,0 +1,303 @@
+//! A local directory of decoded units (`sf.dataset(..., decoded_cache=...)`): the first
+//! read of a unit writes the rows it decoded to an Arrow IPC file there, and every later
+//! read of it (another epoch, rank, worker or process) maps that file instead of fetching
+//! and decoding the unit again, as `datasets` reads the Arrow copy `load_dataset` made.
+//!
+//! A file is named by a digest of what the rows depend on: the shard's version (a local
+//! file's size and modification time, an object's ETag), the unit, the crate's version
+//! and how the dataset reads (columns, features, format options, the schema). A changed
+//! shard or reading is a new name, never a stale hit. Files are written to a temporary
+//! name and renamed into place, so a process killed mid-write leaves at most a temporary
+//! file, which a later start removes; a file that does not read back whole is removed and
+//! its unit decoded again. Units whose jobs stream their shard (JSON lines, CSV,
+//! TFRecord, tar) are read as before: only units decoded whole (Parquet row groups,
+//! Arrow record batches, NPY/NPZ and HDF5 units) are kept.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::{FileDecoder, read_footer_length};
+use arrow_ipc::writer::FileWriter;
+use arrow_schema::{Schema, SchemaRef};
+use sha2::{Digest, Sha256};
+
+use super::reader::{PreparedShards, ReadOptions, UnitJobs};
+use super::unit::{BatchSink, Decoded, UnitJob, WorkUnit, task};
+use crate::source::ShardMeta;
+use crate::source::cache::{TMP_PREFIX, abandoned_tmp};
+
+/// Where decoded units are kept, and the digest of how the dataset reads them.
+pub struct DecodedCache {
+    dir: PathBuf,
+    reading: String,
+}
+
+impl DecodedCache {
+    /// The cache in `dir` for a dataset read with `options` into `schema`; temporary
+    /// files that killed processes left there are removed.
+    pub fn open(dir: PathBuf, format: &str, options: &ReadOptions, schema: &Schema) -> Self {
+        if let Ok(entries) = fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let modified = entry.metadata().and_then(|m| m.modified());
+                if modified.is_ok_and(|m| abandoned_tmp(&name, m)) {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
+        // Metadata are ordered maps: every process names a unit alike.
+        let fields: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                format!(
+                    "{}:{}:{}:{:?}",
+                    f.name(),
+                    f.data_type(),
+                    f.is_nullable(),
+                    f.metadata()
+                )
+            })
+            .collect();
+        let reading = format!(
+            "{}\0{format}\0{:?}\0{:?}\0{:?}\0{:?}\0{:?}\0{:?}\0{fields:?}\0{:?}",
+            env!("CARGO_PKG_VERSION"),
+            options.columns,
+            options.features,
+            options.format_options,
+            options.on_error,
+            options.images,
+            options.media_features,
+            schema.metadata(),
+        );
+        Self { dir, reading }
+    }
+
+    /// The file that holds `unit` of `shard` once decoded; `None` for a shard whose
+    /// version cannot be told (an HTTP resource without ETag), which is never kept.
+    fn path(&self, unit: &WorkUnit, shard: &ShardMeta) -> Option<PathBuf> {
+        let version = super::index::current_key(shard)?;
+        let mut digest = Sha256::new();
+        for part in [self.reading.as_bytes(), version.as_bytes()] {
+            digest.update((part.len() as u64).to_le_bytes());
+            digest.update(part);
+        }
+        digest.update((unit.part as u64).to_le_bytes());
+        digest.update(unit.rows.unwrap_or(u64::MAX).to_le_bytes());
+        let name: String = digest
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Some(self.dir.join(format!("{name}.arrow")))
+    }
+}
+
+/// The jobs of `inner`, through the cache.
+pub(super) struct CachedJobs {
+    pub(super) inner: Arc<PreparedShards>,
+    pub(super) cache: Arc<DecodedCache>,
+}
+
+impl UnitJobs for CachedJobs {
+    fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
+        let Some(path) = self.cache.path(unit, shard) else {
+            return self.inner.job(unit);
+        };
+        match load(&path) {
+            Ok(Some(batches)) => {
+                return UnitJob::Ready(task(move || {
+                    Ok(Decoded {
+                        batches,
+                        skipped: Vec::new(),
+                    })
+                }));
+            }
+            Ok(None) => {}
+            // Damaged (a disk error, a file cut short): decoded again, and written anew.
+            Err(_) => {
+                let _ = fs::remove_file(&path);
+            }
+        }
+        let schema = self.inner.schema.clone();
+        match self.inner.job(unit) {
+            UnitJob::Ranges { ranges, decode } => UnitJob::Ranges {
+                ranges,
+                decode: Box::new(move |fetched, sink: &mut BatchSink| {
+                    kept(&path, &schema, sink, |sink| decode(fetched, sink))
+                }),
+            },
+            UnitJob::Ready(decode) => UnitJob::Ready(Box::new(move |sink: &mut BatchSink| {
+                kept(&path, &schema, sink, decode)
+            })),
+            streamed => streamed,
+        }
+    }
+}
+
+/// Runs `decode`, passing its batches on to `sink`, and writes them all to `path` once
+/// it has decoded the whole unit (not where it skipped records: their places would be
+/// lost).
+fn kept(
+    path: &Path,
+    schema: &SchemaRef,
+    sink: &mut BatchSink,
+    decode: impl FnOnce(&mut BatchSink) -> crate::error::Result<Decoded>,
+) -> crate::error::Result<Decoded> {
+    let mut batches = Vec::new();
+    let mut forward = |batch: RecordBatch| {
+        batches.push(batch.clone());
+        sink(batch);
+    };
+    let decoded = decode(&mut forward)?;
+    if decoded.skipped.is_empty() {
+        batches.extend(decoded.batches.iter().cloned());
+        store(path, schema, &batches);
+    }
+    Ok(decoded)
+}
+
+/// Writes `batches` to `path` through a temporary file; a failure (a full disk) leaves
+/// nothing behind, and the unit is simply decoded again next time.
+fn store(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let tmp = dir.join(format!(
+        "{TMP_PREFIX}{}-{}",
+        std::process::id(),
+        name.to_string_lossy()
+    ));
+    let written = (|| -> std::result::Result<(), Box<dyn std::error::Error>> {
+        fs::create_dir_all(dir)?;
+        let schema = batches
+            .first()
+            .map_or_else(|| schema.clone(), |b| b.schema());
+        let file = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        let mut writer = FileWriter::try_new(file, &schema)?;
+        for batch in batches {
+            writer.write(batch)?;
+        }
+        writer.finish()?;
+        writer.into_inner()?.flush()?;
+        fs::rename(&tmp, path)?;
+        Ok(())
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+}
+
+/// A file mapped read-only; unmapped when the last buffer over it goes.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and owned by this value alone; its pages may be read
+// from any thread.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: nothing writes through the pointer.
+unsafe impl Sync for Mapping {}
+impl std::panic::RefUnwindSafe for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `map` mapped, once, after every buffer over it went.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// `file`'s `len` bytes, mapped with their pages read in at once (a unit is read whole).
+fn map(file: &File, len: usize) -> std::io::Result<Mapping> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh read-only private mapping of an open file; the cache's files are
+    // never written in place (renamed whole), so its pages do not change under it.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_POPULATE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    NonNull::new(ptr.cast())
+        .map(|ptr| Mapping { ptr, len })
+        .ok_or_else(|| std::io::Error::other("mmap gave a null pointer"))
+}
+
+/// The batches kept at `path`, their buffers over the mapped file; `None` where there is
+/// no such file, an error where it does not read back whole.
+fn load(path: &Path) -> std::result::Result<Option<Vec<RecordBatch>>, String> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let len = usize::try_from(len).map_err(|e| e.to_string())?;
+    if len < 18 {
+        return Err("too short".into());
+    }
+    let mapping = Arc::new(map(&file, len).map_err(|e| e.to_string())?);
+    // SAFETY: `mapping` holds `len` readable bytes for as long as the buffer lives.
+    let buffer = unsafe { Buffer::from_custom_allocation(mapping.ptr, len, mapping.clone()) };
+    std::panic::catch_unwind(|| decode_file(&buffer))
+        .unwrap_or_else(|_| Err("the file's messages do not decode".into()))
+        .map(Some)
+}
+
+/// The record batches of the Arrow IPC file in `buffer`, each checked before decoding.
+fn decode_file(buffer: &Buffer) -> std::result::Result<Vec<RecordBatch>, String> {
+    let size = buffer.len();
+    let bytes = buffer.as_slice();
+    let mut trailer = [0u8; 10];
+    trailer.copy_from_slice(&bytes[size - 10..]);
+    let footer_len = read_footer_length(trailer).map_err(|e| e.to_string())?;
+    let start = (size - 10)
+        .checked_sub(footer_len)
+        .ok_or("the footer is longer than the file")?;
+    let footer = arrow_ipc::root_as_footer(&bytes[start..size - 10]).map_err(|e| e.to_string())?;
+    let schema = footer.schema().ok_or("the footer has no schema")?;
+    let schema = arrow_ipc::convert::try_fb_to_schema(schema).map_err(|e| e.to_string())?;
+    let mut decoder = FileDecoder::new(Arc::new(schema), footer.version());
+    let message = |block: &arrow_ipc::Block| -> std::result::Result<Buffer, String> {
+        let range = super::arrow_ipc::block_range(block, size as u64)?;
+        let (start, end) = (range.start as usize, range.end as usize);
+        let meta = usize::try_from(block.metaDataLength()).map_err(|e| e.to_string())?;
+        let (flatbuffer, body) = bytes[start..end]
+            .split_at_checked(meta)
+            .ok_or("the metadata length exceeds the block")?;
+        super::arrow_ipc::check_message(
+            super::arrow_ipc::message_flatbuffer(flatbuffer)?,
+            body,
+            u64::MAX,
+        )?;
+        Ok(buffer.slice_with_length(start, end - start))
+    };
+    for block in footer.dictionaries().into_iter().flatten() {
+        decoder
+            .read_dictionary(block, &message(block)?)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut batches = Vec::new();
+    for block in footer.recordBatches().into_iter().flatten() {
+        if let Some(batch) = decoder
+            .read_record_batch(block, &message(block)?)
+            .map_err(|e| e.to_string())?
+        {
+            batches.push(batch);
+        }
+    }
+    Ok(batches)
+}
