@@ -48,6 +48,7 @@ def dataset(
     format_options: dict[str, bool | int | float | str] | None = None,
     storage_options: dict[str, bool | int | float | str] | None = None,
     on_error: str = "raise",
+    decoded_cache: str | PathLike[str] | bool | None = None,
     _listing: list[tuple[str, int | None, str | None]] | None = None,
 ) -> Dataset: ...
 def _list_files(

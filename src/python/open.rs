@@ -17,6 +17,10 @@ use crate::source::ShardMeta;
 
 /// Opens a dataset from paths, `file://` URLs, globs (`data/*.parquet`), brace ranges
 /// (`shard-{000..099}.parquet`) or a list of these.
+///
+/// `decoded_cache` (a directory, or `True` for `decoded/` under the cache directory)
+/// keeps each unit decoded once as an Arrow file there, mapped by every later read
+/// instead of decoding it again (see the Performance page).
 #[pyfunction]
 #[pyo3(signature = (source, format=None, *, columns=None, schema=None, features=None, format_options=None, storage_options=None, on_error="raise", decoded_cache=None, _listing=None))]
 #[allow(clippy::too_many_arguments)]
