@@ -46,6 +46,8 @@ pub mod fuzz;
 #[doc(hidden)]
 pub mod latency;
 #[doc(hidden)]
+pub mod mapped;
+#[doc(hidden)]
 pub mod options;
 #[doc(hidden)]
 pub mod pipeline;

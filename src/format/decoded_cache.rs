@@ -16,7 +16,6 @@
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -98,10 +97,28 @@ impl DecodedCache {
     }
 }
 
+impl PreparedShards {
+    /// `plain` read through a cache of decoded units.
+    pub fn with_decoded_cache(plain: &Arc<Self>, cache: Arc<DecodedCache>) -> Self {
+        Self {
+            format: plain.format,
+            schema: plain.schema.clone(),
+            shards: plain.shards.clone(),
+            units: plain.units.clone(),
+            skipped_shards: plain.skipped_shards,
+            huggingface: plain.huggingface.clone(),
+            jobs: Box::new(CachedJobs {
+                inner: plain.clone(),
+                cache,
+            }),
+        }
+    }
+}
+
 /// The jobs of `inner`, through the cache.
-pub(super) struct CachedJobs {
-    pub(super) inner: Arc<PreparedShards>,
-    pub(super) cache: Arc<DecodedCache>,
+struct CachedJobs {
+    inner: Arc<PreparedShards>,
+    cache: Arc<DecodedCache>,
 }
 
 impl UnitJobs for CachedJobs {
@@ -193,49 +210,6 @@ fn store(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) {
     }
 }
 
-/// A file mapped read-only; unmapped when the last buffer over it goes.
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is read-only and owned by this value alone; its pages may be read
-// from any thread.
-unsafe impl Send for Mapping {}
-// SAFETY: as above: nothing writes through the pointer.
-unsafe impl Sync for Mapping {}
-impl std::panic::RefUnwindSafe for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `map` mapped, once, after every buffer over it went.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
-/// `file`'s `len` bytes, mapped with their pages read in at once (a unit is read whole).
-fn map(file: &File, len: usize) -> std::io::Result<Mapping> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a fresh read-only private mapping of an open file; the cache's files are
-    // never written in place (renamed whole), so its pages do not change under it.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE | libc::MAP_POPULATE,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    NonNull::new(ptr.cast())
-        .map(|ptr| Mapping { ptr, len })
-        .ok_or_else(|| std::io::Error::other("mmap gave a null pointer"))
-}
-
 /// The batches kept at `path`, their buffers over the mapped file; `None` where there is
 /// no such file, an error where it does not read back whole.
 fn load(path: &Path) -> std::result::Result<Option<Vec<RecordBatch>>, String> {
@@ -244,14 +218,10 @@ fn load(path: &Path) -> std::result::Result<Option<Vec<RecordBatch>>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.to_string()),
     };
-    let len = file.metadata().map_err(|e| e.to_string())?.len();
-    let len = usize::try_from(len).map_err(|e| e.to_string())?;
-    if len < 18 {
-        return Err("too short".into());
-    }
-    let mapping = Arc::new(map(&file, len).map_err(|e| e.to_string())?);
-    // SAFETY: `mapping` holds `len` readable bytes for as long as the buffer lives.
-    let buffer = unsafe { Buffer::from_custom_allocation(mapping.ptr, len, mapping.clone()) };
+    let buffer = crate::mapped::map_file(&file)
+        .map_err(|e| e.to_string())?
+        .filter(|b| b.len() >= 18)
+        .ok_or("too short")?;
     std::panic::catch_unwind(|| decode_file(&buffer))
         .unwrap_or_else(|_| Err("the file's messages do not decode".into()))
         .map(Some)

@@ -117,25 +117,6 @@ impl PreparedShards {
         }
     }
 
-    /// `plain` read through a cache of decoded units.
-    pub fn with_decoded_cache(
-        plain: &Arc<Self>,
-        cache: Arc<super::decoded_cache::DecodedCache>,
-    ) -> Self {
-        Self {
-            format: plain.format,
-            schema: plain.schema.clone(),
-            shards: plain.shards.clone(),
-            units: plain.units.clone(),
-            skipped_shards: plain.skipped_shards,
-            huggingface: plain.huggingface.clone(),
-            jobs: Box::new(super::decoded_cache::CachedJobs {
-                inner: plain.clone(),
-                cache,
-            }),
-        }
-    }
-
     pub fn with_skipped_shards(self, skipped_shards: u64) -> Self {
         Self {
             skipped_shards,

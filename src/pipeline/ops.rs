@@ -511,9 +511,11 @@ impl Deal {
             None => all.collect(),
         };
         let batch = if positions.len() < batch.num_rows() {
-            let kept = positions.iter().map(|&p| rows::row_of(p) - first);
-            let kept = arrow_array::UInt64Array::from_iter_values(kept);
-            arrow_select::take::take_record_batch(&batch, &kept)
+            let kept: Vec<usize> = positions
+                .iter()
+                .map(|&p| (rows::row_of(p) - first) as usize)
+                .collect();
+            super::stream::select_rows(&batch, &kept)
                 .map_err(|e| Error::Internal(format!("cannot keep the rows still to read: {e}")))?
         } else {
             batch
@@ -625,8 +627,8 @@ impl Iterator for Deal {
                 // Every row is this part's (a single reader, tracking positions).
                 out.push(batch);
             } else if !mine.is_empty() {
-                let indices = arrow_array::UInt64Array::from(mine);
-                match arrow_select::take::take_record_batch(&batch, &indices) {
+                let mine: Vec<usize> = mine.into_iter().map(|j| j as usize).collect();
+                match super::stream::select_rows(&batch, &mine) {
                     Ok(rows) => out.push(rows),
                     Err(e) => {
                         return Some(Err(Error::Internal(format!(

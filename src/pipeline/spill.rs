@@ -522,18 +522,9 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
 fn read_bucket(file: File) -> Result<Vec<RecordBatch>> {
     let failed =
         |e: &dyn std::fmt::Display| Error::Internal(format!("reading back a spilled bucket: {e}"));
-    let len =
-        usize::try_from(file.metadata().map_err(|e| failed(&e))?.len()).map_err(|e| failed(&e))?;
-    if len == 0 {
+    let Some(mut buffer) = crate::mapped::map_file(&file).map_err(|e| failed(&e))? else {
         return Ok(Vec::new());
-    }
-    let mapping = Mapping::new(&file, len).map_err(|e| failed(&e))?;
-    let base = std::ptr::NonNull::new(mapping.address.cast::<u8>())
-        .ok_or_else(|| failed(&"mmap gave a null address"))?;
-    // SAFETY: the mapping is `len` readable bytes that nothing writes (a private, read
-    // only mapping of a file no one else holds), kept alive by the buffer's owner.
-    let mut buffer =
-        unsafe { arrow_buffer::Buffer::from_custom_allocation(base, len, Arc::new(mapping)) };
+    };
     let mut decoder = arrow_ipc::reader::StreamDecoder::new();
     let mut batches = Vec::new();
     while let Some(batch) = decoder.decode(&mut buffer).map_err(|e| failed(&e))? {
@@ -541,48 +532,6 @@ fn read_bucket(file: File) -> Result<Vec<RecordBatch>> {
     }
     decoder.finish().map_err(|e| failed(&e))?;
     Ok(batches)
-}
-
-/// A file mapped read-only into memory, unmapped when dropped.
-struct Mapping {
-    address: *mut libc::c_void,
-    len: usize,
-}
-
-// SAFETY: the mapping is read-only memory owned by this value alone; reading it from any
-// thread is sound, and only `drop` unmaps it.
-unsafe impl Send for Mapping {}
-unsafe impl Sync for Mapping {}
-impl std::panic::RefUnwindSafe for Mapping {}
-
-impl Mapping {
-    fn new(file: &File, len: usize) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a fresh private read-only mapping of an open file descriptor; the
-        // result is checked before use.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_POPULATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if address == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Self { address, len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping `new` made, once; no buffer points into it
-        // any more (they hold this value alive).
-        unsafe { libc::munmap(self.address, self.len) };
-    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,17 @@ pub fn interleave_rows(
     }
 }
 
+/// Rows `rows` of `batch`, in that order, as one batch: each row's values copied whole
+/// (`take` of a list column builds an index per value first, a copy of 8 bytes per token
+/// of a pack).
+pub fn select_rows(
+    batch: &RecordBatch,
+    rows: &[usize],
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    let picks: Vec<(usize, usize)> = rows.iter().map(|&r| (0, r)).collect();
+    interleave_rows(&[batch], &picks)
+}
+
 /// `batch` as `schema`: columns matched by name, in the schema's order, cast to its
 /// types; what `concatenate` and `interleave` do to each part's batches.
 pub fn conform(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
