@@ -196,12 +196,10 @@ class AzureServer:
         self.connection_string = (
             f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={account_key};BlobEndpoint={self.url};"
         )
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
 
     def reset_counts(self) -> None:
         with self.lock:

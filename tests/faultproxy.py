@@ -94,8 +94,7 @@ class FaultProxy:
 
         self.server = LocalServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server.start()
 
     @property
     def url(self) -> str:
@@ -117,8 +116,7 @@ class FaultProxy:
 
     def close(self) -> None:
         self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
 
     def _draw(self) -> str | None:
         faults = self.faults
@@ -234,6 +232,14 @@ class LocalServer(ThreadingHTTPServer):
         # A client that hangs up mid-answer (a cancelled read, wrk at its end) is normal.
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+    def start(self) -> None:
+        """Serves on a thread of its own until `stop`."""
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
 
 
 class _CountingWriter:

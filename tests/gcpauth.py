@@ -141,12 +141,10 @@ class GcpAuthServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.metadata_host = f"127.0.0.1:{self.port}"
         self.token_uri = f"{self.url}/token"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.server.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
 
     def reset_counts(self) -> None:
         with self.lock:

@@ -47,7 +47,7 @@ fn check_options(options: &ReadOptions) -> Result<u64> {
 
 /// The flatbuffer of an encapsulated message's metadata: after the continuation marker
 /// and length, or (before Arrow 0.15) after the length alone.
-pub(super) fn message_flatbuffer(meta: &[u8]) -> std::result::Result<&[u8], String> {
+fn message_flatbuffer(meta: &[u8]) -> std::result::Result<&[u8], String> {
     let start = if meta.get(..4) == Some(&CONTINUATION_MARKER[..]) {
         8
     } else {
@@ -244,30 +244,34 @@ async fn batch_rows(source: &dyn Source, block: &Block, size: u64) -> Result<u64
         .map_err(|_| corrupt("a record batch has a negative length".into()))
 }
 
-async fn read_footer(source: Arc<dyn Source>, size: u64) -> Result<IpcFile> {
-    let url = source.url();
-    let corrupt = |m: String| Error::decode(url, FORMAT, Position::Unknown, m);
-    if size < 18 {
-        return Err(corrupt(format!(
-            "file is {size} bytes, too small to be Arrow IPC"
-        )));
-    }
-    let trailer = source.read_range(size - 10..size).await?;
-    let mut last = [0u8; 10];
-    last.copy_from_slice(&trailer);
-    let footer_len = read_footer_length(last).map_err(|e| corrupt(e.to_string()))? as u64;
+/// Where the footer of an Arrow IPC file of `size` bytes lies, from its last 10 bytes.
+pub(super) fn footer_range(
+    trailer: &[u8],
+    size: u64,
+) -> std::result::Result<std::ops::Range<u64>, String> {
+    let last: [u8; 10] = trailer
+        .try_into()
+        .map_err(|_| "the file's trailer is not 10 bytes".to_string())?;
+    let footer_len = read_footer_length(last).map_err(|e| e.to_string())? as u64;
     let start = (size - 10)
         .checked_sub(footer_len)
-        .ok_or_else(|| corrupt("footer longer than the file".into()))?;
-    let footer_bytes = source.read_range(start..size - 10).await?;
-    let footer = arrow_ipc::root_as_footer(&footer_bytes)
-        .map_err(|e| corrupt(format!("bad footer: {e}")))?;
-    let fb_schema = footer
-        .schema()
-        .ok_or_else(|| corrupt("the footer has no schema".into()))?;
-    let schema = Arc::new(
-        arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(|e| corrupt(e.to_string()))?,
-    );
+        .ok_or_else(|| "footer longer than the file".to_string())?;
+    Ok(start..size - 10)
+}
+
+/// What an IPC file's footer says: the schema, and the blocks of its messages, each
+/// checked to lie within the file's `size` bytes.
+pub(super) struct Footer {
+    pub(super) schema: Schema,
+    pub(super) version: MetadataVersion,
+    pub(super) dictionaries: Vec<Block>,
+    pub(super) batches: Vec<Block>,
+}
+
+pub(super) fn parse_footer(bytes: &[u8], size: u64) -> std::result::Result<Footer, String> {
+    let footer = arrow_ipc::root_as_footer(bytes).map_err(|e| format!("bad footer: {e}"))?;
+    let fb_schema = footer.schema().ok_or("the footer has no schema")?;
+    let schema = arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(|e| e.to_string())?;
     let blocks =
         |list: Option<flatbuffers::Vector<'_, Block>>| -> std::result::Result<Vec<Block>, String> {
             let blocks: Vec<Block> = list
@@ -278,9 +282,41 @@ async fn read_footer(source: Arc<dyn Source>, size: u64) -> Result<IpcFile> {
             }
             Ok(blocks)
         };
-    let version = footer.version();
-    let dictionaries = blocks(footer.dictionaries()).map_err(corrupt)?;
-    let batches = blocks(footer.recordBatches()).map_err(corrupt)?;
+    Ok(Footer {
+        schema,
+        version: footer.version(),
+        dictionaries: blocks(footer.dictionaries())?,
+        batches: blocks(footer.recordBatches())?,
+    })
+}
+
+/// Checks the message of `block`, whose bytes are `data`, before it is decoded (see
+/// [`check_message`]).
+pub(super) fn check_block(
+    block: &Block,
+    data: &[u8],
+    limit: u64,
+) -> std::result::Result<(), String> {
+    let (meta, body) = usize::try_from(block.metaDataLength())
+        .ok()
+        .and_then(|n| data.split_at_checked(n))
+        .ok_or("the metadata length exceeds the block")?;
+    check_message(message_flatbuffer(meta)?, body, limit)
+}
+
+async fn read_footer(source: Arc<dyn Source>, size: u64) -> Result<IpcFile> {
+    let url = source.url();
+    let corrupt = |m: String| Error::decode(url, FORMAT, Position::Unknown, m);
+    if size < 18 {
+        return Err(corrupt(format!(
+            "file is {size} bytes, too small to be Arrow IPC"
+        )));
+    }
+    let trailer = source.read_range(size - 10..size).await?;
+    let footer = footer_range(&trailer, size).map_err(corrupt)?;
+    let footer = parse_footer(&source.read_range(footer).await?, size).map_err(corrupt)?;
+    let (schema, version) = (Arc::new(footer.schema), footer.version);
+    let (dictionaries, batches) = (footer.dictionaries, footer.batches);
     // The headers are small reads, one per batch: issue them all at once.
     let mut headers = tokio::task::JoinSet::new();
     for (i, block) in batches.iter().enumerate() {
@@ -382,12 +418,7 @@ impl UnitJobs for PreparedFile {
                     let data = fetched
                         .get(range.start, range.end - range.start)
                         .ok_or_else(|| corrupt("block not fetched".into()))?;
-                    let (meta, body) = usize::try_from(b.metaDataLength())
-                        .ok()
-                        .and_then(|n| data.split_at_checked(n))
-                        .ok_or_else(|| corrupt("the metadata length exceeds the block".into()))?;
-                    check_message(message_flatbuffer(meta).map_err(corrupt)?, body, limit)
-                        .map_err(corrupt)?;
+                    check_block(b, &data, limit).map_err(corrupt)?;
                     Ok(Buffer::from(data))
                 };
                 let mut decoder = FileDecoder::new(file.schema.clone(), file.version);

@@ -20,11 +20,13 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
-use arrow_ipc::reader::{FileDecoder, read_footer_length};
+use arrow_ipc::Block;
+use arrow_ipc::reader::FileDecoder;
 use arrow_ipc::writer::FileWriter;
 use arrow_schema::{Schema, SchemaRef};
 use sha2::{Digest, Sha256};
 
+use super::arrow_ipc::{block_range, check_block, footer_range, parse_footer};
 use super::reader::{PreparedShards, ReadOptions, UnitJobs};
 use super::unit::{BatchSink, Decoded, UnitJob, WorkUnit, task};
 use crate::source::ShardMeta;
@@ -231,37 +233,25 @@ fn load(path: &Path) -> std::result::Result<Option<Vec<RecordBatch>>, String> {
 fn decode_file(buffer: &Buffer) -> std::result::Result<Vec<RecordBatch>, String> {
     let size = buffer.len();
     let bytes = buffer.as_slice();
-    let mut trailer = [0u8; 10];
-    trailer.copy_from_slice(&bytes[size - 10..]);
-    let footer_len = read_footer_length(trailer).map_err(|e| e.to_string())?;
-    let start = (size - 10)
-        .checked_sub(footer_len)
-        .ok_or("the footer is longer than the file")?;
-    let footer = arrow_ipc::root_as_footer(&bytes[start..size - 10]).map_err(|e| e.to_string())?;
-    let schema = footer.schema().ok_or("the footer has no schema")?;
-    let schema = arrow_ipc::convert::try_fb_to_schema(schema).map_err(|e| e.to_string())?;
-    let mut decoder = FileDecoder::new(Arc::new(schema), footer.version());
-    let message = |block: &arrow_ipc::Block| -> std::result::Result<Buffer, String> {
-        let range = super::arrow_ipc::block_range(block, size as u64)?;
+    let footer = footer_range(&bytes[size - 10..], size as u64)?;
+    let footer = parse_footer(
+        &bytes[footer.start as usize..footer.end as usize],
+        size as u64,
+    )?;
+    let mut decoder = FileDecoder::new(Arc::new(footer.schema), footer.version);
+    let message = |block: &Block| -> std::result::Result<Buffer, String> {
+        let range = block_range(block, size as u64)?;
         let (start, end) = (range.start as usize, range.end as usize);
-        let meta = usize::try_from(block.metaDataLength()).map_err(|e| e.to_string())?;
-        let (flatbuffer, body) = bytes[start..end]
-            .split_at_checked(meta)
-            .ok_or("the metadata length exceeds the block")?;
-        super::arrow_ipc::check_message(
-            super::arrow_ipc::message_flatbuffer(flatbuffer)?,
-            body,
-            u64::MAX,
-        )?;
+        check_block(block, &bytes[start..end], u64::MAX)?;
         Ok(buffer.slice_with_length(start, end - start))
     };
-    for block in footer.dictionaries().into_iter().flatten() {
+    for block in &footer.dictionaries {
         decoder
             .read_dictionary(block, &message(block)?)
             .map_err(|e| e.to_string())?;
     }
     let mut batches = Vec::new();
-    for block in footer.recordBatches().into_iter().flatten() {
+    for block in &footer.batches {
         if let Some(batch) = decoder
             .read_record_batch(block, &message(block)?)
             .map_err(|e| e.to_string())?

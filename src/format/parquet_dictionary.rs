@@ -60,7 +60,8 @@ impl DictionaryColumn {
             return Ok(None);
         };
         at = body.end;
-        let mut indices: Vec<Option<u32>> = Vec::with_capacity(rows);
+        // `rows` is the footer's claim: reserved up to what a plain chunk could hold.
+        let mut indices: Vec<Option<u32>> = Vec::with_capacity(rows.min(1 << 20));
         while indices.len() < rows && at < chunk.end {
             let Some((page, header_len)) = header_at(source, at, chunk.end)? else {
                 return Ok(None);
@@ -77,6 +78,11 @@ impl DictionaryColumn {
             };
             if !matches!(page.encoding, PLAIN_DICTIONARY | RLE_DICTIONARY) {
                 return Ok(None); // the dictionary filled up: plain values follow
+            }
+            // A flat column's values are its rows: a page claiming more than are left
+            // is not one this reader trusts (its levels are allocated by that count).
+            if usize::try_from(page.num_values).map_or(true, |n| n > rows - indices.len()) {
+                return Ok(None);
             }
             let data = source.read_range_blocking(body)?;
             let Some(page_rows) = page_indices(&data, page.num_values, max_def, levels) else {
@@ -188,7 +194,7 @@ fn rle_hybrid(data: &[u8], bit_width: u8, n: usize) -> Option<Vec<u32>> {
         return None;
     }
     let width = usize::from(bit_width);
-    let mut out = Vec::with_capacity(n);
+    let mut out = Vec::with_capacity(n.min(1 << 20));
     let mut input = Compact { buf: data, at: 0 };
     while out.len() < n {
         let header = input.varint().ok()?;
