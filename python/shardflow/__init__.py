@@ -11,6 +11,10 @@ the Python face of it::
         ...
 """
 
+# Batches are numpy arrays: numpy is imported with the package, so that its import (and
+# the start of its BLAS threads, which spin for a while) is not paid by the first batch.
+import numpy as _numpy  # noqa: F401
+
 from shardflow._batch import Batch
 from shardflow._native import (
     __version__,
