@@ -256,6 +256,24 @@ def sf_full_shuffle_s3(data: Path) -> Iterable:
     return sf.DataLoader(ds, batch_size=BATCH)
 
 
+def write_sf_decoded(spec: dict, data: Path, out: Path) -> None:
+    """shardflow's decoded copy (`decoded_cache=`) as a first epoch writes it: every row read once."""
+    import shardflow as sf
+
+    ds = sf.dataset(str(data / "part-*.parquet"), columns=random_columns(data), decoded_cache=str(out))
+    for _ in sf.DataLoader(ds, batch_size=BATCH):
+        pass
+
+
+def sf_decoded_shuffle(source: str) -> Iterable:
+    """The full shuffle of the same files with their decoded copy warm (`source`)."""
+    import shardflow as sf
+
+    data = Path(source).parent
+    ds = sf.dataset(str(data / "part-*.parquet"), columns=random_columns(data), decoded_cache=source).shuffle(seed=0)
+    return sf.DataLoader(ds, batch_size=BATCH)
+
+
 def write_hf_arrow(spec: dict, data: Path, out: Path) -> None:
     from datasets import Dataset
 
@@ -765,6 +783,7 @@ WORKLOADS: dict[str, dict] = {
 }
 RANDOM_LOADERS = {
     "shardflow": sf_full_shuffle,
+    "shardflow, decoded_cache= (its copy, made by a first epoch)": Converted("sf-decoded", write_sf_decoded, sf_decoded_shuffle, False),
     "datasets map-style shuffle(seed).iter": Converted("hf-arrow", write_hf_arrow, hf_shuffled, False),
     "lance take of shuffled batches": Converted("lance", write_lance, lance_take, False),
     "pyarrow read_table + Table.take (all in memory)": pyarrow_take,

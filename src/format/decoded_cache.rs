@@ -28,9 +28,11 @@ use sha2::{Digest, Sha256};
 
 use super::arrow_ipc::{block_range, check_block, footer_range, parse_footer};
 use super::reader::{PreparedShards, ReadOptions, UnitJobs};
+use super::records::{RecordAccess, RecordCodec};
 use super::unit::{BatchSink, Decoded, UnitJob, WorkUnit, task};
-use crate::source::ShardMeta;
+use crate::error::Result;
 use crate::source::cache::{TMP_PREFIX, abandoned_tmp};
+use crate::source::{Io, ShardMeta};
 
 /// Where decoded units are kept, and the digest of how the dataset reads them.
 pub struct DecodedCache {
@@ -124,6 +126,56 @@ struct CachedJobs {
 }
 
 impl UnitJobs for CachedJobs {
+    fn kept(&self, unit: &WorkUnit, shard: &ShardMeta) -> bool {
+        self.cache.path(unit, shard).is_some_and(|p| p.is_file())
+    }
+
+    /// A kept unit's rows are taken from its mapped file (the bytes of those rows only
+    /// are touched); others as the format reads them.
+    fn rows_job(
+        &self,
+        unit: &WorkUnit,
+        shard: &ShardMeta,
+        rows: &[u64],
+        io: &Io,
+    ) -> Option<UnitJob> {
+        if let Some(path) = self.cache.path(unit, shard) {
+            match load(&path) {
+                Ok(Some(batches)) => {
+                    let rows = rows.to_vec();
+                    return Some(UnitJob::Ready(task(move || {
+                        Ok(Decoded {
+                            batches: vec![take_rows(&batches, &rows).map_err(|e| {
+                                crate::error::Error::Internal(format!(
+                                    "rows of the decoded copy {}: {e}",
+                                    path.display()
+                                ))
+                            })?],
+                            skipped: Vec::new(),
+                        })
+                    })));
+                }
+                Ok(None) => {}
+                Err(_) => {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        self.inner.rows_job(unit, rows, io)
+    }
+
+    fn reads_rows_alone(&self, unit: &WorkUnit, _shard: &ShardMeta, io: &Io) -> Result<bool> {
+        self.inner.reads_rows_alone(unit, io)
+    }
+
+    fn record_codec(&self) -> Option<Arc<dyn RecordCodec>> {
+        self.inner.record_codec()
+    }
+
+    fn record_access(&self) -> Option<RecordAccess> {
+        self.inner.record_access()
+    }
+
     fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob {
         let Some(path) = self.cache.path(unit, shard) else {
             return self.inner.job(unit);
@@ -157,6 +209,33 @@ impl UnitJobs for CachedJobs {
             streamed => streamed,
         }
     }
+}
+
+/// The rows at `rows` (offsets in the unit, ascending) of the unit's `batches`, as one batch.
+fn take_rows(
+    batches: &[RecordBatch],
+    rows: &[u64],
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    let mut starts = Vec::with_capacity(batches.len());
+    let mut total = 0u64;
+    for batch in batches {
+        starts.push(total);
+        total += batch.num_rows() as u64;
+    }
+    let indices = rows
+        .iter()
+        .map(|&row| {
+            if row >= total {
+                return Err(arrow_schema::ArrowError::InvalidArgumentError(format!(
+                    "row {row} of a unit of {total} rows"
+                )));
+            }
+            let batch = starts.partition_point(|&s| s <= row) - 1;
+            Ok((batch, (row - starts[batch]) as usize))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let batches: Vec<&RecordBatch> = batches.iter().collect();
+    arrow_select::interleave::interleave_record_batch(&batches, &indices)
 }
 
 /// Runs `decode`, passing its batches on to `sink`, and writes them all to `path` once

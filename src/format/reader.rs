@@ -39,6 +39,12 @@ pub struct ReadOptions {
 /// Makes each work unit's job for one prepared dataset: the format-specific part.
 pub trait UnitJobs: Send + Sync {
     fn job(&self, unit: &WorkUnit, shard: &ShardMeta) -> UnitJob;
+    /// Whether the unit is kept decoded (`decoded_cache=`), so that reading some of its
+    /// rows touches only their bytes (see `rows_job`). Asked anew each time: a unit is
+    /// kept once some read has decoded it.
+    fn kept(&self, _unit: &WorkUnit, _shard: &ShardMeta) -> bool {
+        false
+    }
     /// A job that decodes only the unit's rows at `rows` (ascending, distinct offsets in
     /// the unit), in that order, where the format can pass over the rest without
     /// decoding it (Parquet skips the pages that hold none of them); `None` where it
@@ -132,6 +138,11 @@ impl PreparedShards {
     pub fn reads_rows_alone(&self, unit: &WorkUnit, io: &Io) -> Result<bool> {
         self.jobs
             .reads_rows_alone(unit, &self.shards[unit.shard], io)
+    }
+
+    /// See [`UnitJobs::kept`].
+    pub fn kept(&self, unit: &WorkUnit) -> bool {
+        self.jobs.kept(unit, &self.shards[unit.shard])
     }
 
     /// See [`UnitJobs::rows_job`].

@@ -987,12 +987,15 @@ impl Files {
 
     /// Whether unit `unit`'s rows are read without the rest. An error finding out leaves
     /// the unit to be read whole, which reports it.
+    /// Whether reading some of the unit's rows reads about their bytes alone: by the
+    /// format (asked once), or because the unit is kept decoded (asked each time, as a
+    /// read may have kept it since).
     fn reads_rows_alone(&self, unit: usize) -> bool {
         *self.rows_alone[unit].get_or_init(|| {
             self.prepared
                 .reads_rows_alone(&self.prepared.units[unit], &self.io)
                 .unwrap_or(false)
-        })
+        }) || self.prepared.kept(&self.prepared.units[unit])
     }
 
     fn cache_limit(&self) -> u64 {
