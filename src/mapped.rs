@@ -29,10 +29,12 @@ impl Drop for Mapping {
 }
 
 /// `file`'s bytes (`None` for an empty file) as one buffer over a private read-only
-/// mapping, populated at once. The file must not be truncated or written in place while
-/// mapped: callers map files only they write, and only whole (renamed into place, or
-/// nameless).
-pub fn map_file(file: &File) -> std::io::Result<Option<Buffer>> {
+/// mapping: populated at once where the whole file will be read (`populate`), else its
+/// pages mapped as they are touched (a few rows of a larger file: populating 16 MB to
+/// read 256 KB of it cost a full shuffle most of its time). The file must not be
+/// truncated or written in place while mapped: callers map files only they write, and
+/// only whole (renamed into place, or nameless).
+pub fn map_file(file: &File, populate: bool) -> std::io::Result<Option<Buffer>> {
     use std::os::fd::AsRawFd;
     let len = usize::try_from(file.metadata()?.len()).map_err(std::io::Error::other)?;
     if len == 0 {
@@ -45,7 +47,11 @@ pub fn map_file(file: &File) -> std::io::Result<Option<Buffer>> {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ,
-            libc::MAP_PRIVATE | libc::MAP_POPULATE,
+            if populate {
+                libc::MAP_PRIVATE | libc::MAP_POPULATE
+            } else {
+                libc::MAP_PRIVATE
+            },
             file.as_raw_fd(),
             0,
         )

@@ -130,8 +130,8 @@ impl UnitJobs for CachedJobs {
         self.cache.path(unit, shard).is_some_and(|p| p.is_file())
     }
 
-    /// A kept unit's rows are taken from its mapped file (the bytes of those rows only
-    /// are touched); others as the format reads them.
+    /// A kept unit's rows as views of its mapped copy (no copy: the pages of those rows
+    /// alone are read in); others as the format reads them.
     fn rows_job(
         &self,
         unit: &WorkUnit,
@@ -140,17 +140,17 @@ impl UnitJobs for CachedJobs {
         io: &Io,
     ) -> Option<UnitJob> {
         if let Some(path) = self.cache.path(unit, shard) {
-            match load(&path) {
+            match load(&path, false) {
                 Ok(Some(batches)) => {
                     let rows = rows.to_vec();
                     return Some(UnitJob::Ready(task(move || {
                         Ok(Decoded {
-                            batches: vec![take_rows(&batches, &rows).map_err(|e| {
+                            batches: row_views(&batches, &rows).map_err(|e| {
                                 crate::error::Error::Internal(format!(
                                     "rows of the decoded copy {}: {e}",
                                     path.display()
                                 ))
-                            })?],
+                            })?,
                             skipped: Vec::new(),
                         })
                     })));
@@ -180,7 +180,7 @@ impl UnitJobs for CachedJobs {
         let Some(path) = self.cache.path(unit, shard) else {
             return self.inner.job(unit);
         };
-        match load(&path) {
+        match load(&path, true) {
             Ok(Some(batches)) => {
                 return UnitJob::Ready(task(move || {
                     Ok(Decoded {
@@ -211,31 +211,35 @@ impl UnitJobs for CachedJobs {
     }
 }
 
-/// The rows at `rows` (offsets in the unit, ascending) of the unit's `batches`, as one batch.
-fn take_rows(
+/// The rows at `rows` (offsets in the unit, ascending) of the unit's `batches`, in order,
+/// as slices of them: each run of consecutive rows one slice.
+fn row_views(
     batches: &[RecordBatch],
     rows: &[u64],
-) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+) -> std::result::Result<Vec<RecordBatch>, String> {
     let mut starts = Vec::with_capacity(batches.len());
     let mut total = 0u64;
     for batch in batches {
         starts.push(total);
         total += batch.num_rows() as u64;
     }
-    let indices = rows
-        .iter()
-        .map(|&row| {
-            if row >= total {
-                return Err(arrow_schema::ArrowError::InvalidArgumentError(format!(
-                    "row {row} of a unit of {total} rows"
-                )));
-            }
-            let batch = starts.partition_point(|&s| s <= row) - 1;
-            Ok((batch, (row - starts[batch]) as usize))
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let batches: Vec<&RecordBatch> = batches.iter().collect();
-    arrow_select::interleave::interleave_record_batch(&batches, &indices)
+    // (batch, first row, rows) of each run.
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    for &row in rows {
+        if row >= total {
+            return Err(format!("row {row} of a unit of {total} rows"));
+        }
+        let batch = starts.partition_point(|&s| s <= row) - 1;
+        let at = (row - starts[batch]) as usize;
+        match runs.last_mut() {
+            Some((b, first, n)) if *b == batch && *first + *n == at => *n += 1,
+            _ => runs.push((batch, at, 1)),
+        }
+    }
+    Ok(runs
+        .into_iter()
+        .map(|(batch, first, n)| batches[batch].slice(first, n))
+        .collect())
 }
 
 /// Runs `decode`, passing its batches on to `sink`, and writes them all to `path` once
@@ -291,15 +295,16 @@ fn store(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) {
     }
 }
 
-/// The batches kept at `path`, their buffers over the mapped file; `None` where there is
-/// no such file, an error where it does not read back whole.
-fn load(path: &Path) -> std::result::Result<Option<Vec<RecordBatch>>, String> {
+/// The batches kept at `path`, their buffers over the mapped file (its pages read in at
+/// once where `populate`: the whole unit is wanted); `None` where there is no such file,
+/// an error where it does not read back whole.
+fn load(path: &Path, populate: bool) -> std::result::Result<Option<Vec<RecordBatch>>, String> {
     let file = match File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.to_string()),
     };
-    let buffer = crate::mapped::map_file(&file)
+    let buffer = crate::mapped::map_file(&file, populate)
         .map_err(|e| e.to_string())?
         .filter(|b| b.len() >= 18)
         .ok_or("too short")?;

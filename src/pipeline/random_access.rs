@@ -930,7 +930,11 @@ impl Files {
             let mut wanted = offsets.to_vec();
             wanted.sort_unstable();
             wanted.dedup();
-            let sparse = self.reads_rows_alone(unit)
+            // A unit kept decoded gives its rows as views of its mapped copy: referenced,
+            // as their pages are the page cache's, not memory the loader holds.
+            let kept = self.prepared.kept(work);
+            let sparse = kept
+                || self.reads_rows_alone(unit)
                 || (wanted.len() as u64).saturating_mul(PARTIAL_DECODE_SHARE)
                     <= work.rows.unwrap_or(0);
             if let Some(job) = sparse
@@ -944,11 +948,12 @@ impl Files {
                     .map(|o| wanted.binary_search(o).unwrap_or(0) as u64)
                     .collect();
                 let held: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
-                let compact = held as u64
-                    <= 2 * batches
-                        .iter()
-                        .map(crate::batch_bytes::batch_bytes)
-                        .sum::<u64>();
+                let compact = kept
+                    || held as u64
+                        <= 2 * batches
+                            .iter()
+                            .map(crate::batch_bytes::batch_bytes)
+                            .sum::<u64>();
                 return Picked::from(&self.prepared.schema, &batches, &flat, unit, compact);
             }
         }

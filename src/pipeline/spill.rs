@@ -522,7 +522,7 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
 fn read_bucket(file: File) -> Result<Vec<RecordBatch>> {
     let failed =
         |e: &dyn std::fmt::Display| Error::Internal(format!("reading back a spilled bucket: {e}"));
-    let Some(mut buffer) = crate::mapped::map_file(&file).map_err(|e| failed(&e))? else {
+    let Some(mut buffer) = crate::mapped::map_file(&file, true).map_err(|e| failed(&e))? else {
         return Ok(Vec::new());
     };
     let mut decoder = arrow_ipc::reader::StreamDecoder::new();
