@@ -139,29 +139,24 @@ impl UnitJobs for CachedJobs {
         rows: &[u64],
         io: &Io,
     ) -> Option<UnitJob> {
-        if let Some(path) = self.cache.path(unit, shard) {
-            match load(&path, false) {
-                Ok(Some(batches)) => {
-                    let rows = rows.to_vec();
-                    return Some(UnitJob::Ready(task(move || {
-                        Ok(Decoded {
-                            batches: row_views(&batches, &rows).map_err(|e| {
-                                crate::error::Error::Internal(format!(
-                                    "rows of the decoded copy {}: {e}",
-                                    path.display()
-                                ))
-                            })?,
-                            skipped: Vec::new(),
-                        })
-                    })));
-                }
-                Ok(None) => {}
-                Err(_) => {
-                    let _ = fs::remove_file(&path);
-                }
-            }
-        }
-        self.inner.rows_job(unit, rows, io)
+        let Some((path, batches)) = self.cache.path(unit, shard).and_then(|path| {
+            let batches = load_kept(&path, false)?;
+            Some((path, batches))
+        }) else {
+            return self.inner.rows_job(unit, rows, io);
+        };
+        let rows = rows.to_vec();
+        Some(UnitJob::Ready(task(move || {
+            Ok(Decoded {
+                batches: row_views(&batches, &rows).map_err(|e| {
+                    crate::error::Error::Internal(format!(
+                        "rows of the decoded copy {}: {e}",
+                        path.display()
+                    ))
+                })?,
+                skipped: Vec::new(),
+            })
+        })))
     }
 
     fn reads_rows_alone(&self, unit: &WorkUnit, _shard: &ShardMeta, io: &Io) -> Result<bool> {
@@ -180,20 +175,13 @@ impl UnitJobs for CachedJobs {
         let Some(path) = self.cache.path(unit, shard) else {
             return self.inner.job(unit);
         };
-        match load(&path, true) {
-            Ok(Some(batches)) => {
-                return UnitJob::Ready(task(move || {
-                    Ok(Decoded {
-                        batches,
-                        skipped: Vec::new(),
-                    })
-                }));
-            }
-            Ok(None) => {}
-            // Damaged (a disk error, a file cut short): decoded again, and written anew.
-            Err(_) => {
-                let _ = fs::remove_file(&path);
-            }
+        if let Some(batches) = load_kept(&path, true) {
+            return UnitJob::Ready(task(move || {
+                Ok(Decoded {
+                    batches,
+                    skipped: Vec::new(),
+                })
+            }));
         }
         let schema = self.inner.schema.clone();
         match self.inner.job(unit) {
@@ -293,6 +281,16 @@ fn store(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) {
     if written.is_err() {
         let _ = fs::remove_file(&tmp);
     }
+}
+
+/// The batches kept at `path` (see [`load`]); `None` where there are none, and where the
+/// file is damaged (a disk error, a file cut short): it is removed, and the unit decoded
+/// again and written anew.
+fn load_kept(path: &Path, populate: bool) -> Option<Vec<RecordBatch>> {
+    load(path, populate).unwrap_or_else(|_| {
+        let _ = fs::remove_file(path);
+        None
+    })
 }
 
 /// The batches kept at `path`, their buffers over the mapped file (its pages read in at

@@ -934,7 +934,7 @@ impl Files {
             // as their pages are the page cache's, not memory the loader holds.
             let kept = self.prepared.kept(work);
             let sparse = kept
-                || self.reads_rows_alone(unit)
+                || self.format_reads_rows_alone(unit)
                 || (wanted.len() as u64).saturating_mul(PARTIAL_DECODE_SHARE)
                     <= work.rows.unwrap_or(0);
             if let Some(job) = sparse
@@ -990,17 +990,21 @@ impl Files {
         }
     }
 
-    /// Whether unit `unit`'s rows are read without the rest. An error finding out leaves
-    /// the unit to be read whole, which reports it.
     /// Whether reading some of the unit's rows reads about their bytes alone: by the
     /// format (asked once), or because the unit is kept decoded (asked each time, as a
     /// read may have kept it since).
     fn reads_rows_alone(&self, unit: usize) -> bool {
+        self.format_reads_rows_alone(unit) || self.prepared.kept(&self.prepared.units[unit])
+    }
+
+    /// [`Self::reads_rows_alone`] by the format alone. An error finding out leaves the
+    /// unit to be read whole, which reports it.
+    fn format_reads_rows_alone(&self, unit: usize) -> bool {
         *self.rows_alone[unit].get_or_init(|| {
             self.prepared
                 .reads_rows_alone(&self.prepared.units[unit], &self.io)
                 .unwrap_or(false)
-        }) || self.prepared.kept(&self.prepared.units[unit])
+        })
     }
 
     fn cache_limit(&self) -> u64 {
