@@ -21,12 +21,23 @@ EPOCHS = 100
 WINDOW = 20
 
 CHILD = """
-import json, sys
+import json, os, sys
 import shardflow as sf
 
 def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 1e6
+
+def epoch_threads():
+    # The process's threads but the interpreter's and the shared I/O runtime's.
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return sorted(n for n in names if n.startswith("shardflow") and n != "shardflow-io")
 
 source, epochs, shuffle = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 ds = sf.dataset(source)
@@ -35,7 +46,7 @@ loader = sf.DataLoader(ds, batch_size=256)
 after = []
 for epoch in range(epochs):
     rows = sum(len(b["label"]) for b in loader)
-    after.append((rows, rss_mb()))
+    after.append((rows, rss_mb(), epoch_threads()))
 print(json.dumps(after))
 """
 
@@ -60,8 +71,11 @@ def epochs_rss(source: str, shuffle: str) -> list[float]:
     out = subprocess.run([sys.executable, "-c", CHILD, source, str(EPOCHS), shuffle],
                          check=True, capture_output=True, text=True, timeout=240, env=env).stdout
     after = json.loads(out)
-    assert all(rows == ROWS for rows, _ in after)
-    return [rss for _, rss in after]
+    assert all(rows == ROWS for rows, _, _ in after)
+    # An epoch's threads (and so its memory: their heaps go with them) are gone by the
+    # time its end is seen; RSS read then is not a race with their exit.
+    assert all(threads == [] for _, _, threads in after), [t for _, _, t in after if t][:3]
+    return [rss for _, rss, _ in after]
 
 
 def test_rss_is_flat_across_shuffled_epochs(tmp_path: Path) -> None:
@@ -69,10 +83,9 @@ def test_rss_is_flat_across_shuffled_epochs(tmp_path: Path) -> None:
     dataset_mb = ROWS * 830 / 1e6
     for shuffle in ("full", "buffer"):
         rss = epochs_rss(source, shuffle)
-        # After the first epoch (caches, thread pools, autotuned depths), RSS moves within
-        # a bounded band of about 10 MB from epoch to epoch: pages the allocator holds for
-        # its threads come and go (300-epoch runs stay within it). A leak grows without
-        # bound instead. The medians of two windows EPOCHS - WINDOW - 1 epochs apart may
+        # After the first epoch (caches, autotuned depths), RSS moves within a band of
+        # a few MB from epoch to epoch (300-epoch runs stay within it). A leak grows
+        # without bound instead. The medians of two windows EPOCHS - WINDOW - 1 epochs apart may
         # differ by half the data: keeping one row in 160 of every epoch would cross that.
         early = statistics.median(rss[1:WINDOW + 1])
         late = statistics.median(rss[-WINDOW:])

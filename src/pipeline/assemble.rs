@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_array::RecordBatch;
 
+use super::pool::JoinedPool;
 use super::stats::{Stats, thread_cpu_ns};
 use crate::error::{Error, Result, panic_message};
 
@@ -23,7 +24,7 @@ pub struct BatchThreads {
     /// Started with the first batch to make (many epochs need none). Read without a
     /// lock: the shuffle's thread and the pipeline thread both start copies, and
     /// neither should wait for the other to do so.
-    pool: OnceLock<Arc<rayon::ThreadPool>>,
+    pool: OnceLock<JoinedPool>,
     /// Taken only to start the pool, so that it starts once.
     starting: Mutex<()>,
     stats: Arc<Stats>,
@@ -43,7 +44,7 @@ impl BatchThreads {
         })
     }
 
-    fn pool(&self) -> Result<&Arc<rayon::ThreadPool>> {
+    fn pool(&self) -> Result<&JoinedPool> {
         if let Some(pool) = self.pool.get() {
             return Ok(pool);
         }
@@ -51,12 +52,8 @@ impl BatchThreads {
         if let Some(pool) = self.pool.get() {
             return Ok(pool);
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(self.threads)
-            .thread_name(|i| format!("shardflow-batch-{i}"))
-            .build()
-            .map_err(|e| Error::Internal(format!("cannot start batch threads: {e}")))?;
-        Ok(self.pool.get_or_init(|| Arc::new(pool)))
+        let pool = JoinedPool::new(self.threads, "shardflow-batch")?;
+        Ok(self.pool.get_or_init(|| pool))
     }
 
     /// Makes a batch on the threads.

@@ -15,6 +15,7 @@ use arrow_array::RecordBatch;
 use tokio::sync::mpsc;
 
 use super::autotune::Tuning;
+use super::pool::JoinedPool;
 use super::stats::Stats;
 use crate::error::{Error, Position, Result, panic_message};
 use crate::format::{BatchSink, DecodeTask, Decoded, OnError, PreparedShards, UnitJob};
@@ -264,7 +265,7 @@ pub struct UnitDecoder {
     pending: VecDeque<Pending>,
     ready: VecDeque<RecordBatch>,
     sources: SourceCache,
-    pool: rayon::ThreadPool,
+    pool: JoinedPool,
     runtime: &'static tokio::runtime::Runtime,
     stats: Arc<Stats>,
     cancel: Arc<AtomicBool>,
@@ -290,11 +291,7 @@ impl UnitDecoder {
         stats: Arc<Stats>,
         stopped: Arc<AtomicBool>,
     ) -> Result<Self> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(tuning.threads.max(1))
-            .thread_name(|i| format!("shardflow-decode-{i}"))
-            .build()
-            .map_err(|e| Error::Internal(format!("cannot start decode threads: {e}")))?;
+        let pool = JoinedPool::new(tuning.threads, "shardflow-decode")?;
         let slices: Vec<SliceState> = slices
             .into_iter()
             .scan(Some(0), |after, slice| {

@@ -26,6 +26,7 @@ mod index_stream;
 pub mod ops;
 mod own_thread;
 mod plan;
+mod pool;
 mod prefetch;
 mod random_access;
 pub mod report;

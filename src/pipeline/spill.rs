@@ -24,6 +24,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread::JoinHandle;
 
 use arrow_array::RecordBatch;
 use arrow_ipc::writer::StreamWriter;
@@ -103,6 +104,8 @@ pub(super) enum Delivery {
 pub(super) struct Spill {
     receiver: Receiver<Delivery>,
     stop: Arc<AtomicBool>,
+    /// Joined once the last gather is out (see `next`).
+    thread: Option<JoinHandle<()>>,
 }
 
 /// What the spill of one stream's rows is given.
@@ -142,16 +145,32 @@ impl Spill {
         let spawned = std::thread::Builder::new()
             .name("shardflow-spill".into())
             .spawn(move || run(plan, &sender, &stopped));
-        if let Err(e) = spawned {
-            // No thread: the stream reads its rows another way.
-            let _ = fallback.send(Delivery::Fallback(format!("no spill thread: {e}")));
+        let thread = match spawned {
+            Ok(thread) => Some(thread),
+            Err(e) => {
+                // No thread: the stream reads its rows another way.
+                let _ = fallback.send(Delivery::Fallback(format!("no spill thread: {e}")));
+                None
+            }
+        };
+        Self {
+            receiver,
+            stop,
+            thread,
         }
-        Self { receiver, stop }
     }
 
     /// The next delivery; None once every gather is out.
     pub fn next(&mut self) -> Option<Delivery> {
-        self.receiver.recv().ok()
+        let delivery = self.receiver.recv().ok();
+        if delivery.is_none() {
+            // The thread has dropped its sender, its last act: joined, its memory is
+            // given back before the stream's end is passed on (see `JoinedPool`).
+            if let Some(thread) = self.thread.take() {
+                let _ = thread.join();
+            }
+        }
+        delivery
     }
 }
 
