@@ -76,6 +76,7 @@ mod _native {
     fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
         super::fork::register(module.py())?;
         crate::allocator::keep_freed_memory();
+        crate::allocator::keep_freed_python_memory();
         module.add("__version__", env!("CARGO_PKG_VERSION"))
     }
 }

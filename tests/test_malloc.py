@@ -1,0 +1,43 @@
+"""`import shardflow` has glibc's malloc keep the memory of freed batches: `bytes` handed to
+Python and dropped batch after batch are not faulted in afresh each time. A user's
+`MALLOC_*_` setting stands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# Batches of 256 values of 8 KB, each dropped when the next is made, as a training loop
+# drops them; the page faults the batches after the first cost.
+CHILD = """
+import json, resource, sys
+if sys.argv[1] == "import":
+    import shardflow
+batch = [b"x" * 8192 for _ in range(256)]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for i in range(100):
+    batch = [bytes([i % 256]) * 8192 for _ in range(256)]
+print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before))
+"""
+
+
+def faults(shardflow: bool, **env: str) -> int:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", CHILD, "import" if shardflow else "plain"],
+                         env={**clean, **env}, check=True, capture_output=True, text=True, timeout=120).stdout
+    return json.loads(out)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_freed_batches_are_not_faulted_in_again() -> None:
+    plain = faults(False)
+    # 100 batches of 2 MB, half of them faulted back in without (the heap shrinks when
+    # the batch at its top goes): thousands of faults.
+    assert plain > 10_000, plain
+    assert faults(True) < plain / 10
+    # The user's setting (here glibc's own default) is left as it is.
+    assert faults(True, MALLOC_TRIM_THRESHOLD_="131072") > plain / 2
