@@ -21,6 +21,7 @@ use std::thread::JoinHandle;
 use arrow_array::RecordBatch;
 
 use super::assemble::{BatchThreads, Made, Step};
+use super::pool::join_ended;
 use super::stats::{CpuMeter, Stats};
 use crate::error::{Error, Result, panic_message};
 
@@ -100,12 +101,7 @@ impl Iterator for OwnThread {
         match self.rx.recv() {
             Ok(made) => Some(made.wait()),
             Err(_) => {
-                // The thread has dropped its sender, its last act: joining costs nothing,
-                // and its memory is given back (its heap at its exit) before the stream's
-                // end is passed on, as the pipeline thread's is (see `BatchReceiver`).
-                if let Some(thread) = self.thread.take() {
-                    let _ = thread.join();
-                }
+                join_ended(&mut self.thread);
                 None
             }
         }

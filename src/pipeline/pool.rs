@@ -64,3 +64,13 @@ impl Drop for Joins {
         }
     }
 }
+
+/// Joins a stage's thread once its end has been seen: it has dropped its sender, its last
+/// act, so joining costs nothing, and what it held (its allocator heap too) is given back
+/// and its counters are final before the end is passed on. Without it, RSS read just after
+/// an epoch varied by 20 MB.
+pub fn join_ended(thread: &mut Option<JoinHandle<()>>) {
+    if let Some(thread) = thread.take() {
+        let _ = thread.join();
+    }
+}

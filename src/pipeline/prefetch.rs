@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 
 use super::autotune::Tuning;
+use super::pool::join_ended;
 use super::stats::{CpuMeter, Stats};
 use super::stream::BatchIter;
 use crate::batch_bytes::batch_bytes;
@@ -247,13 +248,7 @@ impl BatchReceiver {
             Err(RecvTimeoutError::Timeout) => Ok(Some(Received::Timeout)),
             Err(RecvTimeoutError::Disconnected) => {
                 self.ended = true;
-                // The thread has dropped its sender, its last act: joining costs nothing and
-                // means that, once the end is seen, the pipeline's memory is given back
-                // (its allocator heap is released at thread exit) and its counters are
-                // final. Without it, RSS read just after an epoch varied by 20 MB.
-                if let Some(thread) = self.thread.take() {
-                    let _ = thread.join();
-                }
+                join_ended(&mut self.thread);
                 Ok(Some(Received::End))
             }
         }
@@ -281,9 +276,7 @@ impl BatchReceiver {
         let Self { rx, thread, .. } = &mut self;
         // Drop our end so a pipeline thread waiting to send fails at once, then wait for it.
         drop(std::mem::replace(rx, Mutex::new(sync_channel(1).1)));
-        if let Some(thread) = thread.take() {
-            let _ = thread.join();
-        }
+        join_ended(thread);
     }
 }
 

@@ -30,6 +30,7 @@ use arrow_array::RecordBatch;
 use arrow_ipc::writer::StreamWriter;
 
 use super::autotune::SpillOptions;
+use super::pool::join_ended;
 use super::random_access::RandomAccess;
 use super::rows::RowList;
 use super::stats::Stats;
@@ -164,11 +165,7 @@ impl Spill {
     pub fn next(&mut self) -> Option<Delivery> {
         let delivery = self.receiver.recv().ok();
         if delivery.is_none() {
-            // The thread has dropped its sender, its last act: joined, its memory is
-            // given back before the stream's end is passed on (see `JoinedPool`).
-            if let Some(thread) = self.thread.take() {
-                let _ = thread.join();
-            }
+            join_ended(&mut self.thread);
         }
         delivery
     }
