@@ -233,6 +233,22 @@ def test_a_template_without_generation_blocks_refuses_masks(tok: sf.Tokenizer) -
     assert ds.apply_chat_template(tok, chat_template=source).column_names == ["messages", "input_ids"]
 
 
+# Pieces of Jinja's tags, and text, that malformed templates are made of.
+TEMPLATE_PIECES = ["{%", "%}", "{{", "}}", "{#", "#}", "-", "+", "}", "%", " generation ", " endgeneration ",
+                   " if x ", " endif ", "é", "a"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(st.sampled_from(TEMPLATE_PIECES), max_size=12))
+def test_a_malformed_template_is_an_error_not_a_crash(tok: sf.Tokenizer, pieces: list[str]) -> None:
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    # Compiled or refused with a ShardflowError naming why; never a panic (`{%}` was one).
+    try:
+        tok.apply_chat_template(chat, chat_template="".join(pieces), return_assistant_tokens_mask=True)
+    except sf.ShardflowError:
+        pass
+
+
 def test_dataset_rows_are_transformers_rows(tmp_path: Path, reference: Any, tok: sf.Tokenizer) -> None:
     """The verb over a JSONL file equals transformers' apply_chat_template on the rows as
     `datasets` loads them (struct fields a row lacks are None there, and dropped from

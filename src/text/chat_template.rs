@@ -559,7 +559,8 @@ fn generation_as_filter(source: &str) -> (String, bool) {
     while let Some(at) = rest.find("{%") {
         out.push_str(&rest[..at]);
         let tag = &rest[at..];
-        let Some(end) = tag.find("%}") else {
+        // The close is looked for after the open: in `{%}` the `%` is the open's.
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             rest = "";
             break;
