@@ -55,7 +55,8 @@ pub fn keep_freed_python_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu", not(any(miri, fuzzing))))]
     {
         const MAP_ABOVE: std::ffi::c_int = 32 << 20;
-        const KEEP_UP_TO: std::ffi::c_int = 4 * MAP_ABOVE;
+        // Above a batch of 256 values of 256 KB as `bytes` (64 MB and their headers).
+        const KEEP_UP_TO: std::ffi::c_int = 128 << 20;
         let user_set = std::env::vars_os().any(|(name, _)| {
             let name = name.to_string_lossy();
             name == "GLIBC_TUNABLES" || (name.starts_with("MALLOC_") && name.ends_with('_'))
