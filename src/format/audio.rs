@@ -142,8 +142,10 @@ struct Clip {
     rate: u32,
 }
 
-/// Decodes a whole clip into planes of float32 samples.
-fn decode_clip(bytes: &[u8]) -> std::result::Result<Clip, String> {
+/// Decodes a whole clip into float32 samples: its planes one after another, or with
+/// `mix` their mean (summed in order, then divided, as numpy's `mean` over float32), mixed
+/// packet by packet so that the planes are never held whole.
+fn decode_clip(bytes: &[u8], mix: bool) -> std::result::Result<Clip, String> {
     let source = MediaSourceStream::new(Box::new(std::io::Cursor::new(bytes)), Default::default());
     let mut format = symphonia::default::get_probe()
         .probe(
@@ -159,6 +161,12 @@ fn decode_clip(bytes: &[u8]) -> std::result::Result<Clip, String> {
         .default_track(TrackType::Audio)
         .ok_or("the file holds no audio track")?;
     let track_id = track.id;
+    // The frames the header says the clip has, to allocate once; a header may lie, so
+    // no more than the bytes could hold (64 samples a byte is past any codec's ratio
+    // at a bitrate worth storing) and the clip's bound: past that, the planes grow.
+    let expected = track
+        .num_frames
+        .map_or(0, |n| (n as usize).min(bytes.len() * 64).min(MAX_SAMPLES));
     let params = track
         .codec_params
         .as_ref()
@@ -178,7 +186,10 @@ fn decode_clip(bytes: &[u8]) -> std::result::Result<Clip, String> {
                 params.codec
             )
         })?;
+    // One packet's planes, reused; then appended to `planes`, or mixed into `planes[0]`.
+    let mut packet_planes: Vec<Vec<f32>> = Vec::new();
     let mut planes: Vec<Vec<f32>> = Vec::new();
+    let mut channels = 0;
     let mut rate = params.sample_rate;
     let mut total = 0usize;
     while let Some(packet) = format.next_packet().map_err(|e| e.to_string())? {
@@ -186,14 +197,16 @@ fn decode_clip(bytes: &[u8]) -> std::result::Result<Clip, String> {
             continue;
         }
         let decoded = decoder.decode(&packet).map_err(|e| e.to_string())?;
-        let channels = decoded.spec().channels().count();
-        if planes.is_empty() {
-            planes = vec![Vec::new(); channels];
+        let packet_channels = decoded.spec().channels().count();
+        if channels == 0 {
+            channels = packet_channels;
+            let kept = if mix { 1 } else { channels };
+            planes = (0..kept).map(|_| Vec::with_capacity(expected)).collect();
+            packet_planes = vec![Vec::new(); channels];
             rate = rate.or(Some(decoded.spec().rate()));
-        } else if channels != planes.len() {
+        } else if packet_channels != channels {
             return Err(format!(
-                "the channel count changes from {} to {channels} within the clip",
-                planes.len()
+                "the channel count changes from {channels} to {packet_channels} within the clip"
             ));
         }
         let frames = decoded.frames();
@@ -203,38 +216,50 @@ fn decode_clip(bytes: &[u8]) -> std::result::Result<Clip, String> {
                 "more than {MAX_SAMPLES} samples decoded (512 MiB): longer than a clip shardflow decodes"
             ));
         }
-        let start = planes.first().map_or(0, Vec::len);
-        let mut tails: Vec<&mut [f32]> = planes
-            .iter_mut()
-            .map(|plane| {
-                plane.resize(start + frames, 0.0);
-                &mut plane[start..]
-            })
-            .collect();
-        decoded.copy_to_slice_planar::<f32, _>(&mut tails);
+        for plane in &mut packet_planes {
+            plane.resize(frames, 0.0);
+        }
+        decoded.copy_to_slice_planar::<f32, _>(&mut packet_planes);
+        if mix && channels > 1 {
+            let mixed = &mut planes[0];
+            let start = mixed.len();
+            mixed.extend_from_slice(&packet_planes[0]);
+            let mixed = &mut mixed[start..];
+            for plane in &packet_planes[1..] {
+                mixed.iter_mut().zip(plane).for_each(|(m, s)| *m += s);
+            }
+            let n = channels as f32;
+            mixed.iter_mut().for_each(|m| *m /= n);
+        } else {
+            for (plane, packet_plane) in planes.iter_mut().zip(&packet_planes) {
+                plane.extend_from_slice(packet_plane);
+            }
+        }
     }
     let rate = rate
         .filter(|&r| r > 0)
         .ok_or("the clip has no sample rate")?;
-    let channels = planes.len();
     let frames = planes.first().map_or(0, Vec::len);
+    let samples = match planes.len() {
+        1 => planes.pop().unwrap_or_default(),
+        _ => planes.concat(),
+    };
     Ok(Clip {
-        samples: planes.concat(),
-        channels,
+        samples,
+        channels: if mix { 1 } else { channels },
         frames,
         rate,
     })
 }
 
 impl Clip {
-    /// The clip in `feature`'s channels: their mean (summed in order, then divided, as
-    /// numpy's `mean` over float32), or the channels kept (a mono clip repeated).
+    /// The clip in `feature`'s channels, decoded as `decode_clip` was asked: mixed to one
+    /// already, or its channels kept (a mono clip repeated).
     fn to_channels(self, feature: &AudioFeature) -> std::result::Result<Self, String> {
         let wanted = feature.channels_kept().unwrap_or(1);
         if wanted == self.channels {
             return Ok(self);
         }
-        let frames = self.frames;
         if self.channels == 1 {
             return Ok(Clip {
                 samples: self.samples.repeat(wanted),
@@ -242,25 +267,10 @@ impl Clip {
                 ..self
             });
         }
-        if wanted > 1 {
-            return Err(format!(
-                "num_channels={wanted} from a clip of {} channels: shardflow mixes channels only down to one",
-                self.channels
-            ));
-        }
-        let mut mean = self.samples[..frames].to_vec();
-        for plane in self.samples.chunks_exact(frames.max(1)).skip(1) {
-            for (m, s) in mean.iter_mut().zip(plane) {
-                *m += s;
-            }
-        }
-        let n = self.channels as f32;
-        mean.iter_mut().for_each(|m| *m /= n);
-        Ok(Clip {
-            samples: mean,
-            channels: 1,
-            ..self
-        })
+        Err(format!(
+            "num_channels={wanted} from a clip of {} channels: shardflow mixes channels only down to one",
+            self.channels
+        ))
     }
 
     /// The clip at `rate`: rubato's FFT resampler, its start-up delay trimmed, the
@@ -311,13 +321,16 @@ impl Clip {
         let (_, produced) = resampler
             .process_all_into_buffer(&input, &mut output, frames, None)
             .map_err(|e| format!("resampling {} Hz to {rate} Hz: {e}", self.rate))?;
-        let samples = out
-            .chunks_exact(needed)
-            .flat_map(|plane| &plane[..produced])
-            .copied()
-            .collect();
+        // Each plane's first `produced` samples, moved down in place.
+        for channel in 1..channels {
+            out.copy_within(
+                channel * needed..channel * needed + produced,
+                channel * produced,
+            );
+        }
+        out.truncate(channels * produced);
         Ok(Clip {
-            samples,
+            samples: out,
             channels,
             frames: produced,
             rate,
@@ -336,7 +349,7 @@ impl AudioDecode {
         bytes: &[u8],
         feature: &AudioFeature,
     ) -> std::result::Result<Clip, String> {
-        let clip = decode_clip(bytes)?.to_channels(feature)?;
+        let clip = decode_clip(bytes, feature.channels_kept().is_none())?.to_channels(feature)?;
         match feature.sampling_rate {
             Some(rate) => clip.resampled(rate),
             None => Ok(clip),

@@ -147,7 +147,7 @@ pub fn variable_tensor_column<T: arrow_array::ArrowPrimitiveType>(
     let data = arrow_array::ListArray::try_new(
         Arc::new(Field::new_list_field(leaf, false)),
         arrow_buffer::OffsetBuffer::new(offsets.into()),
-        Arc::new(arrow_array::PrimitiveArray::<T>::from_iter_values(values)),
+        Arc::new(arrow_array::PrimitiveArray::<T>::new(values.into(), None)),
         None,
     )
     .map_err(|e| e.to_string())?;
