@@ -71,6 +71,12 @@ impl BufferPool {
 
     /// An empty buffer that can hold `len` bytes: a free one of about that size, or new.
     pub fn take(&self, len: usize) -> Vec<u8> {
+        self.take_with_room(len, 0)
+    }
+
+    /// The same, a new one made `room` bytes larger than `len`: batches whose sizes vary
+    /// (images each of its own size) then fit in the buffers of batches a little smaller.
+    pub fn take_with_room(&self, len: usize, room: usize) -> Vec<u8> {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         match free
             .iter()
@@ -81,7 +87,7 @@ impl BufferPool {
                 memory.clear();
                 memory
             }
-            None => Vec::with_capacity(len),
+            None => Vec::with_capacity(len.saturating_add(room)),
         }
     }
 

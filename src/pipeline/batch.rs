@@ -15,8 +15,12 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
 use arrow_array::types::ByteArrayType;
-use arrow_array::{Array, ArrayRef, FixedSizeListArray, GenericByteArray, RecordBatch, make_array};
+use arrow_array::{
+    Array, ArrayRef, FixedSizeListArray, GenericByteArray, ListArray, RecordBatch, StructArray,
+    make_array,
+};
 use arrow_buffer::{ArrowNativeType, OffsetBuffer, ScalarBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
@@ -181,6 +185,7 @@ impl BufferPool {
             DataType::LargeUtf8 => self.concat_bytes::<LargeUtf8Type>(parts),
             DataType::Binary => self.concat_bytes::<BinaryType>(parts),
             DataType::Utf8 => self.concat_bytes::<Utf8Type>(parts),
+            DataType::Struct(_) => self.concat_variable_tensors(parts),
             _ => None,
         }
     }
@@ -216,6 +221,91 @@ impl BufferPool {
             .ok()?;
         let joined =
             FixedSizeListArray::try_new(field.clone(), *size, make_array(child), None).ok()?;
+        Some(Arc::new(joined))
+    }
+
+    /// Variable-shape tensors (images and clips each at its own size: a struct of
+    /// `data`, a list of a fixed-width type, and `shape`): the values into a pooled buffer,
+    /// the offsets and shapes joined beside them.
+    fn concat_variable_tensors(self: &Arc<Self>, parts: &[&dyn Array]) -> Option<ArrayRef> {
+        let DataType::Struct(fields) = parts[0].data_type() else {
+            return None;
+        };
+        let (data_at, data_field) = fields.find("data")?;
+        let (shape_at, _) = fields.find("shape")?;
+        let DataType::List(item) = data_field.data_type() else {
+            return None;
+        };
+        if fields.len() != 2 {
+            return None;
+        }
+        let width = item.data_type().primitive_width()?;
+        let structs: Vec<&StructArray> = parts
+            .iter()
+            .map(|p| p.as_struct_opt())
+            .collect::<Option<_>>()?;
+        let lists: Vec<&ListArray> = structs
+            .iter()
+            .map(|s| s.column(data_at).as_list_opt::<i32>())
+            .collect::<Option<_>>()?;
+        if lists
+            .iter()
+            .any(|l| l.null_count() > 0 || l.values().null_count() > 0)
+        {
+            return None;
+        }
+        // Each part's values run from its first offset to its last.
+        let spans: Vec<(usize, usize)> = lists
+            .iter()
+            .map(|l| {
+                let offsets = l.value_offsets();
+                (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize())
+            })
+            .collect();
+        let values: usize = spans.iter().map(|(start, end)| end - start).sum();
+        // More values than `List` offsets count: arrow's `concat` says so.
+        i32::from_usize(values)?;
+        if values * width < POOLED_MIN_BYTES {
+            return None;
+        }
+        let rows: usize = lists.iter().map(|l| l.len()).sum();
+        // A quarter more than this batch: the next batches' sizes differ a little.
+        let mut memory = self.take_with_room(values * width, values * width / 4);
+        let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        for (list, &(start, end)) in lists.iter().zip(&spans) {
+            let part = list.values().to_data();
+            let base = memory.len() / width;
+            let at = part.offset();
+            memory.extend_from_slice(
+                &part.buffers().first()?.as_slice()[(at + start) * width..(at + end) * width],
+            );
+            offsets.extend(
+                list.value_offsets()[1..]
+                    .iter()
+                    .map(|o| (o.as_usize() - start + base) as i32),
+            );
+        }
+        let child = ArrayData::builder(item.data_type().clone())
+            .len(values)
+            .add_buffer(self.buffer(memory))
+            .build()
+            .ok()?;
+        let data = ListArray::try_new(
+            item.clone(),
+            OffsetBuffer::new(ScalarBuffer::from(offsets)),
+            make_array(child),
+            None,
+        )
+        .ok()?;
+        let shapes: Vec<&dyn Array> = structs
+            .iter()
+            .map(|s| s.column(shape_at).as_ref())
+            .collect();
+        let shape = concat(&shapes).ok()?;
+        let mut columns: Vec<ArrayRef> = vec![shape.clone(), shape];
+        columns[data_at] = Arc::new(data);
+        let joined = StructArray::try_new(fields.clone(), columns, None).ok()?;
         Some(Arc::new(joined))
     }
 
@@ -399,6 +489,86 @@ mod tests {
         assert!(err.to_string().contains("upstream broke"), "{err}");
         assert!(joined.next().is_none());
         assert!(stats.assemble_ns.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    }
+
+    /// Batches of one variable-shape tensor column (images of their own sizes, as
+    /// `uint16` so that offsets count values, not bytes), row `i` of `i % 7 + 1` rows of
+    /// 400 values: batches of 64 rows of about 200 KB, enough to be pooled.
+    fn variable_tensor_parts(sizes: &[usize]) -> Vec<RecordBatch> {
+        use arrow_array::types::UInt16Type;
+        let field =
+            crate::format::variable_tensor_field("image", DataType::UInt16, &[None, Some(400)]);
+        let schema = Arc::new(Schema::new(vec![field]));
+        let mut next = 0usize;
+        sizes
+            .iter()
+            .map(|&rows| {
+                let tensors = (next..next + rows)
+                    .map(|i| {
+                        let h = i % 7 + 1;
+                        Ok(Some((vec![i as u16; h * 400], vec![h as i32, 400])))
+                    })
+                    .collect();
+                next += rows;
+                let (column, _) =
+                    crate::format::variable_tensor_column::<UInt16Type>(tensors, &[0, 400], None)
+                        .unwrap();
+                RecordBatch::try_new(schema.clone(), vec![Arc::new(column)]).unwrap()
+            })
+            .collect()
+    }
+
+    /// Where a variable-shape tensor column's values live.
+    fn tensor_values_ptr(batch: &RecordBatch) -> *const u8 {
+        let data = batch
+            .column(0)
+            .as_struct()
+            .column(0)
+            .as_list::<i32>()
+            .values()
+            .to_data();
+        data.buffers()[0].as_ptr()
+    }
+
+    #[test]
+    fn variable_shape_tensors_join_as_arrow_does_into_returned_buffers() {
+        let input = variable_tensor_parts(&[40, 30, 25, 45, 35, 50]);
+        let expected = arrow_select::concat::concat_batches(&input[0].schema(), &input).unwrap();
+        // Sliced parts, as decoded units are cut at batch boundaries; every batch of 64
+        // joins two or three.
+        let mut sliced = input.clone();
+        sliced[0] = input[0].slice(3, 37);
+        sliced[2] = input[2].slice(0, 20);
+        let want = arrow_select::concat::concat_batches(
+            &expected.schema(),
+            &[
+                expected.slice(3, 37),
+                expected.slice(40, 30),
+                expected.slice(70, 20),
+                expected.slice(95, 130),
+            ],
+        )
+        .unwrap();
+        let upstream: BatchIter = Box::new(sliced.into_iter().map(Ok));
+        let mut rebatch = Rebatch::new(upstream, 64, false);
+        let first = rebatch.next().unwrap().unwrap();
+        let second = rebatch.next().unwrap().unwrap();
+        assert_eq!(first, want.slice(0, 64));
+        assert_eq!(second, want.slice(64, 64));
+        let first_memory = tensor_values_ptr(&first);
+        drop(first);
+        let third = rebatch.next().unwrap().unwrap();
+        assert_eq!(third, want.slice(128, 64));
+        // The first batch's values buffer came back to the pool and holds the third's.
+        assert_eq!(tensor_values_ptr(&third), first_memory);
+        let mut rows = 192;
+        for batch in rebatch {
+            let batch = batch.unwrap();
+            assert_eq!(batch, want.slice(rows, batch.num_rows()));
+            rows += batch.num_rows();
+        }
+        assert_eq!(rows, want.num_rows());
+        assert_eq!(second, want.slice(64, 64));
     }
 
     #[test]
