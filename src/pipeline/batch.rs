@@ -254,13 +254,9 @@ impl BufferPool {
         {
             return None;
         }
-        // Each part's values run from its first offset to its last.
         let spans: Vec<(usize, usize)> = lists
             .iter()
-            .map(|l| {
-                let offsets = l.value_offsets();
-                (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize())
-            })
+            .map(|l| value_span(l.value_offsets()))
             .collect();
         let values: usize = spans.iter().map(|(start, end)| end - start).sum();
         // More values than `List` offsets count: arrow's `concat` says so.
@@ -314,14 +310,9 @@ impl BufferPool {
             .iter()
             .map(|p| p.as_any().downcast_ref::<GenericByteArray<T>>())
             .collect::<Option<_>>()?;
-        // Each part's values run from its first offset to its last (a slice's offsets
-        // need not start at 0).
         let spans: Vec<(usize, usize)> = arrays
             .iter()
-            .map(|a| {
-                let offsets = a.value_offsets();
-                (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize())
-            })
+            .map(|a| value_span(a.value_offsets()))
             .collect();
         let total: usize = spans.iter().map(|(start, end)| end - start).sum();
         // Offsets too narrow for the total: arrow's `concat` says so.
@@ -353,6 +344,12 @@ impl BufferPool {
         };
         Some(Arc::new(joined))
     }
+}
+
+/// Where a part's values run in its values buffer: from its first offset to its last (a
+/// slice's offsets need not start at 0).
+fn value_span<O: ArrowNativeType>(offsets: &[O]) -> (usize, usize) {
+    (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize())
 }
 
 impl Iterator for Rebatch {
