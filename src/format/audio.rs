@@ -186,8 +186,9 @@ fn decode_clip(bytes: &[u8], mix: bool) -> std::result::Result<Clip, String> {
                 params.codec
             )
         })?;
-    // One packet's planes, reused; then appended to `planes`, or mixed into `planes[0]`.
-    let mut packet_planes: Vec<Vec<f32>> = Vec::new();
+    // Each packet's channels go straight to the ends of `planes`; when mixing, the first
+    // to the end of the mix and the others to `to_add` (reused), then added in.
+    let mut to_add: Vec<Vec<f32>> = Vec::new();
     let mut planes: Vec<Vec<f32>> = Vec::new();
     let mut channels = 0;
     let mut rate = params.sample_rate;
@@ -202,7 +203,7 @@ fn decode_clip(bytes: &[u8], mix: bool) -> std::result::Result<Clip, String> {
             channels = packet_channels;
             let kept = if mix { 1 } else { channels };
             planes = (0..kept).map(|_| Vec::with_capacity(expected)).collect();
-            packet_planes = vec![Vec::new(); channels];
+            to_add = vec![Vec::new(); channels - kept.min(channels)];
             rate = rate.or(Some(decoded.spec().rate()));
         } else if packet_channels != channels {
             return Err(format!(
@@ -216,24 +217,26 @@ fn decode_clip(bytes: &[u8], mix: bool) -> std::result::Result<Clip, String> {
                 "more than {MAX_SAMPLES} samples decoded (512 MiB): longer than a clip shardflow decodes"
             ));
         }
-        for plane in &mut packet_planes {
+        let start = planes.first().map_or(0, Vec::len);
+        for plane in &mut planes {
+            plane.resize(start + frames, 0.0);
+        }
+        for plane in &mut to_add {
             plane.resize(frames, 0.0);
         }
-        decoded.copy_to_slice_planar::<f32, _>(&mut packet_planes);
-        if mix && channels > 1 {
-            let mixed = &mut planes[0];
-            let start = mixed.len();
-            mixed.extend_from_slice(&packet_planes[0]);
-            let mixed = &mut mixed[start..];
-            for plane in &packet_planes[1..] {
+        let mut tails: Vec<&mut [f32]> = planes
+            .iter_mut()
+            .map(|plane| &mut plane[start..])
+            .chain(to_add.iter_mut().map(|plane| &mut plane[..]))
+            .collect();
+        decoded.copy_to_slice_planar::<f32, _>(&mut tails);
+        if !to_add.is_empty() {
+            let mixed = &mut planes[0][start..];
+            for plane in &to_add {
                 mixed.iter_mut().zip(plane).for_each(|(m, s)| *m += s);
             }
             let n = channels as f32;
             mixed.iter_mut().for_each(|m| *m /= n);
-        } else {
-            for (plane, packet_plane) in planes.iter_mut().zip(&packet_planes) {
-                plane.extend_from_slice(packet_plane);
-            }
         }
     }
     let rate = rate
