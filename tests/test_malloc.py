@@ -26,18 +26,22 @@ print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before))
 """
 
 
-# glibc's own starting thresholds, held. Left to itself, glibc raises them the first time
-# the process frees a mapped block above them, so a child whose start happened to free one
-# of 2 MB or more keeps these batches too: CI once measured 517 faults for plain glibc,
-# the figure shardflow's settings give, where this machine measures 24,000 every time.
-# Setting them (as a user's MALLOC_*_ does) holds them, and the baseline with them.
+# glibc's own starting thresholds, held: left to itself glibc raises them the first time
+# the process frees a mapped block above them, and the baseline would then depend on what
+# the child's start-up happened to allocate. Setting them (as a user's MALLOC_*_ does)
+# holds them.
 GLIBC_STARTS_AT = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
 def faults(shardflow: bool, size: int = 8192, batches: int = 100, **env: str) -> int:
+    # -E: the child ignores PYTHON* variables. PYTHONMALLOC=malloc or debug puts Python's
+    # small objects in glibc's heap, where one left above a freed batch keeps the heap from
+    # shrinking: plain glibc then keeps these batches too (521 faults rather than 24,232),
+    # as CI measured twice (517).
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", CHILD, "import" if shardflow else "plain", str(size), str(batches)],
-                         env={**clean, **env}, check=True, capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run([sys.executable, "-E", "-c", CHILD, "import" if shardflow else "plain", str(size),
+                          str(batches)], env={**clean, **env}, check=True, capture_output=True, text=True,
+                         timeout=120).stdout
     return json.loads(out)
 
 
@@ -56,7 +60,8 @@ def test_freed_batches_are_not_faulted_in_again() -> None:
     plain = faults(False, **GLIBC_STARTS_AT)
     # 100 batches of 2 MB, half of them faulted back in without (the heap shrinks when
     # the batch at its top goes): thousands of faults.
-    assert plain > 10_000, (plain, transparent_huge_pages())
+    said = sorted(k for k in os.environ if k.startswith(("PYTHON", "LD_")))
+    assert plain > 10_000, (plain, transparent_huge_pages(), said)
     assert faults(True) < plain / 10
     # The user's setting (here glibc's own default) is left as it is.
     assert faults(True, MALLOC_TRIM_THRESHOLD_="131072") > plain / 2
