@@ -875,8 +875,18 @@ def stranded_after_resume(
     ds = sc.model
     if not isinstance(ds, m.Interleave) or ds.stopping != "all_exhausted" or m.anatomy(ds, new).how == "dealt":
         return False
+    # Rows left as a multiset: a part may hold an id more than once (`select([0, 0, 0])`),
+    # and each delivery accounts for one of them, not for all.
     delivered = flat_counter(before)
-    left = [[i for i in m.rows(p, epoch, observe) if not delivered[i]] for p in ds.parts]
+    left = []
+    for p in ds.parts:
+        rows = []
+        for i in m.rows(p, epoch, observe):
+            if delivered[i]:
+                delivered[i] -= 1
+            else:
+                rows.append(i)
+        left.append(rows)
     cuts = m.shares([len(rows) for rows in left], new)
     return any(not any(len(r) for r in cuts[key]) for key in cuts) and any(left)
 
