@@ -137,6 +137,45 @@ def test_a_spill_reads_each_unit_once(layouts: dict[str, str], tmp_path: Path) -
     assert ahead.stats()["bytes_read"] > 2 * stored
 
 
+WIDE = 96 << 10
+
+
+def wide_blob(i: int) -> bytes:
+    return np.random.default_rng(i).bytes(WIDE)
+
+
+def test_wide_rows_in_row_groups_larger_than_the_budget_keep_the_order(tmp_path: Path) -> None:
+    """Rows of 96 KiB, each written to its bucket where it was decoded, from files of one
+    row group each, every one larger than the whole memory budget (read page by page, never
+    held whole): the order `(seed, epoch)` defines on 2 ranks x 2 workers over 2 epochs,
+    each file read once."""
+    root = tmp_path / "wide"
+    root.mkdir()
+    rows, per_file = 240, 80
+    for f in range(rows // per_file):
+        ids = list(range(f * per_file, (f + 1) * per_file))
+        table = pa.table({"id": pa.array(ids, pa.int64()), "blob": [wide_blob(i) for i in ids]})
+        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=per_file)
+    source = str(root / "*.parquet")
+    stored = sum(p.stat().st_size for p in root.glob("*.parquet"))
+    assert stored / 3 > SMALL
+    for epoch in range(2):
+        seen = []
+        for rank in range(2):
+            for worker in range(2):
+                spilled = part(source, rank, worker, epoch, memory_limit=SMALL, spill_dir=str(tmp_path / "spill"))
+                got = [(i, bytes(b)) for batch in spilled for i, b in zip(batch["id"].tolist(), batch["blob"])]
+                assert spilled.stats()["read_plan"] == "spill"
+                assert spilled.stats()["bytes_read"] < 1.2 * stored
+                assert all(b == wide_blob(i) for i, b in got)
+                kept = part(source, rank, worker, epoch, memory_limit=1 << 30)
+                assert [i for i, _ in got] == [i for b in kept for i in b["id"].tolist()], (epoch, rank, worker)
+                assert kept.stats()["read_plan"] == "in_memory"
+                seen += [i for i, _ in got]
+        assert sorted(seen) == list(range(rows))
+    assert list((tmp_path / "spill").iterdir()) == []
+
+
 def test_a_spill_without_room_falls_back_to_reading_ahead_with_a_warning(layouts: dict[str, str], tmp_path: Path) -> None:
     reference = read(part(layouts["plain"], 1, 0, 0))
     loader = part(layouts["snappy"], 1, 0, 0, memory_limit=1 << 20, spill_dir=str(tmp_path), spill_bytes=100_000)

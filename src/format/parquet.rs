@@ -460,6 +460,25 @@ impl UnitJobs for PreparedParquet {
         Ok(dictionaries.iter().any(Option::is_some) && read_whole < MIN_DICTIONARY_BYTES)
     }
 
+    /// A local file read where the decoder asks, page by page.
+    fn streamed_job(&self, unit: &WorkUnit, shard: &ShardMeta, io: &Io) -> Option<UnitJob> {
+        crate::source::local_path(&shard.url)?;
+        let (file, shard, row_group, io) = (
+            self.files[unit.shard].clone(),
+            shard.clone(),
+            unit.part,
+            io.clone(),
+        );
+        let batch_rows = batch_rows(&file, row_group);
+        Some(UnitJob::Ready(Box::new(move |sink: &mut BatchSink| {
+            let reader = SourceChunks {
+                source: io.open(&shard)?,
+                size: file.size,
+            };
+            decode_row_group(&file, row_group, batch_rows, None, reader, sink)
+        })))
+    }
+
     fn rows_job(
         &self,
         unit: &WorkUnit,

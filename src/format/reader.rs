@@ -58,6 +58,13 @@ pub trait UnitJobs: Send + Sync {
     ) -> Option<UnitJob> {
         None
     }
+    /// A job that decodes the whole unit reading its bytes as the decoder asks for them,
+    /// not fetched whole first, where the format can from this shard (a local Parquet
+    /// file, page by page): a reader that hands each batch on as it comes then holds a
+    /// few pages, not the unit. `None` where it cannot (`job` fetches the unit).
+    fn streamed_job(&self, _unit: &WorkUnit, _shard: &ShardMeta, _io: &Io) -> Option<UnitJob> {
+        None
+    }
     /// Whether a job for some of the unit's rows (`rows_job`) reads about those rows'
     /// bytes, not the whole unit's: a random-access reader then asks for a unit's rows as
     /// they are wanted, never for the whole unit, and does not read ahead.
@@ -132,6 +139,14 @@ impl PreparedShards {
 
     pub fn job(&self, unit: &WorkUnit) -> UnitJob {
         self.jobs.job(unit, &self.shards[unit.shard])
+    }
+
+    /// See [`UnitJobs::streamed_job`]; `job`'s where the format has none.
+    pub fn streamed_job(&self, unit: &WorkUnit, io: &Io) -> UnitJob {
+        let shard = &self.shards[unit.shard];
+        self.jobs
+            .streamed_job(unit, shard, io)
+            .unwrap_or_else(|| self.jobs.job(unit, shard))
     }
 
     /// See [`UnitJobs::reads_rows_alone`].

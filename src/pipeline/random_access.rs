@@ -23,7 +23,7 @@ use super::ops::{BatchTransform, Draws, Indices, Op, Weights};
 use super::rng::Rng;
 use crate::error::{Error, Position, Result};
 use crate::format::index::RecordAccess;
-use crate::format::{PreparedShards, UnitJob};
+use crate::format::{BatchSink, PreparedShards, UnitJob};
 use crate::source::{self, Io, IoCounters};
 
 /// Decoded units kept, as a share of the memory limit (the loader's, or the default for
@@ -579,6 +579,52 @@ impl RandomAccess {
             Rows::Files(files) => files.records.is_none() && !files.may_outgrow_cache(),
             Rows::Concat { parts, .. } => parts.iter().all(|p| p.keeps_units()),
         }
+    }
+
+    /// Whether output rows are a file's rows as stored, so that a unit can be read as
+    /// a stream ([`Self::stream_unit`]): not where ops change rows, datasets are
+    /// concatenated, or rows are read as records by range.
+    pub(super) fn streams_units(&self) -> bool {
+        matches!(&self.rows, Rows::Files(files) if files.records.is_none())
+            && self.transforms.is_empty()
+    }
+
+    /// Where output row `index` (in range) lies, where [`Self::streams_units`]: its unit
+    /// and its offset among the unit's rows.
+    pub(super) fn unit_offset(&self, index: u64) -> (u64, u64) {
+        let row = self.source_row(index);
+        match &self.rows {
+            Rows::Files(files) => {
+                let unit = files.starts.partition_point(|&s| s <= row) - 1;
+                (unit as u64, row - files.starts[unit])
+            }
+            Rows::Concat { .. } => (self.unit_of(index), 0),
+        }
+    }
+
+    /// Unit `unit`'s rows, all of them in their stored order, each batch handed to `sink`
+    /// as the decoder makes it (about a MiB): never the whole unit decoded at once, which
+    /// a row group of 1,000 rows of 256 KiB (256 MiB) would be. Reads counted in
+    /// `counters`. Only where [`Self::streams_units`].
+    pub(super) fn stream_unit(
+        &self,
+        unit: u64,
+        counters: &Arc<IoCounters>,
+        sink: &mut BatchSink,
+    ) -> Result<()> {
+        let Rows::Files(files) = &self.rows else {
+            return Err(Error::Internal(
+                "a concatenation's units are not streamed".into(),
+            ));
+        };
+        let unit = unit as usize;
+        let work = &files.prepared.units[unit];
+        let io = Io {
+            storage: files.io.storage.clone(),
+            counters: counters.clone(),
+        };
+        let job = files.prepared.streamed_job(work, &io);
+        files.decode_into(unit, job, work.rows.unwrap_or(0), &io, sink)
     }
 
     /// The rows at `indices`, in that order, as one batch.
@@ -1179,29 +1225,49 @@ impl Files {
         }
     }
 
-    /// Runs `job` (unit `unit`'s, decoding `rows` rows) on this thread. As on the
-    /// pipeline's threads, a decoder tripping on corrupt bytes is that unit's data
-    /// error, not a crash.
+    /// Runs `job` (unit `unit`'s, decoding `rows` rows) on this thread, its batches
+    /// collected.
     fn decoded(&self, unit: usize, job: UnitJob, rows: u64, io: &Io) -> Result<Vec<RecordBatch>> {
+        let mut batches = Vec::new();
+        self.decode_into(unit, job, rows, io, &mut |batch| batches.push(batch))?;
+        Ok(batches)
+    }
+
+    /// Runs `job` (unit `unit`'s, decoding `rows` rows) on this thread, each batch handed
+    /// to `sink` as it is decoded. As on the pipeline's threads, a decoder tripping on
+    /// corrupt bytes is that unit's data error, not a crash.
+    fn decode_into(
+        &self,
+        unit: usize,
+        job: UnitJob,
+        rows: u64,
+        io: &Io,
+        sink: &mut BatchSink,
+    ) -> Result<()> {
         let work = &self.prepared.units[unit];
         let url = &self.prepared.shards[work.shard].url;
-        let batches =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_job(unit, job, io)))
-                .unwrap_or_else(|panic| {
-                    Err(Error::decode(
-                        url.as_str(),
-                        self.prepared.format,
-                        Position::Unknown,
-                        format!(
-                            "the decoder failed: {}",
-                            crate::error::panic_message(&*panic)
-                        ),
-                    ))
-                })?;
+        let mut decoded_rows = 0u64;
+        let mut counted = |batch: RecordBatch| {
+            decoded_rows += batch.num_rows() as u64;
+            sink(batch);
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.run_job(unit, job, io, &mut counted)
+        }))
+        .unwrap_or_else(|panic| {
+            Err(Error::decode(
+                url.as_str(),
+                self.prepared.format,
+                Position::Unknown,
+                format!(
+                    "the decoder failed: {}",
+                    crate::error::panic_message(&*panic)
+                ),
+            ))
+        })?;
         // Records skipped as undecodable (on_error="skip") leave the unit short of the
         // rows its index counted, and every later row would be read at the wrong index.
-        let decoded_rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        if work.rows.is_some() && decoded_rows as u64 != rows {
+        if work.rows.is_some() && decoded_rows != rows {
             return Err(Error::decode(
                 url.as_str(),
                 self.prepared.format,
@@ -1211,23 +1277,21 @@ impl Files {
                 ),
             ));
         }
-        Ok(batches)
+        Ok(())
     }
 
-    /// Fetches what `job` needs and decodes it on this thread.
-    fn run_job(&self, unit: usize, job: UnitJob, io: &Io) -> Result<Vec<RecordBatch>> {
+    /// Fetches what `job` needs and decodes it on this thread, into `sink`.
+    fn run_job(&self, unit: usize, job: UnitJob, io: &Io, sink: &mut BatchSink) -> Result<()> {
         let shard = &self.prepared.shards[self.prepared.units[unit].shard];
-        let mut batches = Vec::new();
-        let mut sink = |batch| batches.push(batch);
         let mut tasks = Vec::new();
         match job {
             UnitJob::Ready(task) => tasks.push(task),
             UnitJob::Ranges { ranges, decode } => {
                 let source = self.source(self.prepared.units[unit].shard, io)?;
                 let fetched = source::read_ranges_blocking(&*source, shard.size, ranges)?;
-                let rest = decode(fetched, &mut sink)?.batches;
-                rest.into_iter().for_each(&mut sink);
-                return Ok(batches);
+                let rest = decode(fetched, sink)?.batches;
+                rest.into_iter().for_each(sink);
+                return Ok(());
             }
             UnitJob::Stream(job) => {
                 let source = self.source(self.prepared.units[unit].shard, io)?;
@@ -1238,10 +1302,10 @@ impl Files {
             }
         }
         for task in tasks {
-            let rest = task(&mut sink)?.batches;
-            rest.into_iter().for_each(&mut sink);
+            let rest = task(sink)?.batches;
+            rest.into_iter().for_each(&mut *sink);
         }
-        Ok(batches)
+        Ok(())
     }
 }
 

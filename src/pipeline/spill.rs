@@ -262,6 +262,128 @@ struct Spilled {
     files: Vec<(Option<File>, Vec<u32>)>,
 }
 
+/// Some of a unit's rows, ready for their buckets: their places (ascending) and the rows
+/// in that order.
+type Piece = (Vec<u32>, RecordBatch);
+
+/// Decoded rows a unit streamed is cut into pieces by: enough for each bucket to get
+/// several rows from a piece, few enough that a unit of any size is never held whole.
+const PIECE_BYTES: u64 = 8 << 20;
+/// Rows this wide are written to their buckets one by one, where they lie: a message's
+/// header is a fraction of a percent of such a row.
+const WIDE_ROW_BYTES: u64 = 64 << 10;
+
+/// Cuts one unit's rows, as the decoder hands them over in their stored order, into
+/// pieces of the rows the stream wants from it.
+struct Cutter<'a> {
+    /// The wanted rows: (offset in the unit, place), by offset.
+    wanted: &'a [(u64, u32)],
+    /// Decoded batches not cut yet, their bytes, and the offset of their first row.
+    held: Vec<RecordBatch>,
+    held_bytes: u64,
+    held_from: u64,
+}
+
+impl<'a> Cutter<'a> {
+    fn new(wanted: &'a [(u64, u32)]) -> Self {
+        Self {
+            wanted,
+            held: Vec::new(),
+            held_bytes: 0,
+            held_from: 0,
+        }
+    }
+
+    /// Takes `batch`, the unit's next rows; pieces once enough are held.
+    fn push(&mut self, batch: RecordBatch) -> Option<Result<Vec<Piece>>> {
+        self.held_bytes += batch_bytes(&batch);
+        self.held.push(batch);
+        (self.held_bytes >= PIECE_BYTES)
+            .then(|| self.cut())
+            .flatten()
+    }
+
+    /// The wanted rows among those held, in place order (None if none is wanted): wide
+    /// rows each as a piece of its own, a view of the decoded batch (the bucket's writer
+    /// copies it once, to the file); narrow ones gathered into one piece, as a message
+    /// per row would cost more than the copy.
+    fn cut(&mut self) -> Option<Result<Vec<Piece>>> {
+        let held = std::mem::take(&mut self.held);
+        let held_bytes = std::mem::take(&mut self.held_bytes);
+        let from = self.held_from;
+        let rows: u64 = held.iter().map(|b| b.num_rows() as u64).sum();
+        self.held_from += rows;
+        let n = self
+            .wanted
+            .partition_point(|&(offset, _)| offset < from + rows);
+        let (now, later) = self.wanted.split_at(n);
+        self.wanted = later;
+        if now.is_empty() {
+            return None;
+        }
+        // Each held batch's first offset, to place the wanted rows among them.
+        let mut starts = Vec::with_capacity(held.len());
+        let mut at = from;
+        for batch in &held {
+            starts.push(at);
+            at += batch.num_rows() as u64;
+        }
+        let mut picks: Vec<(u32, usize, usize)> = now
+            .iter()
+            .map(|&(offset, place)| {
+                let b = starts.partition_point(|&s| s <= offset) - 1;
+                (place, b, (offset - starts[b]) as usize)
+            })
+            .collect();
+        picks.sort_unstable_by_key(|&(place, _, _)| place);
+        if held_bytes / rows.max(1) >= WIDE_ROW_BYTES {
+            let pieces = picks
+                .into_iter()
+                .map(|(place, b, row)| (vec![place], held[b].slice(row, 1)))
+                .collect();
+            return Some(Ok(pieces));
+        }
+        let flat: Vec<(usize, usize)> = picks.iter().map(|&(_, b, r)| (b, r)).collect();
+        let sources: Vec<&RecordBatch> = held.iter().collect();
+        let rows = super::stream::interleave_rows(&sources, &flat)
+            .map_err(|e| Error::Internal(format!("gather failed: {e}")));
+        Some(rows.map(|rows| vec![(picks.into_iter().map(|(p, _, _)| p).collect(), rows)]))
+    }
+}
+
+/// One unit's rows, `wanted` (sorted: by offset in the unit where it is streamed, else
+/// by place), read once and handed to `each` as pieces. A unit the access can stream is
+/// never decoded whole (see [`RandomAccess::stream_unit`]); otherwise its rows are
+/// gathered at once, in place order.
+fn read_unit(
+    plan: &SpillPlan,
+    places: &[u64],
+    unit: u64,
+    wanted: &[(u64, u32)],
+    each: &mut dyn FnMut(Result<Vec<Piece>>),
+) {
+    if !plan.access.streams_units() {
+        let positions: Vec<u64> = wanted.iter().map(|&(_, p)| places[p as usize]).collect();
+        let rows = plan.access.rows_charged(&positions, Some(&plan.stats.io));
+        each(rows.map(|rows| vec![(wanted.iter().map(|&(_, p)| p).collect(), rows)]));
+        return;
+    }
+    let mut cutter = Cutter::new(wanted);
+    let streamed = plan.access.stream_unit(unit, &plan.stats.io, &mut |batch| {
+        if let Some(piece) = cutter.push(batch) {
+            each(piece);
+        }
+    });
+    match streamed {
+        Ok(()) => {
+            if let Some(piece) = cutter.cut() {
+                each(piece);
+            }
+        }
+        Err(e) => each(Err(e)),
+    }
+}
+
 /// Pass 1: every unit read once, its rows written to their buckets.
 fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Failure> {
     let dir = plan.options.dir();
@@ -276,76 +398,100 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
     if places.len() as u64 > u32::MAX as u64 {
         return Err(Failure::Spill("more rows than a spill numbers".into()));
     }
-    // Each unit's places, in stream order: one read of the unit serves them all.
-    let mut by_unit: Vec<(u64, u32)> = places
+    // Each unit's rows: (unit, offset in it, place), by offset where the unit is streamed
+    // (the order the decoder hands its rows over), else by place (the order they are
+    // gathered in). One read of the unit serves them all.
+    let streams = plan.access.streams_units();
+    let mut by_unit: Vec<(u64, u64, u32)> = places
         .iter()
         .enumerate()
-        .map(|(place, &position)| (plan.access.unit_of(position), place as u32))
+        .map(|(place, &position)| {
+            let (unit, offset) = if streams {
+                plan.access.unit_offset(position)
+            } else {
+                (plan.access.unit_of(position), 0)
+            };
+            (unit, offset, place as u32)
+        })
         .collect();
     by_unit.sort_unstable();
-    let units: Vec<&[(u64, u32)]> = by_unit.chunk_by(|a, b| a.0 == b.0).collect();
-    let read = |unit: &[(u64, u32)]| -> Result<RecordBatch> {
-        let positions: Vec<u64> = unit.iter().map(|&(_, p)| places[p as usize]).collect();
-        plan.access.rows_charged(&positions, Some(&plan.stats.io))
-    };
-    let Some(first) = units.first() else {
+    let units: Vec<(u64, Vec<(u64, u32)>)> = by_unit
+        .chunk_by(|a, b| a.0 == b.0)
+        .map(|rows| (rows[0].0, rows.iter().map(|&(_, o, p)| (o, p)).collect()))
+        .collect();
+    drop(by_unit);
+    let Some((first_unit, first_rows)) = units.first() else {
         return Ok(Spilled {
             layout: Layout::new(&plan.rows, 1, 1),
             files: Vec::new(),
         });
     };
-    // The first unit teaches the row size the gathers and buckets are cut by.
-    let first_rows = read(first).map_err(Failure::Rows)?;
-    let row_bytes = batch_bytes(&first_rows)
-        .checked_div(first_rows.num_rows() as u64)
-        .unwrap_or(1)
-        .max(1);
-    let mut gather_rows = (plan.gather_bytes / row_bytes).clamp(1, GATHER_ROWS);
-    if plan.batch_rows > 0 {
-        // Not 31 rows of 256 KiB where batches take 32: each batch would be copied
-        // together from two gathers.
-        gather_rows = (gather_rows / plan.batch_rows * plan.batch_rows).max(plan.batch_rows);
+    // The first unit, read on this thread, teaches the row size the gathers and buckets
+    // are cut by (at its first piece), and what a unit's read holds at once.
+    let mut writer: Option<Writer> = None;
+    let mut failed: Option<Failure> = None;
+    let mut unit_bytes = 0u64;
+    let read_before = plan.stats.io.bytes_read.load(Relaxed);
+    read_unit(plan, &places, *first_unit, first_rows, &mut |piece| {
+        if failed.is_some() {
+            return;
+        }
+        let outcome = piece.map_err(Failure::Rows).and_then(|pieces| {
+            let bytes = pieces.iter().map(|(_, rows)| batch_bytes(rows)).sum();
+            unit_bytes = unit_bytes.max(bytes);
+            for (at, rows) in &pieces {
+                let writer = match &mut writer {
+                    Some(writer) => writer,
+                    None => writer.insert(Writer::new(plan, &dir, budget, places.len(), rows)),
+                };
+                writer.write(at, rows)?;
+            }
+            Ok(())
+        });
+        if let Err(failure) = outcome {
+            failed = Some(failure);
+        }
+    });
+    if let Some(failure) = failed {
+        return Err(failure);
     }
-    // At most MAX_BUCKETS files open at once (larger buckets past that).
-    let bucket_rows = (plan.bucket_bytes / row_bytes)
-        .max(gather_rows)
-        .max((places.len() as u64).div_ceil(MAX_BUCKETS));
-    let layout = Layout::new(&plan.rows, gather_rows, bucket_rows);
-    let mut writer = Writer {
-        dir: &dir,
-        budget,
-        written: 0,
-        layout: &layout,
-        buckets: (0..layout.buckets.len())
-            .map(|_| Bucket {
-                writer: None,
-                places: Vec::new(),
-            })
-            .collect(),
-        stats: &plan.stats,
+    let Some(mut writer) = writer else {
+        return Err(Failure::Rows(Error::Internal(
+            "a unit gave none of the rows asked of it".into(),
+        )));
     };
-    writer.write(first, &first_rows)?;
-    // Fewer threads for units too large for several to be read at once within the budget
-    // (row groups of 1,000 rows of 256 KiB: 256 MiB each).
-    let unit_bytes = 3 * batch_bytes(&first_rows);
+    // What reading one unit holds at once: a gathered unit, three times its rows (fetched,
+    // decoded, taken out); a streamed one, what it fetched and two pieces. Fewer threads
+    // for units too large for several within the budget (row groups of 1,000 rows of
+    // 256 KiB: 256 MiB each).
+    let unit_bytes = if streams {
+        plan.stats.io.bytes_read.load(Relaxed) - read_before + 2 * unit_bytes
+    } else {
+        3 * unit_bytes
+    };
     let threads =
         (plan.units_bytes / unit_bytes.max(1)).clamp(1, plan.threads.max(1) as u64) as usize;
-    drop(first_rows);
-    // The other units on `threads` threads, each written as it comes.
+    // The other units on `threads` threads, each piece written as it comes.
     let next = AtomicUsize::new(1);
-    let (sender, receiver) = sync_channel::<(usize, Result<RecordBatch>)>(threads);
+    let (sender, receiver) = sync_channel::<Result<Vec<Piece>>>(threads);
     let outcome = std::thread::scope(|scope| {
         for _ in 0..threads {
             let sender = sender.clone();
-            let (next, units, read) = (&next, &units, &read);
+            let (next, units, places) = (&next, &units, &places);
             scope.spawn(move || {
                 loop {
                     let u = next.fetch_add(1, Relaxed);
                     if stop.load(Relaxed) {
                         break;
                     }
-                    let Some(unit) = units.get(u) else { break };
-                    if sender.send((u, read(unit))).is_err() {
+                    let Some((unit, wanted)) = units.get(u) else {
+                        break;
+                    };
+                    let mut gone = false;
+                    read_unit(plan, places, *unit, wanted, &mut |piece| {
+                        gone = gone || sender.send(piece).is_err();
+                    });
+                    if gone {
                         break;
                     }
                 }
@@ -353,9 +499,11 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
         }
         drop(sender);
         let mut outcome = Ok(());
-        for (u, rows) in receiver.iter() {
-            let written = match rows {
-                Ok(rows) => writer.write(units[u], &rows),
+        for piece in receiver.iter() {
+            let written = match piece {
+                Ok(pieces) => pieces
+                    .iter()
+                    .try_for_each(|(at, rows)| writer.write(at, rows)),
                 Err(e) => Err(Failure::Rows(e)),
             };
             if stop.load(Relaxed) {
@@ -370,13 +518,15 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
                 break;
             }
         }
-        // A reader waiting to hand over a unit is let go (its send fails).
+        // A reader waiting to hand over a piece is let go (its send fails).
         drop(receiver);
         outcome
     });
     outcome?;
-    let files = writer
-        .buckets
+    let Writer {
+        layout, buckets, ..
+    } = writer;
+    let files = buckets
         .into_iter()
         .map(|bucket| {
             let file = match bucket.writer {
@@ -404,19 +554,54 @@ struct Writer<'a> {
     dir: &'a Path,
     budget: u64,
     written: u64,
-    layout: &'a Layout,
+    layout: Layout,
     buckets: Vec<Bucket>,
     stats: &'a Stats,
 }
 
-impl Writer<'_> {
-    /// `rows`, a unit's (its places `unit`, in order), each to its bucket: places in
-    /// order fall into buckets in order, so each bucket's rows are one slice.
-    fn write(
-        &mut self,
-        unit: &[(u64, u32)],
+impl<'a> Writer<'a> {
+    /// The buckets of `places` rows, cut by the row size of `rows` (the first rows read).
+    fn new(
+        plan: &'a SpillPlan,
+        dir: &'a Path,
+        budget: u64,
+        places: usize,
         rows: &RecordBatch,
-    ) -> std::result::Result<(), Failure> {
+    ) -> Self {
+        let row_bytes = batch_bytes(rows)
+            .checked_div(rows.num_rows() as u64)
+            .unwrap_or(1)
+            .max(1);
+        let mut gather_rows = (plan.gather_bytes / row_bytes).clamp(1, GATHER_ROWS);
+        if plan.batch_rows > 0 {
+            // Not 31 rows of 256 KiB where batches take 32: each batch would be copied
+            // together from two gathers.
+            gather_rows = (gather_rows / plan.batch_rows * plan.batch_rows).max(plan.batch_rows);
+        }
+        // At most MAX_BUCKETS files open at once (larger buckets past that).
+        let bucket_rows = (plan.bucket_bytes / row_bytes)
+            .max(gather_rows)
+            .max((places as u64).div_ceil(MAX_BUCKETS));
+        let layout = Layout::new(&plan.rows, gather_rows, bucket_rows);
+        let buckets = (0..layout.buckets.len())
+            .map(|_| Bucket {
+                writer: None,
+                places: Vec::new(),
+            })
+            .collect();
+        Self {
+            dir,
+            budget,
+            written: 0,
+            layout,
+            buckets,
+            stats: &plan.stats,
+        }
+    }
+
+    /// `rows`, at places `at` (ascending), each to its bucket: places in order fall into
+    /// buckets in order, so each bucket's rows are one slice.
+    fn write(&mut self, at: &[u32], rows: &RecordBatch) -> std::result::Result<(), Failure> {
         let bytes = batch_bytes(rows);
         self.written += bytes;
         if self.written > self.budget {
@@ -427,14 +612,14 @@ impl Writer<'_> {
             )));
         }
         let mut start = 0;
-        while start < unit.len() {
-            let bucket = self.layout.bucket(unit[start].1 as u64);
+        while start < at.len() {
+            let bucket = self.layout.bucket(at[start] as u64);
             let end = self
                 .layout
                 .buckets
                 .get(bucket + 1)
-                .map_or(unit.len(), |(next, _)| {
-                    start + unit[start..].partition_point(|&(_, p)| (p as u64) < *next)
+                .map_or(at.len(), |(next, _)| {
+                    start + at[start..].partition_point(|&p| (p as u64) < *next)
                 });
             let target = &mut self.buckets[bucket];
             if target.writer.is_none() {
@@ -452,9 +637,7 @@ impl Writer<'_> {
                     .write(&rows.slice(start, end - start))
                     .map_err(|e| spill_error("writing a bucket", self.dir, e))?;
             }
-            target
-                .places
-                .extend(unit[start..end].iter().map(|&(_, p)| p));
+            target.places.extend_from_slice(&at[start..end]);
             start = end;
         }
         self.stats.spilled_bytes.fetch_add(bytes, Relaxed);
