@@ -421,6 +421,11 @@ fn selected_pages(
 /// Rows per decoded batch of a row group, so that batches hold about
 /// `TARGET_BATCH_BYTES`.
 fn batch_rows(file: &ParquetFile, row_group: usize) -> usize {
+    batch_rows_of(file, row_group, TARGET_BATCH_BYTES)
+}
+
+/// Rows per decoded batch of a row group, so that batches hold about `target` bytes.
+fn batch_rows_of(file: &ParquetFile, row_group: usize, target: u64) -> usize {
     let rg = file.metadata.metadata().row_group(row_group);
     let projected_bytes: i64 = file
         .leaves
@@ -428,7 +433,7 @@ fn batch_rows(file: &ParquetFile, row_group: usize) -> usize {
         .map(|&l| rg.column(l).uncompressed_size())
         .fold(0, i64::saturating_add);
     let row_bytes = (projected_bytes.max(1) as u64 / (rg.num_rows().max(1) as u64)).max(1);
-    (TARGET_BATCH_BYTES / row_bytes).clamp(1, MAX_BATCH_ROWS) as usize
+    (target / row_bytes).clamp(1, MAX_BATCH_ROWS) as usize
 }
 
 impl UnitJobs for PreparedParquet {
@@ -460,7 +465,10 @@ impl UnitJobs for PreparedParquet {
         Ok(dictionaries.iter().any(Option::is_some) && read_whole < MIN_DICTIONARY_BYTES)
     }
 
-    /// A local file read where the decoder asks, page by page.
+    /// A local file read where the decoder asks, page by page, in batches of a quarter
+    /// of the usual bytes: a wide value is then a batch of its own, not one of several
+    /// that the decoder's buffer grows by doubling to hold, copied at each step (a tenth
+    /// of the spill's first pass over rows of 256 KiB).
     fn streamed_job(&self, unit: &WorkUnit, shard: &ShardMeta, io: &Io) -> Option<UnitJob> {
         crate::source::local_path(&shard.url)?;
         let (file, shard, row_group, io) = (
@@ -469,7 +477,7 @@ impl UnitJobs for PreparedParquet {
             unit.part,
             io.clone(),
         );
-        let batch_rows = batch_rows(&file, row_group);
+        let batch_rows = batch_rows_of(&file, row_group, TARGET_BATCH_BYTES / 4);
         Some(UnitJob::Ready(Box::new(move |sink: &mut BatchSink| {
             let reader = SourceChunks {
                 source: io.open(&shard)?,
