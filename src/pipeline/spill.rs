@@ -573,10 +573,16 @@ impl<'a> Writer<'a> {
             .unwrap_or(1)
             .max(1);
         let mut gather_rows = (plan.gather_bytes / row_bytes).clamp(1, GATHER_ROWS);
-        if plan.batch_rows > 0 {
+        if plan.batch_rows > 0 && gather_rows >= plan.batch_rows {
             // Not 31 rows of 256 KiB where batches take 32: each batch would be copied
             // together from two gathers.
-            gather_rows = (gather_rows / plan.batch_rows * plan.batch_rows).max(plan.batch_rows);
+            gather_rows = gather_rows / plan.batch_rows * plan.batch_rows;
+        } else if plan.batch_rows > 0 {
+            // Batches larger than a gather are joined from whole gathers (into pooled
+            // buffers), each gather its share: not gathers of a whole batch each, which
+            // at 64 MiB (256 rows of 256 KiB) mimalloc maps afresh every time, 16,000
+            // page faults a gather.
+            gather_rows = plan.batch_rows / plan.batch_rows.div_ceil(gather_rows);
         }
         // At most MAX_BUCKETS files open at once (larger buckets past that).
         let bucket_rows = (plan.bucket_bytes / row_bytes)
