@@ -8,8 +8,11 @@ and reused. Each run is ``python benches/harness.py --child WORKLOAD LOADER DATA
 imports what the loader needs, waits until the process is idle (numpy's BLAS threads spin
 for a while after its import), then reads one epoch in batches of 256 and reports, as
 JSON, its samples, the time to its first batch, its wall time and its CPU time (its own
-and its reaped children's: torch workers included). The parent samples the PSS of the
-child and all its descendants every 20 ms and keeps the peak of the sum. Results go to
+and its reaped children's: torch workers included). One more run of each loader, not
+timed, gives its peak memory: the parent samples the PSS of the child and all its
+descendants every 20 ms and keeps the peak of the sum. (Sampled during the timed runs, the
+walk of the child's page tables slowed a loader that maps and unmaps memory: shardflow's
+full shuffle of 256 KB rows took 2.4 s rather than 1.5 s.) Results go to
 ``benches/results/<machine>.md`` (and a PNG chart beside it when matplotlib is installed).
 
 Workloads: Parquet, chat JSONL, TFRecord, WebDataset tar (raw bytes, and JPEG photos
@@ -919,8 +922,10 @@ def tree_pss_mb(root: int) -> float:
     return total / 1024
 
 
-def run_once(workload: str, loader: str, data: Path, python: str, proxy: FaultProxy | None = None) -> dict:
-    """One epoch in a fresh `python` process; with `proxy`, also the bytes it sent (`fetched`)."""
+def run_once(workload: str, loader: str, data: Path, python: str, proxy: FaultProxy | None = None,
+             memory: bool = False) -> dict:
+    """One epoch in a fresh `python` process; with `proxy`, also the bytes it sent (`fetched`);
+    with `memory`, its peak PSS (`pss`, sampled, which slows the run it watches)."""
     if proxy is not None:
         proxy.reset_counts()
     proc = subprocess.Popen([python, __file__, "--child", workload, loader, str(data)],
@@ -935,10 +940,12 @@ def run_once(workload: str, loader: str, data: Path, python: str, proxy: FaultPr
             done.wait(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    if memory:
+        sampler.start()
     out, err = proc.communicate()
     done.set()
-    sampler.join()
+    if memory:
+        sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{workload}/{loader} failed:\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
@@ -1071,7 +1078,10 @@ def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, Fau
     samples = {r["samples"] for rs in runs.values() for r in rs}
     assert len(samples) == 1, f"{workload}: loaders disagree on the sample count: {samples}"
     n = samples.pop()
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "samples"} for name, rs in runs.items()}
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k not in ("samples", "pss")}
+           for name, rs in runs.items()}
+    for name in loaders:
+        med[name]["pss"] = run_once(workload, name, data, python[name], counted, memory=True)["pss"]
     if "latency" in spec and counted is None:
         # The direct runs bypass the proxy, which (in Python) would cap their speed: one more
         # run of each through it counts the bytes.
