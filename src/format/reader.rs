@@ -60,8 +60,9 @@ pub trait UnitJobs: Send + Sync {
     }
     /// A job that decodes the whole unit reading its bytes as the decoder asks for them,
     /// not fetched whole first, where the format can from this shard (a local Parquet
-    /// file, page by page): a reader that hands each batch on as it comes then holds a
-    /// few pages, not the unit. `None` where it cannot (`job` fetches the unit).
+    /// file, page by page): a reader that hands each batch on as it comes then holds the
+    /// page being decoded, not the unit (unless the unit is one page). `None` where it
+    /// cannot (`job` fetches the unit).
     fn streamed_job(&self, _unit: &WorkUnit, _shard: &ShardMeta, _io: &Io) -> Option<UnitJob> {
         None
     }

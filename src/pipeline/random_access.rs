@@ -603,9 +603,11 @@ impl RandomAccess {
     }
 
     /// Unit `unit`'s rows, all of them in their stored order, each batch handed to `sink`
-    /// as the decoder makes it (about a MiB): never the whole unit decoded at once, which
-    /// a row group of 1,000 rows of 256 KiB (256 MiB) would be. Reads counted in
-    /// `counters`. Only where [`Self::streams_units`].
+    /// as the decoder makes it (a quarter MiB or so): never the whole unit's batches at
+    /// once, which a row group of 1,000 rows of 256 KiB (256 MiB) would be. The page being
+    /// decoded is held meanwhile, and pyarrow cuts a page every 1,024 values at most: such
+    /// a row group is one page. Reads counted in `counters`. Only where
+    /// [`Self::streams_units`].
     pub(super) fn stream_unit(
         &self,
         unit: u64,
