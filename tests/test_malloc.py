@@ -11,8 +11,12 @@ import sys
 
 import pytest
 
-# Batches of 256 values, each dropped when the next is made, as a training loop drops
-# them; the page faults the batches after the first cost.
+# Batches of 256 values, each dropped before the next is made; the page faults the batches
+# after the first cost. Dropped first, a batch leaves the top of glibc's heap free, so
+# plain glibc gives it back every time (33,000-48,500 faults, whatever the environment).
+# Dropped after the next was made, whether the heap shrinks depends on where start-up left
+# small blocks, which the environment moves: 24,232 faults here, 518 with `env -i`, and
+# 517 on CI.
 CHILD = """
 import json, resource, sys
 if sys.argv[1] == "import":
@@ -21,6 +25,7 @@ size, batches = int(sys.argv[2]), int(sys.argv[3])
 batch = [b"x" * size for _ in range(256)]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for i in range(batches):
+    batch = None
     batch = [bytes([i % 256]) * size for _ in range(256)]
 print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before))
 """
@@ -34,10 +39,8 @@ GLIBC_STARTS_AT = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_":
 
 
 def faults(shardflow: bool, size: int = 8192, batches: int = 100, **env: str) -> int:
-    # -E: the child ignores PYTHON* variables. PYTHONMALLOC=malloc or debug puts Python's
-    # small objects in glibc's heap, where one left above a freed batch keeps the heap from
-    # shrinking: plain glibc then keeps these batches too (521 faults rather than 24,232),
-    # as CI measured twice (517).
+    # -E: the child ignores PYTHON* variables (PYTHONMALLOC=malloc puts Python's small
+    # objects in glibc's heap too).
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-E", "-c", CHILD, "import" if shardflow else "plain", str(size),
                           str(batches)], env={**clean, **env}, check=True, capture_output=True, text=True,
@@ -58,8 +61,8 @@ def transparent_huge_pages() -> str:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_freed_batches_are_not_faulted_in_again() -> None:
     plain = faults(False, **GLIBC_STARTS_AT)
-    # 100 batches of 2 MB, half of them faulted back in without (the heap shrinks when
-    # the batch at its top goes): thousands of faults.
+    # 100 batches of 2 MB, each faulted back in without (the heap shrinks when the batch
+    # at its top goes): thousands of faults.
     said = sorted(k for k in os.environ if k.startswith(("PYTHON", "LD_")))
     assert plain > 10_000, (plain, transparent_huge_pages(), said)
     assert faults(True) < plain / 10
