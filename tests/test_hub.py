@@ -96,11 +96,16 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _hf_reference(path: str, name: str | None, env: dict[str, str] | None = None) -> dict[str, list[dict]]:
     """`datasets.load_dataset(path, name, streaming=True)`'s splits and rows, from a
-    fresh process (HF_ENDPOINT is read when huggingface_hub is imported)."""
+    fresh process (HF_ENDPOINT is read when huggingface_hub is imported). The child leaves
+    by `os._exit` once its rows are out: pyarrow's scanner threads, still alive when the
+    interpreter tears down, sometimes abort it ("terminate called without an active
+    exception", huggingface/datasets#7566; CI saw it once, after the rows were printed)."""
     code = (
-        "import datasets, json, sys\n"
+        "import datasets, json, os, sys\n"
         f"d = datasets.load_dataset({path!r}, {name!r}, streaming=True)\n"
         "json.dump({k: list(v) for k, v in d.items()}, sys.stdout)\n"
+        "sys.stdout.flush()\n"
+        "os._exit(0)\n"
     )
     run = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
