@@ -120,6 +120,30 @@ def test_arrow_files_and_the_default_directory(tmp_path: Path, monkeypatch: pyte
         sf.dataset(str(path), decoded_cache=3)
 
 
+def test_wide_rows_are_kept_in_few_batches(tmp_path: Path) -> None:
+    """A unit the decoder hands over a few rows at a time (1 MiB values) is kept as
+    batches of up to 32 MiB: every later read of it decodes two messages, not forty.
+    The kept file reads back, with pyarrow's IPC reader, as pyarrow's read of the row
+    group, and a full shuffle through it gives the rows it gives without the cache."""
+    path = tmp_path / "wide.parquet"
+    table = pa.table({"id": pa.array(range(60), pa.int64()),
+                      "image": pa.array([os.urandom(1 << 20) for _ in range(60)], pa.binary())})
+    pq.write_table(table, path, row_group_size=40)
+    cache = tmp_path / "decoded"
+    assert [r["id"] for r in sf.dataset(str(path), decoded_cache=str(cache))] == list(range(60))
+    parquet = pq.ParquetFile(path)
+    kept = {}
+    for entry in cache.iterdir():
+        reader = pa.ipc.open_file(str(entry))
+        kept[reader.num_record_batches] = reader.read_all()
+    # Row groups of 40 and 20 rows: 40 MiB in two batches, 20 MiB in one.
+    assert sorted(kept) == [1, 2]
+    assert kept[2].equals(parquet.read_row_group(0)) and kept[1].equals(parquet.read_row_group(1))
+    warm = sf.dataset(str(path), decoded_cache=str(cache)).shuffle(seed=5)
+    cold = sf.dataset(str(path)).shuffle(seed=5)
+    assert [(r["id"], r["image"]) for r in warm] == [(r["id"], r["image"]) for r in cold]
+
+
 #: One rank's loader over 2 forked torch workers, resumed from the states on stdin in a
 #: fresh process; prints the ids of the rest of its epoch.
 RESUME = """

@@ -252,6 +252,31 @@ fn kept(
     Ok(decoded)
 }
 
+/// Bytes of values a stored batch joins at most. Decoders hand over batches of a
+/// megabyte or less (three rows of 256 KB); each is a message that every later read of
+/// the file checks and decodes again, and a full shuffle reads each unit once per gather
+/// (22 messages a unit of 64 such rows: a tenth of a shuffled epoch).
+const STORED_BATCH_BYTES: u64 = 32 << 20;
+
+/// `batches` cut into runs of consecutive batches, each stored as one batch: up to
+/// [`STORED_BATCH_BYTES`] of values (a batch larger alone is a run of its own).
+fn stored_batches(batches: &[RecordBatch]) -> Vec<&[RecordBatch]> {
+    let mut runs = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (i, batch) in batches.iter().enumerate() {
+        let size = crate::batch_bytes::batch_bytes(batch);
+        if i > start && bytes + size > STORED_BATCH_BYTES {
+            runs.push(&batches[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < batches.len() {
+        runs.push(&batches[start..]);
+    }
+    runs
+}
+
 /// Writes `batches` to `path` through a temporary file; a failure (a full disk) leaves
 /// nothing behind, and the unit is simply decoded again next time.
 fn store(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) {
@@ -270,8 +295,11 @@ fn store(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) {
             .map_or_else(|| schema.clone(), |b| b.schema());
         let file = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
         let mut writer = FileWriter::try_new(file, &schema)?;
-        for batch in batches {
-            writer.write(batch)?;
+        for group in stored_batches(batches) {
+            match group {
+                [one] => writer.write(one)?,
+                many => writer.write(&arrow_select::concat::concat_batches(&schema, many)?)?,
+            }
         }
         writer.finish()?;
         writer.into_inner()?.flush()?;
