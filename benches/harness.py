@@ -881,8 +881,10 @@ def convert(workload: str, loader: str, data: Path) -> None:
     out = data / peer.folder
     if not (out / ".complete").exists():
         shutil.rmtree(out, ignore_errors=True)
+        start = time.perf_counter()
         peer.write(spec, data, out)
-        (out / ".complete").write_text("")
+        # The time the copy took to make, for the report (`copy_seconds`).
+        (out / ".complete").write_text(f"{time.perf_counter() - start:.2f}")
     if peer.remote:
         client = s3_client()
         for path in sorted(out.rglob("*")):
@@ -1112,9 +1114,21 @@ def measure_workload(workload: str, args: argparse.Namespace, s3: tuple[str, Fau
                          "", "", "", f"at {n / base / ceiling:.0%} of it"))
     elif "latency" in spec:
         lines.append(row("server ceiling", "wrk is not installed"))
+    made = [f"{name}: {seconds:.1f} s" for name, loader in loaders.items()
+            if isinstance(loader, Converted) and (seconds := copy_seconds(data / loader.folder)) is not None]
+    if made:
+        lines += ["", "Copies made once before the timed runs, not counted in them: " + "; ".join(made) + "."]
     lines.append("")
     print("\n".join(lines), flush=True)
     return lines
+
+
+def copy_seconds(out: Path) -> float | None:
+    """How long a loader's copy took to make (`convert`); None if not recorded."""
+    try:
+        return float((out / ".complete").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def write_report(lines: list[str], chart: dict[str, dict[str, float]], out: Path) -> None:
