@@ -252,6 +252,26 @@ fn kept(
     Ok(decoded)
 }
 
+/// A file written at most a mebibyte per `write` call. Arrow's IPC writer hands each
+/// buffer of a batch to one `write_all`, which a `BufWriter` passes straight on; one call
+/// of 16 MiB into the page cache cost several times as much per byte as the same bytes a
+/// mebibyte at a time (ext4, Linux 6.18: the kernel's copy took 39% of an epoch that kept
+/// 1.5 GB in 16 MiB batches, 5% in 1 MiB calls; the epoch 2.2-3.3 s against 1.3-1.5 s).
+struct ChunkedWrites(File);
+
+/// Bytes one `write` call passes on at most.
+const WRITE_CALL_BYTES: usize = 1 << 20;
+
+impl Write for ChunkedWrites {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(&buf[..buf.len().min(WRITE_CALL_BYTES)])
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
 /// Bytes of values a stored batch joins at most. Decoders hand over batches of a
 /// megabyte or less (three rows of 256 KB); each is a message that every later read of
 /// the file checks and decodes again, and a full shuffle reads each unit once per gather
@@ -293,7 +313,7 @@ fn store(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) {
         let schema = batches
             .first()
             .map_or_else(|| schema.clone(), |b| b.schema());
-        let file = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        let file = BufWriter::with_capacity(1 << 20, ChunkedWrites(File::create(&tmp)?));
         let mut writer = FileWriter::try_new(file, &schema)?;
         for group in stored_batches(batches) {
             match group {
