@@ -21,7 +21,6 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Float32Type;
 use arrow_array::{Array, ArrayRef, Int32Array, StructArray};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
-use rayon::prelude::*;
 use rubato::Resampler;
 use symphonia::core::codecs::audio::AudioDecoderOptions;
 use symphonia::core::codecs::audio::well_known::CODEC_ID_OPUS;
@@ -30,7 +29,9 @@ use symphonia::core::formats::{FormatOptions, TrackType};
 use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 
-use super::cells::{CellDecoder, Outcomes, cell_bytes, guarded, media_bytes_type, nulls_of};
+use super::cells::{
+    CellDecoder, Outcomes, cell_bytes, guarded, map_on_pool, media_bytes_type, nulls_of,
+};
 use super::hf_features::media_columns;
 use super::{OnError, variable_tensor_field};
 use crate::error::{Error, Result};
@@ -395,13 +396,11 @@ impl CellDecoder for AudioDecode {
             .map(|p| arrow_cast::cast(p, &DataType::Utf8))
             .transpose()
             .map_err(|e| e.to_string())?;
-        let clips: Vec<std::result::Result<Option<Clip>, String>> = (0..input.len())
-            .into_par_iter()
-            .map(|row| match input.is_null(row) {
+        let clips: Vec<std::result::Result<Option<Clip>, String>> =
+            map_on_pool(input.len(), |row| match input.is_null(row) {
                 true => Ok(None),
                 false => guarded(|| self.decode_one(input.value(row), &feature)).map(Some),
-            })
-            .collect();
+            });
         let kept = feature.channels_kept();
         let rates: Int32Array = clips
             .iter()

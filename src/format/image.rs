@@ -25,9 +25,10 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use fast_image_resize::images::Image as FirImage;
 use fast_image_resize::{FilterType as FirFilter, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::{DynamicImage, ImageFormat};
-use rayon::prelude::*;
 
-use super::cells::{CellDecoder, Outcomes, cell_bytes, guarded, media_bytes_type, nulls_of};
+use super::cells::{
+    CellDecoder, Outcomes, cell_bytes, guarded, map_on_pool, media_bytes_type, nulls_of,
+};
 use super::image_spec::{Channels, ImageSpec, Resize, bad};
 use super::{OnError, tensor_field, variable_tensor_field};
 use crate::buffers::BufferPool;
@@ -493,14 +494,19 @@ impl ImageDecode {
         // Zeroed: a null or undecodable row is all zeros.
         let mut pixels = self.pixels.take(input.len() * size);
         pixels.resize(input.len() * size, 0);
-        let outcomes = pixels
-            .par_chunks_mut(size.max(1))
-            .enumerate()
-            .map(|(row, out)| match input.is_null(row) {
-                true => Ok(()),
-                false => guarded(|| self.decode_one(column, input.value(row), out)),
-            })
+        // Each row's tensor, locked once by the thread that decodes it.
+        let outs: Vec<std::sync::Mutex<&mut [u8]>> = pixels
+            .chunks_mut(size.max(1))
+            .map(std::sync::Mutex::new)
             .collect();
+        let outcomes = map_on_pool(outs.len(), |row| match input.is_null(row) {
+            true => Ok(()),
+            false => {
+                let mut out = outs[row].lock().unwrap_or_else(|p| p.into_inner());
+                guarded(|| self.decode_one(column, input.value(row), &mut out))
+            }
+        });
+        drop(outs);
         let field = Arc::new(Field::new_list_field(DataType::UInt8, false));
         let len = pixels.len();
         let values = Arc::new(UInt8Array::new(
@@ -520,14 +526,11 @@ impl ImageDecode {
         input: &arrow_array::LargeBinaryArray,
     ) -> Result<(ArrayRef, Outcomes)> {
         let channels = column.channels.count();
-        let images: Vec<std::result::Result<Option<(Vec<u8>, u32, u32)>, String>> = (0..input
-            .len())
-            .into_par_iter()
-            .map(|row| match input.is_null(row) {
+        let images: Vec<std::result::Result<Option<(Vec<u8>, u32, u32)>, String>> =
+            map_on_pool(input.len(), |row| match input.is_null(row) {
                 true => Ok(None),
                 false => guarded(|| self.decode_own_size(column, input.value(row))).map(Some),
-            })
-            .collect();
+            });
         let rows = images
             .into_iter()
             .map(|image| {
