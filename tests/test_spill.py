@@ -119,8 +119,16 @@ def test_every_plan_gives_the_same_order_on_2_ranks_x_2_workers_over_epochs(
     assert reference[:4] != reference[4:]
     # The whole epoch in one part is the dataset's permutation.
     whole = sf.DataLoader(sf.dataset(layouts["snappy"]).shuffle(seed=7), batch_size=64, memory_limit=SMALL, spill_dir=str(tmp_path))
-    assert [i for b in whole for i in b["id"].tolist()] == [r["id"] for r in sf.dataset(layouts["plain"], columns=["id"]).shuffle(seed=7)]
+    permutation = [r["id"] for r in sf.dataset(layouts["plain"], columns=["id"]).shuffle(seed=7)]
+    assert [i for b in whole for i in b["id"].tolist()] == permutation
     assert whole.stats()["read_plan"] == "spill"
+    # Batches just over a gather's bytes (200 rows of 4 KB against 512 KiB) are a gather
+    # each, not joined from two.
+    wide = sf.DataLoader(sf.dataset(layouts["snappy"]).shuffle(seed=7), batch_size=200, memory_limit=SMALL, spill_dir=str(tmp_path))
+    batches = [b["id"].tolist() for b in wide]
+    assert [len(b) for b in batches] == [200] * (ROWS // 200)
+    assert [i for b in batches for i in b] == permutation
+    assert wide.stats()["read_plan"] == "spill"
     assert list(tmp_path.iterdir()) == []  # the bucket files never had names
 
 

@@ -463,7 +463,10 @@ mod tests {
         let squares: Vec<usize> = (0..100).map(|i| i * i).collect();
         assert_eq!(map_on_pool(100, |i| i * i), squares);
         assert_eq!(pool(3).install(|| map_on_pool(100, |i| i * i)), squares);
-        assert_eq!(pool(3).install(|| map_on_pool(0, |i| i)), Vec::<usize>::new());
+        assert_eq!(
+            pool(3).install(|| map_on_pool(0, |i| i)),
+            Vec::<usize>::new()
+        );
         // Nested, as a group's batches each decode their rows.
         let nested = pool(2).install(|| map_on_pool(8, |i| map_on_pool(8, |j| i * 8 + j)));
         assert_eq!(nested.concat(), (0..64).collect::<Vec<_>>());
@@ -514,7 +517,8 @@ mod tests {
                         started.store(true, SeqCst);
                         // Held until the queued work has run somewhere.
                         let start = std::time::Instant::now();
-                        while !release.load(SeqCst) && start.elapsed() < Duration::from_millis(500) {
+                        while !release.load(SeqCst) && start.elapsed() < Duration::from_millis(500)
+                        {
                             std::thread::yield_now();
                         }
                     }

@@ -133,6 +133,8 @@ pub(super) struct SpillPlan {
 const MAX_BUCKETS: u64 = 256;
 /// Rows per gather at most.
 const GATHER_ROWS: u64 = 65_536;
+/// A batch within this many gathers' bytes is delivered as one gather.
+const NEAR_GATHERS: u64 = 2;
 /// Buffer of each bucket's writer.
 const WRITE_BUFFER: usize = 256 << 10;
 
@@ -577,6 +579,13 @@ impl<'a> Writer<'a> {
             // Not 31 rows of 256 KiB where batches take 32: each batch would be copied
             // together from two gathers.
             gather_rows = gather_rows / plan.batch_rows * plan.batch_rows;
+        } else if plan.batch_rows > 0
+            && plan.batch_rows.saturating_mul(row_bytes) <= NEAR_GATHERS * plan.gather_bytes
+        {
+            // A batch just over a gather's bytes (32 rows of 256 KiB and their ids, 4 bytes
+            // past 8 MiB) is one gather, handed on as it is, not joined from two halves:
+            // that copied every row a second time, on the pipeline thread.
+            gather_rows = plan.batch_rows;
         } else if plan.batch_rows > 0 {
             // Batches larger than a gather are joined from whole gathers (into pooled
             // buffers), each gather its share: not gathers of a whole batch each, which
