@@ -70,9 +70,10 @@ PLANS = {
 }
 
 
-def part(source: str, rank: int, worker: int, epoch: int, decoded_cache: str | None = None, **options: object) -> sf.DataLoader:
+def part(source: str, rank: int, worker: int, epoch: int, decoded_cache: str | None = None, batch_size: int = 16,
+         **options: object) -> sf.DataLoader:
     loader = sf.DataLoader(
-        sf.dataset(source, decoded_cache=decoded_cache).shuffle(seed=7), batch_size=16, rank=rank, world_size=2,
+        sf.dataset(source, decoded_cache=decoded_cache).shuffle(seed=7), batch_size=batch_size, rank=rank, world_size=2,
         worker=worker, num_workers=2, **options,
     )
     loader.set_epoch(epoch)
@@ -130,6 +131,22 @@ def test_every_plan_gives_the_same_order_on_2_ranks_x_2_workers_over_epochs(
     assert [i for b in batches for i in b] == permutation
     assert wide.stats()["read_plan"] == "spill"
     assert list(tmp_path.iterdir()) == []  # the bucket files never had names
+
+
+def test_batches_of_one_gather_each_keep_every_parts_order(layouts: dict[str, str], tmp_path: Path) -> None:
+    """Batches just over a gather's bytes (200 rows of 4 KB against 512 KiB) are one gather
+    each under the spill: on 2 ranks x 2 workers over 2 epochs, each part's rows are the
+    ones the values-in-place plan gives it, in the same order and batches."""
+    for epoch in range(2):
+        for rank in range(2):
+            for worker in range(2):
+                spilled = part(layouts["snappy"], rank, worker, epoch, batch_size=200, memory_limit=SMALL, spill_dir=str(tmp_path))
+                in_place = part(layouts["plain"], rank, worker, epoch, batch_size=200, memory_limit=SMALL)
+                got = [b["id"].tolist() for b in spilled]
+                assert spilled.stats()["read_plan"] == "spill"
+                assert got == [b["id"].tolist() for b in in_place], (epoch, rank, worker)
+                assert [len(b) for b in got] == [200, 100]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_spill_reads_each_unit_once(layouts: dict[str, str], tmp_path: Path) -> None:
