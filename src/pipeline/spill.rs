@@ -662,9 +662,15 @@ impl<'a> Writer<'a> {
 
 /// Pass 2: each bucket read back (the next one on a thread of its own while this one is
 /// served), put in order and cut into gathers.
+///
+/// A served bucket is handed back to that thread to drop: unmapping it frees the last
+/// hold on its nameless file, and the kernel then drops the file's pages from the page
+/// cache, a fifth of the serving thread's time when it did so itself (`perf`: 256 KiB
+/// rows, in `block_invalidate_folio` and the slab frees under `munmap`).
 fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
     let Spilled { layout, files } = spilled;
     let (ready, buckets) = sync_channel::<Result<(Vec<RecordBatch>, Vec<u32>)>>(0);
+    let (served, to_drop) = std::sync::mpsc::channel::<Vec<RecordBatch>>();
     std::thread::scope(|scope| {
         scope.spawn(move || {
             for (file, places) in files {
@@ -678,7 +684,12 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
                 if ready.send(batches.map(|b| (b, places))).is_err() {
                     break;
                 }
+                // The bucket served before the one just handed over (handed back before
+                // that one was taken).
+                to_drop.try_iter().for_each(drop);
             }
+            drop(ready);
+            to_drop.iter().for_each(drop);
         });
         for (b, bucket) in buckets.iter().enumerate() {
             let (first_place, gathers) = layout.buckets[b].clone();
@@ -712,6 +723,8 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
                         return Ok(false);
                     }
                 }
+                drop(sources);
+                let _ = served.send(batches);
                 Ok(true)
             });
             match delivered {
@@ -725,6 +738,7 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
             }
         }
         drop(buckets);
+        drop(served);
     });
 }
 
