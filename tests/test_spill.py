@@ -360,3 +360,37 @@ def test_a_corrupt_unit_during_the_spill_names_its_file(tmp_path: Path) -> None:
     with pytest.raises(sf.ShardflowError, match="part-1.parquet"):
         for _ in loader:
             pass
+
+
+def test_a_corrupt_first_unit_stops_the_readers_it_started(tmp_path: Path) -> None:
+    """The first unit's first piece starts the other reading threads while the spill's own
+    thread reads on; a corruption further into that unit fails the epoch with its file
+    named, the other threads stopped, and a later epoch over sound files is whole."""
+    rows, width = 3200, 16 << 10  # one row group of 50 MiB a file: its first piece at 8 MiB
+    files = 4
+    root = tmp_path / "data"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for f in range(files):
+        values = rng.integers(0, 256, (rows, width), dtype=np.uint8)
+        table = pa.table({"id": pa.array(range(f * rows, (f + 1) * rows), pa.int64()),
+                          "blob": pa.array([v.tobytes() for v in values], pa.binary())})
+        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=rows)
+    victim = root / "part-0.parquet"
+    sound = victim.read_bytes()
+    raw = bytearray(sound)
+    raw[len(raw) * 6 // 10 : len(raw) * 7 // 10] = rng.bytes(len(raw) * 7 // 10 - len(raw) * 6 // 10)
+    victim.write_bytes(bytes(raw))
+    # The 200 MiB outgrow the limit, and half of it is room for two streamed units' reads
+    # (what each took by its first piece, and two pieces): two threads read.
+    options = {"batch_size": 64, "memory_limit": 160 << 20, "spill_dir": str(tmp_path / "spill")}
+    loader = sf.DataLoader(sf.dataset(str(root / "*.parquet")).shuffle(seed=1), **options)
+    with pytest.raises(sf.ShardflowError, match="part-0.parquet"):
+        for _ in loader:
+            pass
+    assert loader.stats()["read_plan"] == "spill"
+    assert list((tmp_path / "spill").iterdir()) == []
+    victim.write_bytes(sound)
+    loader = sf.DataLoader(sf.dataset(str(root / "*.parquet")).shuffle(seed=1), **options)
+    ids = [i for batch in loader for i in batch["id"].tolist()]
+    assert sorted(ids) == list(range(files * rows))

@@ -428,56 +428,20 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
             files: Vec::new(),
         });
     };
-    // The first unit, read on this thread, teaches the row size the gathers and buckets
-    // are cut by (at its first piece), and what a unit's read holds at once.
-    let mut writer: Option<Writer> = None;
-    let mut failed: Option<Failure> = None;
-    let mut unit_bytes = 0u64;
+    // The first unit is read on this thread. Its first piece teaches the row size the
+    // gathers and buckets are cut by, and what a unit's read holds at once: a gathered
+    // unit, three times its rows (fetched, decoded, taken out); a streamed one, what it
+    // fetched so far (the pages being decoded: a row group of 1,000 rows of 256 KiB is
+    // one page of 256 MiB) and two pieces. That bounds the threads reading units at once
+    // within the budget, and the other threads start then: a Parquet file of small rows
+    // is often one row group, a tenth of the data, which this thread read alone before
+    // any other started (0.5 s of a 2.5 s first pass over 784-byte rows).
     let read_before = plan.stats.io.bytes_read.load(Relaxed);
-    read_unit(plan, &places, *first_unit, first_rows, &mut |piece| {
-        if failed.is_some() {
-            return;
-        }
-        let outcome = piece.map_err(Failure::Rows).and_then(|pieces| {
-            let bytes = pieces.iter().map(|(_, rows)| batch_bytes(rows)).sum();
-            unit_bytes = unit_bytes.max(bytes);
-            for (at, rows) in &pieces {
-                let writer = match &mut writer {
-                    Some(writer) => writer,
-                    None => writer.insert(Writer::new(plan, &dir, budget, places.len(), rows)),
-                };
-                writer.write(at, rows)?;
-            }
-            Ok(())
-        });
-        if let Err(failure) = outcome {
-            failed = Some(failure);
-        }
-    });
-    if let Some(failure) = failed {
-        return Err(failure);
-    }
-    let Some(mut writer) = writer else {
-        return Err(Failure::Rows(Error::Internal(
-            "a unit gave none of the rows asked of it".into(),
-        )));
-    };
-    // What reading one unit holds at once: a gathered unit, three times its rows (fetched,
-    // decoded, taken out); a streamed one, what it fetched and two pieces. Fewer threads
-    // for units too large for several within the budget (row groups of 1,000 rows of
-    // 256 KiB: 256 MiB each).
-    let unit_bytes = if streams {
-        plan.stats.io.bytes_read.load(Relaxed) - read_before + 2 * unit_bytes
-    } else {
-        3 * unit_bytes
-    };
-    let threads =
-        (plan.units_bytes / unit_bytes.max(1)).clamp(1, plan.threads.max(1) as u64) as usize;
-    // The other units on `threads` threads, each piece written as it comes.
     let next = AtomicUsize::new(1);
-    let (sender, receiver) = sync_channel::<Result<Vec<Piece>>>(threads);
+    let (sender, receiver) = sync_channel::<Result<Vec<Piece>>>(plan.threads.max(1));
+    let mut writer: Option<Writer> = None;
     let outcome = std::thread::scope(|scope| {
-        for _ in 0..threads {
+        let start_reader = || {
             let sender = sender.clone();
             let (next, units, places) = (&next, &units, &places);
             scope.spawn(move || {
@@ -498,36 +462,84 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
                     }
                 }
             });
+        };
+        // Threads reading units at once, this one included while it reads the first
+        // (0 until its first piece).
+        let mut threads = 0usize;
+        let mut started = 0usize;
+        let mut outcome = Ok(());
+        read_unit(plan, &places, *first_unit, first_rows, &mut |piece| {
+            if outcome.is_err() {
+                return;
+            }
+            outcome = piece.map_err(Failure::Rows).and_then(|pieces| {
+                if threads == 0 {
+                    let bytes: u64 = pieces.iter().map(|(_, rows)| batch_bytes(rows)).sum();
+                    let unit_bytes = if streams {
+                        plan.stats.io.bytes_read.load(Relaxed) - read_before + 2 * bytes
+                    } else {
+                        3 * bytes
+                    };
+                    threads = (plan.units_bytes / unit_bytes.max(1))
+                        .clamp(1, plan.threads.max(1) as u64)
+                        as usize;
+                    while started + 1 < threads {
+                        start_reader();
+                        started += 1;
+                    }
+                }
+                for (at, rows) in &pieces {
+                    let writer = match &mut writer {
+                        Some(writer) => writer,
+                        None => writer.insert(Writer::new(plan, &dir, budget, places.len(), rows)),
+                    };
+                    writer.write(at, rows)?;
+                }
+                Ok(())
+            });
+            // What the other threads read meanwhile, written as it comes.
+            while outcome.is_ok() {
+                let Ok(piece) = receiver.try_recv() else {
+                    break;
+                };
+                outcome = write_pieces(&mut writer, piece);
+            }
+        });
+        // The first unit read: this thread only writes from now on (no readers if it gave
+        // no piece: an error below).
+        while outcome.is_ok() && started < threads {
+            start_reader();
+            started += 1;
         }
         drop(sender);
-        let mut outcome = Ok(());
-        for piece in receiver.iter() {
-            let written = match piece {
-                Ok(pieces) => pieces
-                    .iter()
-                    .try_for_each(|(at, rows)| writer.write(at, rows)),
-                Err(e) => Err(Failure::Rows(e)),
-            };
-            if stop.load(Relaxed) {
-                outcome = Err(Failure::Stopped);
-            }
-            if let Err(failure) = written {
-                outcome = Err(failure);
-            }
-            if outcome.is_err() {
-                // The readers stop at their next unit.
-                next.store(units.len(), Relaxed);
-                break;
+        if outcome.is_ok() {
+            for piece in receiver.iter() {
+                outcome = write_pieces(&mut writer, piece);
+                if outcome.is_ok() && stop.load(Relaxed) {
+                    outcome = Err(Failure::Stopped);
+                }
+                if outcome.is_err() {
+                    break;
+                }
             }
         }
-        // A reader waiting to hand over a piece is let go (its send fails).
+        if outcome.is_err() {
+            // The readers stop at their next unit; one waiting to hand over a piece is
+            // let go (its send fails).
+            next.store(units.len(), Relaxed);
+        }
         drop(receiver);
         outcome
     });
     outcome?;
-    let Writer {
+    let Some(Writer {
         layout, buckets, ..
-    } = writer;
+    }) = writer
+    else {
+        return Err(Failure::Rows(Error::Internal(
+            "a unit gave none of the rows asked of it".into(),
+        )));
+    };
     let files = buckets
         .into_iter()
         .map(|bucket| {
@@ -549,6 +561,23 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
         })
         .collect::<std::result::Result<_, Failure>>()?;
     Ok(Spilled { layout, files })
+}
+
+/// A reader's pieces written to their buckets (the writer is made by the first unit's
+/// first piece, before any reader starts).
+fn write_pieces(
+    writer: &mut Option<Writer>,
+    piece: Result<Vec<Piece>>,
+) -> std::result::Result<(), Failure> {
+    let pieces = piece.map_err(Failure::Rows)?;
+    let writer = writer.as_mut().ok_or_else(|| {
+        Failure::Rows(Error::Internal(
+            "a piece came before the first unit's".into(),
+        ))
+    })?;
+    pieces
+        .iter()
+        .try_for_each(|(at, rows)| writer.write(at, rows))
 }
 
 /// Writes rows to their buckets, within the spill budget.
