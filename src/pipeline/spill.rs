@@ -275,11 +275,14 @@ const PIECE_BYTES: u64 = 8 << 20;
 /// header is a fraction of a percent of such a row.
 const WIDE_ROW_BYTES: u64 = 64 << 10;
 
+/// A row wanted of a unit: its offset in the unit, and its place in the stream.
+type Wanted = (u64, u32);
+
 /// Cuts one unit's rows, as the decoder hands them over in their stored order, into
 /// pieces of the rows the stream wants from it.
 struct Cutter<'a> {
     /// The wanted rows: (offset in the unit, place), by offset.
-    wanted: &'a [(u64, u32)],
+    wanted: &'a [Wanted],
     /// Decoded batches not cut yet, their bytes, and the offset of their first row.
     held: Vec<RecordBatch>,
     held_bytes: u64,
@@ -287,7 +290,7 @@ struct Cutter<'a> {
 }
 
 impl<'a> Cutter<'a> {
-    fn new(wanted: &'a [(u64, u32)]) -> Self {
+    fn new(wanted: &'a [Wanted]) -> Self {
         Self {
             wanted,
             held: Vec::new(),
@@ -361,7 +364,7 @@ fn read_unit(
     plan: &SpillPlan,
     places: &[u64],
     unit: u64,
-    wanted: &[(u64, u32)],
+    wanted: &[Wanted],
     each: &mut dyn FnMut(Result<Vec<Piece>>),
 ) {
     if !plan.access.streams_units() {
@@ -386,6 +389,92 @@ fn read_unit(
     }
 }
 
+/// Each unit's rows, `(offset in the unit, place)`, by offset where the unit is streamed
+/// (the order the decoder hands its rows over), else by place (the order they are
+/// gathered in): one read of the unit serves them all. The rows, unit after unit in
+/// ascending order, and each unit's range of them.
+///
+/// Grouped by a counting pass (units are few beside rows), then each streamed unit's rows
+/// sorted on `threads` threads: one sort of every row on the spill's thread took 0.25 s
+/// for 4 million rows before any unit was read.
+fn rows_by_unit(
+    plan: &SpillPlan,
+    places: &[u64],
+    streams: bool,
+) -> (Vec<Wanted>, Vec<(u64, Range<usize>)>) {
+    let located: Vec<(u64, u64)> = places
+        .iter()
+        .map(|&position| {
+            if streams {
+                plan.access.unit_offset(position)
+            } else {
+                (plan.access.unit_of(position), 0)
+            }
+        })
+        .collect();
+    let Some(last_unit) = located.iter().map(|&(unit, _)| unit).max() else {
+        return (Vec::new(), Vec::new());
+    };
+    // Each unit's first row among the grouped ones.
+    let mut starts = vec![0usize; last_unit as usize + 2];
+    for &(unit, _) in &located {
+        starts[unit as usize + 1] += 1;
+    }
+    for u in 1..starts.len() {
+        starts[u] += starts[u - 1];
+    }
+    // Places ascend within each unit: they are put in their order.
+    let mut flat = vec![(0u64, 0u32); located.len()];
+    let mut next = starts.clone();
+    for (place, &(unit, offset)) in located.iter().enumerate() {
+        flat[next[unit as usize]] = (offset, place as u32);
+        next[unit as usize] += 1;
+    }
+    drop(located);
+    let units: Vec<(u64, Range<usize>)> = starts
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w[1] > w[0])
+        .map(|(unit, w)| (unit as u64, w[0]..w[1]))
+        .collect();
+    if streams {
+        // The units' slices dealt to the threads, largest first, each to the least loaded.
+        let threads = plan.threads.clamp(1, units.len().max(1));
+        let mut shares: Vec<(usize, Vec<&mut [Wanted]>)> =
+            (0..threads).map(|_| (0, Vec::new())).collect();
+        let mut slices: Vec<&mut [Wanted]> = Vec::with_capacity(units.len());
+        let mut rest = flat.as_mut_slice();
+        let mut at = 0;
+        for (_, rows) in &units {
+            let (_, tail) = rest.split_at_mut(rows.start - at);
+            let (slice, tail) = tail.split_at_mut(rows.len());
+            slices.push(slice);
+            rest = tail;
+            at = rows.end;
+        }
+        slices.sort_unstable_by_key(|slice| std::cmp::Reverse(slice.len()));
+        for slice in slices {
+            if let Some(share) = shares.iter_mut().min_by_key(|(load, _)| *load) {
+                share.0 += slice.len();
+                share.1.push(slice);
+            }
+        }
+        let sort = |share: Vec<&mut [Wanted]>| share.into_iter().for_each(|s| s.sort_unstable());
+        std::thread::scope(|scope| {
+            let mut shares = shares.into_iter().map(|(_, share)| share);
+            let own = shares.next();
+            for share in shares {
+                scope.spawn(move || sort(share));
+            }
+            if let Some(own) = own {
+                sort(own);
+            }
+        });
+    }
+    (flat, units)
+}
+
+/// Pass 1: every unit read once, its rows written to their buckets.
 /// Pass 1: every unit read once, its rows written to their buckets.
 fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Failure> {
     let dir = plan.options.dir();
@@ -400,28 +489,12 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
     if places.len() as u64 > u32::MAX as u64 {
         return Err(Failure::Spill("more rows than a spill numbers".into()));
     }
-    // Each unit's rows: (unit, offset in it, place), by offset where the unit is streamed
-    // (the order the decoder hands its rows over), else by place (the order they are
-    // gathered in). One read of the unit serves them all.
     let streams = plan.access.streams_units();
-    let mut by_unit: Vec<(u64, u64, u32)> = places
-        .iter()
-        .enumerate()
-        .map(|(place, &position)| {
-            let (unit, offset) = if streams {
-                plan.access.unit_offset(position)
-            } else {
-                (plan.access.unit_of(position), 0)
-            };
-            (unit, offset, place as u32)
-        })
+    let (flat, units) = rows_by_unit(plan, &places, streams);
+    let units: Vec<(u64, &[Wanted])> = units
+        .into_iter()
+        .map(|(unit, rows)| (unit, &flat[rows]))
         .collect();
-    by_unit.sort_unstable();
-    let units: Vec<(u64, Vec<(u64, u32)>)> = by_unit
-        .chunk_by(|a, b| a.0 == b.0)
-        .map(|rows| (rows[0].0, rows.iter().map(|&(_, o, p)| (o, p)).collect()))
-        .collect();
-    drop(by_unit);
     let Some((first_unit, first_rows)) = units.first() else {
         return Ok(Spilled {
             layout: Layout::new(&plan.rows, 1, 1),
