@@ -442,15 +442,13 @@ fn rows_by_unit(
         let threads = plan.threads.clamp(1, units.len().max(1));
         let mut shares: Vec<(usize, Vec<&mut [Wanted]>)> =
             (0..threads).map(|_| (0, Vec::new())).collect();
+        // The units' ranges follow one another from the first row.
         let mut slices: Vec<&mut [Wanted]> = Vec::with_capacity(units.len());
         let mut rest = flat.as_mut_slice();
-        let mut at = 0;
         for (_, rows) in &units {
-            let (_, tail) = rest.split_at_mut(rows.start - at);
-            let (slice, tail) = tail.split_at_mut(rows.len());
+            let (slice, tail) = rest.split_at_mut(rows.len());
             slices.push(slice);
             rest = tail;
-            at = rows.end;
         }
         slices.sort_unstable_by_key(|slice| std::cmp::Reverse(slice.len()));
         for slice in slices {
@@ -474,7 +472,6 @@ fn rows_by_unit(
     (flat, units)
 }
 
-/// Pass 1: every unit read once, its rows written to their buckets.
 /// Pass 1: every unit read once, its rows written to their buckets.
 fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Failure> {
     let dir = plan.options.dir();
@@ -561,14 +558,10 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
                         started += 1;
                     }
                 }
-                for (at, rows) in &pieces {
-                    let writer = match &mut writer {
-                        Some(writer) => writer,
-                        None => writer.insert(Writer::new(plan, &dir, budget, places.len(), rows)),
-                    };
-                    writer.write(at, rows)?;
+                if let (None, Some((_, rows))) = (&writer, pieces.first()) {
+                    writer = Some(Writer::new(plan, &dir, budget, places.len(), rows));
                 }
-                Ok(())
+                write_pieces(&mut writer, Ok(pieces))
             });
             // What the other threads read meanwhile, written as it comes.
             while outcome.is_ok() {
@@ -636,8 +629,8 @@ fn spill(plan: &SpillPlan, stop: &AtomicBool) -> std::result::Result<Spilled, Fa
     Ok(Spilled { layout, files })
 }
 
-/// A reader's pieces written to their buckets (the writer is made by the first unit's
-/// first piece, before any reader starts).
+/// Pieces written to their buckets (the writer is made by the first unit's first piece,
+/// before any reader starts).
 fn write_pieces(
     writer: &mut Option<Writer>,
     piece: Result<Vec<Piece>>,
