@@ -32,6 +32,17 @@ fn column_bytes(column: &dyn arrow_array::Array) -> u64 {
         DataType::Utf8 => Some(byte_span(column.as_string::<i32>().value_offsets())),
         DataType::LargeBinary => Some(byte_span(column.as_binary::<i64>().value_offsets())),
         DataType::LargeUtf8 => Some(byte_span(column.as_string::<i64>().value_offsets())),
+        // The views, and the values they point to outside themselves (arrow counts the
+        // views alone, not the values a gather's views share with its sources).
+        DataType::BinaryView => {
+            let views = column.as_binary_view().views();
+            let outside: usize = views
+                .iter()
+                .map(|&view| view as u32 as usize)
+                .filter(|&len| len > 12)
+                .sum();
+            Some(std::mem::size_of_val(views.as_ref()) + outside)
+        }
         DataType::FixedSizeList(_, _) => {
             let values = column.as_fixed_size_list().values();
             (values.data_type().primitive_width().is_some())

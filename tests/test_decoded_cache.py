@@ -197,3 +197,71 @@ def test_full_shuffle_on_ranks_workers_epochs_and_a_resume(files: list[str], tmp
         out = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(state), capture_output=True, timeout=300)
         assert out.returncode == 0, out.stderr.decode()[-3000:]
         assert before + pickle.loads(out.stdout) == plain[rank][1], rank
+
+
+def _blob(i: int) -> bytes | None:
+    """Row i's binary value: nulls, empty and short values (kept inside an Arrow view),
+    and values of 100-350 KB."""
+    if i % 11 == 0:
+        return None
+    if i % 13 == 0:
+        return b""
+    if i % 3 == 0:
+        return bytes([i % 251]) * (i % 12)
+    return (i.to_bytes(4, "little") * 62_500)[: 100_000 + (i * 7919) % 250_000]
+
+
+def test_binary_values_of_a_shuffle_are_the_files_bytes_in_every_output(tmp_path: Path) -> None:
+    """Shuffled rows of a decoded copy reach numpy and torch batches with their binary
+    values left where they lie until each becomes a `bytes` (copied on several threads
+    in a batch of more than 4 MiB of them, as the 48-row batches here); Arrow output and
+    a numpy batch's `to_pyarrow()` keep the column's type. 2 ranks, 2 epochs, a resume:
+    the same rows and order as Arrow output, each value pyarrow's."""
+    paths = []
+    for k in range(2):
+        ids = range(k * 60, k * 60 + 60)
+        table = pa.table({"id": pa.array(ids, pa.int64()), "blob": pa.array([_blob(i) for i in ids], pa.binary())})
+        paths.append(str(tmp_path / f"part-{k}.parquet"))
+        pq.write_table(table, paths[-1], row_group_size=20)
+    reference = {row["id"]: row["blob"] for p in paths for row in pq.read_table(p).to_pylist()}
+    cache = str(tmp_path / "decoded")
+    ds = sf.dataset(paths, decoded_cache=cache).shuffle(seed=3)
+
+    def epochs(rank: int, output: str) -> list[list[tuple[int, bytes | None]]]:
+        loader = sf.DataLoader(ds, batch_size=48, rank=rank, world_size=2, output=output)
+        out = []
+        for _ in range(2):
+            batches = []
+            for b in loader:
+                if output == "arrow":
+                    b = b.to_pyarrow()
+                    assert b.schema.field("blob").type == pa.binary()
+                    batches.append(list(zip(b["id"].to_pylist(), b["blob"].to_pylist())))
+                else:
+                    if output == "numpy":
+                        assert b.to_pyarrow().schema.field("blob").type == pa.binary()
+                        assert b.to_pyarrow()["blob"].to_pylist() == list(b["blob"])
+                    batches.append(list(zip((int(i) for i in b["id"]), b["blob"])))
+            out.append(batches)
+        return out
+
+    cold = [epochs(rank, "numpy") for rank in range(2)]  # writes the decoded copy
+    assert len(list(Path(cache).iterdir())) == 6
+    for rank in range(2):
+        arrow = epochs(rank, "arrow")
+        assert epochs(rank, "numpy") == cold[rank] == arrow
+        assert epochs(rank, "torch") == arrow
+    for epoch in range(2):
+        rows = [row for rank in range(2) for batch in cold[rank][epoch] for row in batch]
+        assert sorted(i for i, _ in rows) == sorted(reference) and all(v == reference[i] for i, v in rows)
+    assert [i for i, _ in cold[0][0][0]] != [i for i, _ in cold[0][1][0]]
+    # A state saved after 1 batch of epoch 1 resumes to the rest of it.
+    first = sf.DataLoader(ds, batch_size=48, rank=1, world_size=2)
+    for _ in first:
+        pass
+    batches = iter(first)
+    next(batches)
+    resumed = sf.DataLoader(ds, batch_size=48, rank=1, world_size=2)
+    resumed.load_state_dict(first.state_dict())
+    rest = [list(zip((int(i) for i in b["id"]), b["blob"])) for b in resumed]
+    assert rest == cold[1][1][1:]

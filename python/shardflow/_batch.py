@@ -10,7 +10,8 @@ class Batch(dict):  # type: ignore[type-arg]
 
     Numeric columns are numpy arrays over the batch's Arrow buffers (no copy);
     ``batch.to_pyarrow()`` and any consumer of ``__arrow_c_array__`` read the same
-    memory. (``pyarrow.record_batch(batch)`` sees a dict first and copies.)
+    memory, but for binary values a shuffle left where they lie in a decoded copy (copied
+    out then). (``pyarrow.record_batch(batch)`` sees a dict first and copies.)
     """
 
     __slots__ = ("_record_batch",)

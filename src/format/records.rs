@@ -120,8 +120,6 @@ pub trait RecordCodec: Send + Sync {
     ) -> Result<Decoded>;
 }
 
-/// The shard as it is now, for keying its index; `None` when nothing identifies its
-
 /// Per-record reads of an indexed dataset, for random access.
 #[derive(Clone)]
 pub struct RecordAccess {

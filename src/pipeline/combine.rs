@@ -48,6 +48,8 @@ impl Combined {
             epoch: outer.origin(),
             batch_rows: None,
             skip_rows: 0,
+            // The combination conforms its parts' batches to one schema.
+            byte_views: false,
             ..run.clone()
         }
         .with_share(share)

@@ -40,6 +40,8 @@ pub struct IndexStream {
     /// The spill delivering the rows, with the rows it was given (read another way if
     /// it fails before delivering any).
     spill: Option<(Spill, super::rows::RowList)>,
+    /// Binary columns come as views of their values (see [`Self::viewing`]).
+    views: bool,
 }
 
 /// Rows fetched per step of an [`IndexStream`] at most.
@@ -141,6 +143,7 @@ impl IndexStream {
             gathered: 0,
             spill_options: (tuning.spill.bytes != Some(0)).then(|| tuning.spill.clone()),
             spill: None,
+            views: false,
             rows: rows.into_iter().filter(|r| r.start < r.end).collect(),
             leaf,
             size: GatherSize::new(STREAM_CHUNK_ROWS, memory_limit / 4),
@@ -156,6 +159,13 @@ impl IndexStream {
                 visited: Default::default(),
             },
         }
+    }
+
+    /// With `views`, every batch gives its binary columns as `BinaryView` arrays: gathers
+    /// from files mapped whole (a decoded copy) point into them, other rows into their
+    /// own buffers (see [`super::stream::interleave_viewing`]).
+    pub fn viewing(self, views: bool) -> Self {
+        Self { views, ..self }
     }
 
     /// The next `width` rows at most, within one range of the stream's rows.
@@ -438,11 +448,17 @@ impl Iterator for IndexStream {
             let positions = self.cut(self.gather_rows())?;
             self.gathered += positions.end - positions.start;
             let indices: Vec<u64> = positions.clone().collect();
-            let out = self.access.rows_charged(&indices, Some(&self.stats.io));
+            let out = self
+                .access
+                .rows_read(&indices, Some(&self.stats.io), self.views);
             if let Ok(batch) = &out {
                 self.size.saw(batch);
             }
             (positions.start, out)
+        };
+        let out = match self.views {
+            true => out.and_then(super::stream::viewing),
+            false => out,
         };
         let out = out.and_then(|batch| match self.leaf {
             Some(leaf) => super::rows::attach_run(batch, super::rows::tag(leaf, start)),

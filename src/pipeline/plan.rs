@@ -82,6 +82,11 @@ pub struct RunOptions {
     /// Ops of a longer chain before these ones, whose rows were read into memory as
     /// this dataset (see `Dataset::materialized`): the ops draw as at their place there.
     pub stages_before: usize,
+    /// The consumer turns each binary value into a Python `bytes` (numpy and torch
+    /// output): a shuffle's gathers may then give binary columns as views of the values
+    /// where they lie (`BinaryView`, see [`super::stream::interleave_viewing`]), where no
+    /// op after them looks into the rows.
+    pub byte_views: bool,
 }
 
 impl RunOptions {
@@ -169,6 +174,7 @@ impl Default for RunOptions {
             leaf: 0,
             cancel: Arc::default(),
             stages_before: 0,
+            byte_views: false,
         }
     }
 }
@@ -940,8 +946,6 @@ pub const ROWS_SPLIT_NOT_ELASTIC: &str = "this pipeline has a take/skip after a 
     division deals the same stream after the same op (as ranks kept equal deal it), with no \
     function taking row indices and no combined part dealing its own; here it can resume only on \
     the same number of ranks and workers";
-
-/// Bytes of `batch`'s values: the slices it covers, not the whole buffers it may share
 
 /// One reader's part of an epoch (see [`Dataset::read_plan`]).
 #[derive(Debug, Clone)]

@@ -641,6 +641,18 @@ impl RandomAccess {
         indices: &[u64],
         counters: Option<&Arc<IoCounters>>,
     ) -> Result<RecordBatch> {
+        self.rows_read(indices, counters, false)
+    }
+
+    /// [`Self::rows_charged`]; with `views`, rows gathered from decoded copies mapped
+    /// whole give their binary columns as views into them, not copies (see
+    /// [`super::stream::interleave_viewing`]), unless functions run on the rows here.
+    pub fn rows_read(
+        &self,
+        indices: &[u64],
+        counters: Option<&Arc<IoCounters>>,
+        views: bool,
+    ) -> Result<RecordBatch> {
         let mut source = Vec::with_capacity(indices.len());
         for &index in indices {
             if index >= self.len {
@@ -660,7 +672,7 @@ impl RandomAccess {
                     },
                     None => &files.io,
                 };
-                files.rows(&source, io)?
+                files.rows(&source, io, views && self.transforms.is_empty())?
             }
             Rows::Concat {
                 parts,
@@ -869,7 +881,7 @@ struct Run {
 }
 
 impl Files {
-    fn rows(&self, indices: &[u64], io: &Io) -> Result<RecordBatch> {
+    fn rows(&self, indices: &[u64], io: &Io, views: bool) -> Result<RecordBatch> {
         // Where each row comes from: a record of a shard read by range, or the k-th row
         // taken from a decoded unit (by its slot in `units`).
         enum From {
@@ -901,6 +913,14 @@ impl Files {
                 }
             }
         }
+        // Only rows of copies mapped whole are left where they lie (asked before reading:
+        // a read may keep a unit it decoded): a batch in the queue would otherwise hold a
+        // decoded unit's memory past the cache's bound.
+        let views = views
+            && records.is_empty()
+            && units
+                .iter()
+                .all(|(unit, _)| self.prepared.kept(&self.prepared.units[*unit]));
         let runs = self.runs(records);
         let run_batches = self.read_runs(&runs, io)?;
         // A unit's wanted rows are taken as soon as it is decoded, and the unit let go
@@ -955,6 +975,10 @@ impl Files {
                 }
             })
             .collect();
+        if views && !flat.is_empty() {
+            return super::stream::interleave_viewing(&sources, &flat)
+                .map_err(|e| Error::Internal(format!("gather failed: {e}")));
+        }
         gather(&self.prepared.schema, &sources, &flat)
     }
 

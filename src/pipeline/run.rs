@@ -270,7 +270,8 @@ impl Dataset {
                     &run.tuning,
                     batch_rows,
                     stats.clone(),
-                );
+                )
+                .viewing(run.byte_views);
                 Box::new(ops::Padding::new(Box::new(stream), share, stats.clone()))
             }
             HeadKind::Combined(c) => c.stream(run, self.draws(run.epoch), stats)?,
@@ -292,6 +293,18 @@ impl Dataset {
         let head = self.head(run.epoch, run.count_rows)?;
         let draws = self.draws(run.epoch).placed_at(run.stages_before);
         let ops = &self.ops[head.rest..];
+        // Binary values stay views of their sources only where no op after the head
+        // looks into the rows.
+        let without_views;
+        let run = if run.byte_views && ops.iter().any(|op| matches!(op, Op::Transform(_))) {
+            without_views = RunOptions {
+                byte_views: false,
+                ..run.clone()
+            };
+            &without_views
+        } else {
+            run
+        };
         let split = split_for(self, &head, run)?;
         // The rows of the head a reader of `run` reads (a combination plans its own).
         let part_of = |run: &RunOptions| -> Result<Option<PartRows>> {

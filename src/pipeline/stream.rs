@@ -29,6 +29,159 @@ pub fn interleave_rows(
     }
 }
 
+/// Rows picked from `batches` as [`interleave_rows`] gives them, but each binary column
+/// as views of its values where they lie (`BinaryView`): no value is copied, and the
+/// batch holds the buffers it points into. For sources that cost nothing to hold (files
+/// mapped from the page cache) and a consumer that turns each value into Python `bytes`
+/// anyway: that is then the one copy of it, as in `datasets`' iteration over its
+/// memory-mapped Arrow, where gathering first copied every value twice.
+pub fn interleave_viewing(
+    batches: &[&RecordBatch],
+    picks: &[(usize, usize)],
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    use arrow_array::cast::AsArray;
+    use arrow_schema::DataType;
+    let Some(first) = batches.first() else {
+        return interleave_rows(batches, picks);
+    };
+    let schema = first.schema();
+    if !schema.fields().iter().any(|f| viewable(f.data_type())) {
+        return interleave_rows(batches, picks);
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for (i, field) in schema.fields().iter().enumerate() {
+        let arrays: Vec<&dyn arrow_array::Array> =
+            batches.iter().map(|b| b.column(i).as_ref()).collect();
+        let column = match field.data_type() {
+            DataType::Binary => {
+                let arrays: Vec<_> = arrays.iter().map(|a| a.as_binary::<i32>()).collect();
+                view_values(&arrays, picks)?
+            }
+            DataType::LargeBinary => {
+                let arrays: Vec<_> = arrays.iter().map(|a| a.as_binary::<i64>()).collect();
+                view_values(&arrays, picks)?
+            }
+            _ => arrow_select::interleave::interleave(&arrays, picks)?,
+        };
+        let mut field = field.as_ref().clone();
+        if column.data_type() != field.data_type() {
+            let mut metadata = field.metadata().clone();
+            metadata.insert(VIEWED.to_string(), field.data_type().to_string());
+            field = field
+                .with_data_type(column.data_type().clone())
+                .with_metadata(metadata);
+        }
+        fields.push(field);
+        columns.push(column);
+    }
+    let schema = arrow_schema::Schema::new_with_metadata(fields, schema.metadata().clone());
+    RecordBatch::try_new(Arc::new(schema), columns)
+}
+
+/// Marks a field that [`interleave_viewing`] gave as views, with its type before.
+const VIEWED: &str = "shardflow.viewed_from";
+
+/// `batch` with the columns [`interleave_viewing`] gave as views back in their own types
+/// (their values copied): what leaves the loader as Arrow.
+pub fn unviewed(batch: &RecordBatch) -> Result<RecordBatch> {
+    let schema = batch.schema();
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| f.metadata().contains_key(VIEWED))
+    {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        let mut metadata = field.metadata().clone();
+        match metadata.remove(VIEWED) {
+            Some(_) => {
+                let data_type = match column.data_type() {
+                    arrow_schema::DataType::BinaryView
+                        if field.metadata()[VIEWED]
+                            == arrow_schema::DataType::LargeBinary.to_string() =>
+                    {
+                        arrow_schema::DataType::LargeBinary
+                    }
+                    _ => arrow_schema::DataType::Binary,
+                };
+                columns.push(
+                    arrow_cast::cast(column, &data_type)
+                        .map_err(|e| Error::Internal(e.to_string()))?,
+                );
+                fields.push(
+                    field
+                        .as_ref()
+                        .clone()
+                        .with_data_type(data_type)
+                        .with_metadata(metadata),
+                );
+            }
+            None => {
+                columns.push(column.clone());
+                fields.push(field.as_ref().clone());
+            }
+        }
+    }
+    let schema = arrow_schema::Schema::new_with_metadata(fields, schema.metadata().clone());
+    RecordBatch::try_new(Arc::new(schema), columns).map_err(|e| Error::Internal(e.to_string()))
+}
+
+/// `batch` with its binary columns as views of their own values (see
+/// [`interleave_viewing`]); nothing is copied.
+pub fn viewing(batch: RecordBatch) -> Result<RecordBatch> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| viewable(f.data_type()))
+    {
+        return Ok(batch);
+    }
+    let picks: Vec<(usize, usize)> = (0..batch.num_rows()).map(|row| (0, row)).collect();
+    interleave_viewing(&[&batch], &picks).map_err(|e| Error::Internal(e.to_string()))
+}
+
+/// Whether [`interleave_viewing`] gives a column of this type as views.
+fn viewable(data_type: &arrow_schema::DataType) -> bool {
+    matches!(
+        data_type,
+        arrow_schema::DataType::Binary | arrow_schema::DataType::LargeBinary
+    )
+}
+
+/// Values `picks` of `arrays` as a `BinaryView` array over the arrays' value buffers.
+fn view_values<O: arrow_array::OffsetSizeTrait>(
+    arrays: &[&arrow_array::GenericBinaryArray<O>],
+    picks: &[(usize, usize)],
+) -> std::result::Result<arrow_array::ArrayRef, arrow_schema::ArrowError> {
+    use arrow_array::Array;
+    // A view addresses its block with 32 bits: a larger values buffer is copied.
+    if arrays.iter().any(|a| a.values().len() >= u32::MAX as usize) {
+        let dynamic: Vec<&dyn Array> = arrays.iter().map(|a| *a as &dyn Array).collect();
+        let copied = arrow_select::interleave::interleave(&dynamic, picks)?;
+        return arrow_cast::cast(&copied, &arrow_schema::DataType::BinaryView);
+    }
+    let mut builder = arrow_array::builder::BinaryViewBuilder::with_capacity(picks.len());
+    let mut blocks: Vec<Option<u32>> = vec![None; arrays.len()];
+    for &(from, row) in picks {
+        let array = arrays[from];
+        if array.is_null(row) {
+            builder.append_null();
+            continue;
+        }
+        let offsets = array.value_offsets();
+        let (start, end) = (offsets[row].as_usize(), offsets[row + 1].as_usize());
+        let block =
+            *blocks[from].get_or_insert_with(|| builder.append_block(array.values().clone()));
+        builder.try_append_view(block, start as u32, (end - start) as u32)?;
+    }
+    Ok(Arc::new(builder.finish()))
+}
+
 /// Rows `rows` of `batch`, in that order, as one batch: each row's values copied whole
 /// (`take` of a list column builds an index per value first, a copy of 8 bytes per token
 /// of a pack).

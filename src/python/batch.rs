@@ -14,6 +14,18 @@ pub struct PyRecordBatch {
     pub(crate) batch: RecordBatch,
 }
 
+impl PyRecordBatch {
+    /// The first `rows` rows as Arrow consumers get them: binary values a shuffle left
+    /// as views of its sources copied out into the column's own type.
+    fn exported(&self, rows: usize) -> PyResult<RecordBatch> {
+        let batch = match rows == self.batch.num_rows() {
+            true => std::borrow::Cow::Borrowed(&self.batch),
+            false => std::borrow::Cow::Owned(self.batch.slice(0, rows)),
+        };
+        Ok(crate::pipeline::unviewed(&batch)?)
+    }
+}
+
 #[pymethods]
 impl PyRecordBatch {
     #[getter]
@@ -58,7 +70,7 @@ impl PyRecordBatch {
     }
 
     fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
-        arrow_ffi::schema_capsule(py, self.batch.schema().as_ref())
+        arrow_ffi::schema_capsule(py, self.exported(0)?.schema().as_ref())
     }
 
     /// `requested_schema` may be ignored by a producer under the protocol; callers cast.
@@ -69,13 +81,15 @@ impl PyRecordBatch {
         requested_schema: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let _ = requested_schema;
-        arrow_ffi::batch_capsules(py, &self.batch)
+        arrow_ffi::batch_capsules(py, &self.exported(self.batch.num_rows())?)
     }
 
     fn __repr__(&self) -> String {
-        let cols: Vec<String> = self
-            .batch
-            .schema()
+        let schema = match self.exported(0) {
+            Ok(empty) => empty.schema(),
+            Err(_) => self.batch.schema(),
+        };
+        let cols: Vec<String> = schema
             .fields()
             .iter()
             .map(|f| format!("{}: {}", f.name(), f.data_type()))

@@ -136,7 +136,12 @@ impl PyDataLoader {
 
     /// Starts the next epoch: the one the loader stands at, or the following one if
     /// that was left part-way; mid-epoch only right after `load_state_dict`.
-    fn start_epoch(&mut self, py: Python<'_>, track: bool) -> PyResult<(BatchReceiver, Position)> {
+    /// `iterated`: the batches go to `__next__` (else to an Arrow stream).
+    fn start_epoch(
+        &mut self,
+        py: Python<'_>,
+        iterated: bool,
+    ) -> PyResult<(BatchReceiver, Position)> {
         let current = self.position();
         let at = if std::mem::take(&mut self.resuming) || current.batches == 0 {
             current
@@ -156,7 +161,9 @@ impl PyDataLoader {
             // This part's row stream for (seed, epoch) is deterministic and batching is
             // exact, so passing over whole batches' rows resumes where the state was taken.
             skip_rows: at.batches * self.batch_size as u64,
-            track,
+            track: iterated,
+            // Numpy and torch batches make a `bytes` of each binary value, Arrow's not.
+            byte_views: iterated && !matches!(self.output, Output::Arrow),
             ..self.run_options(at.epoch)
         };
         let (dataset, stats) = (self.dataset(), self.stats.clone());
