@@ -45,7 +45,7 @@ pub fn interleave_viewing(
         return interleave_rows(batches, picks);
     };
     let schema = first.schema();
-    if !schema.fields().iter().any(|f| viewable(f.data_type())) {
+    if !schema.fields().iter().any(|f| viewable(f)) {
         return interleave_rows(batches, picks);
     }
     let mut fields = Vec::with_capacity(schema.fields().len());
@@ -54,6 +54,7 @@ pub fn interleave_viewing(
         let arrays: Vec<&dyn arrow_array::Array> =
             batches.iter().map(|b| b.column(i).as_ref()).collect();
         let column = match field.data_type() {
+            _ if !viewable(field) => arrow_select::interleave::interleave(&arrays, picks)?,
             DataType::Binary => {
                 let arrays: Vec<_> = arrays.iter().map(|a| a.as_binary::<i32>()).collect();
                 view_values(&arrays, picks)?
@@ -133,24 +134,20 @@ pub fn unviewed(batch: &RecordBatch) -> Result<RecordBatch> {
 /// `batch` with its binary columns as views of their own values (see
 /// [`interleave_viewing`]); nothing is copied.
 pub fn viewing(batch: RecordBatch) -> Result<RecordBatch> {
-    if !batch
-        .schema()
-        .fields()
-        .iter()
-        .any(|f| viewable(f.data_type()))
-    {
+    if !batch.schema().fields().iter().any(|f| viewable(f)) {
         return Ok(batch);
     }
     let picks: Vec<(usize, usize)> = (0..batch.num_rows()).map(|row| (0, row)).collect();
     interleave_viewing(&[&batch], &picks).map_err(|e| Error::Internal(e.to_string()))
 }
 
-/// Whether [`interleave_viewing`] gives a column of this type as views.
-fn viewable(data_type: &arrow_schema::DataType) -> bool {
+/// Whether [`interleave_viewing`] gives this column as views: plain binary values, not
+/// those whose metadata says how Python reads them (NumPy arrays, tensors).
+fn viewable(field: &arrow_schema::Field) -> bool {
     matches!(
-        data_type,
+        field.data_type(),
         arrow_schema::DataType::Binary | arrow_schema::DataType::LargeBinary
-    )
+    ) && field.metadata().is_empty()
 }
 
 /// Values `picks` of `arrays` as a `BinaryView` array over the arrays' value buffers.
@@ -347,4 +344,65 @@ pub fn unify_schemas(schemas: &[SchemaRef]) -> Result<SchemaRef> {
         }
     }
     Ok(Arc::new(Schema::new(fields)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::{Array, ArrayRef, BinaryArray, Int64Array, RecordBatch};
+
+    fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
+        let values: Vec<Option<Vec<u8>>> = ids
+            .clone()
+            .map(|i| match i % 4 {
+                0 => None,
+                1 => Some(vec![i as u8; 5]),
+                _ => Some(vec![i as u8; 1000 + i as usize]),
+            })
+            .collect();
+        RecordBatch::try_from_iter([
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(ids)) as ArrayRef,
+            ),
+            ("blob", Arc::new(BinaryArray::from_iter(values)) as ArrayRef),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn views_point_into_the_sources_and_export_as_the_copy_would() {
+        let (a, b) = (batch(0..10), batch(10..30).slice(3, 15));
+        let picks = [(1, 4), (0, 2), (0, 0), (1, 14), (0, 9), (1, 0), (0, 1)];
+        let copied = super::interleave_rows(&[&a, &b], &picks).unwrap();
+        let viewed = super::interleave_viewing(&[&a, &b], &picks).unwrap();
+        let views = viewed.column(1).as_binary_view();
+        // Nothing copied: the long values' bytes are the sources' own.
+        let sources = [
+            a.column(1).as_binary::<i32>(),
+            b.column(1).as_binary::<i32>(),
+        ];
+        for (k, &(from, row)) in picks.iter().enumerate() {
+            assert_eq!(views.is_null(k), sources[from].is_null(row));
+            if !views.is_null(k) && views.value(k).len() > 12 {
+                assert_eq!(views.value(k).as_ptr(), sources[from].value(row).as_ptr());
+            }
+        }
+        let lengths: u64 = (0..views.len())
+            .map(|k| views.value(k).len() as u64)
+            .filter(|&n| n > 12)
+            .sum();
+        assert_eq!(
+            crate::batch_bytes::batch_bytes(&viewed),
+            // ids, views, the values outside the views, the null bitmap
+            picks.len() as u64 * 8 + picks.len() as u64 * 16 + lengths + 1
+        );
+        assert_eq!(super::unviewed(&viewed).unwrap(), copied);
+        // Rows already copied as views of their own buffer: the same batch back.
+        let own = super::viewing(copied.clone()).unwrap();
+        assert_eq!(own.column(1).as_binary_view(), views);
+        assert_eq!(super::unviewed(&own).unwrap(), copied);
+    }
 }
