@@ -28,7 +28,13 @@ def _table(start: int, n: int) -> pa.Table:
         "tokens": pa.array([list(range(i % 37)) for i in range(start, start + n)], pa.list_(pa.int64())),
         "text": pa.array([f"row {i} " * (i % 5) for i in range(start, start + n)]),
         "score": pa.array([None if i % 7 == 0 else i / 3 for i in range(start, start + n)], pa.float64()),
+        "blob": pa.array([_short_blob(i) for i in range(start, start + n)], pa.binary()),
     })
+
+
+def _short_blob(i: int) -> bytes | None:
+    """Null, or up to 160 bytes: inside an Arrow view (12 bytes or less) or pointing out of it."""
+    return None if i % 9 == 0 else str(i).encode() * (i % 41)
 
 
 @pytest.fixture
@@ -155,7 +161,7 @@ ds = sf.dataset({files!r}, decoded_cache={cache!r}).shuffle(seed=1)
 adapter = IterableDataset(ds, batch_size=8, shuffle=True, seed=4, rank={rank}, world_size=2)
 loader = StatefulDataLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120)
 loader.load_state_dict(pickle.load(sys.stdin.buffer))
-sys.stdout.buffer.write(pickle.dumps([b["id"].tolist() for b in loader]))
+sys.stdout.buffer.write(pickle.dumps([list(zip(b["id"].tolist(), b["blob"])) for b in loader]))
 """
 
 
@@ -174,13 +180,15 @@ def test_full_shuffle_on_ranks_workers_epochs_and_a_resume(files: list[str], tmp
         adapter = IterableDataset(ds, batch_size=8, shuffle=True, seed=4, rank=rank, world_size=2)
         return StatefulDataLoader(adapter, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120)
 
-    def epochs(rank: int, cached: bool) -> list[list[list[int]]]:
+    def epochs(rank: int, cached: bool) -> list[list[list[tuple[int, bytes | None]]]]:
         made = loader(rank, cached)
-        return [[b["id"].tolist() for b in made] for _ in range(2)]
+        return [[list(zip(b["id"].tolist(), b["blob"])) for b in made] for _ in range(2)]
 
     plain = [epochs(rank, cached=False) for rank in range(2)]
     for epoch in range(2):
-        ids = sorted(i for rank in range(2) for batch in plain[rank][epoch] for i in batch)
+        rows = [row for rank in range(2) for batch in plain[rank][epoch] for row in batch]
+        assert all(blob == _short_blob(i) for i, blob in rows)
+        ids = sorted(i for i, _ in rows)
         assert ids[: 3 * 170] == list(range(3 * 170)) and len(plain[0][epoch]) == len(plain[1][epoch])
     assert plain[0][0] != plain[0][1]
     assert [epochs(rank, cached=True) for rank in range(2)] == plain  # cold: written as read
@@ -191,7 +199,7 @@ def test_full_shuffle_on_ranks_workers_epochs_and_a_resume(files: list[str], tmp
         for _ in first:  # epoch 0
             pass
         batches = iter(first)
-        before = [next(batches)["id"].tolist() for _ in range(5)]
+        before = [list(zip(b["id"].tolist(), b["blob"])) for b in (next(batches) for _ in range(5))]
         state = first.state_dict()
         script = RESUME.format(files=files, cache=cache, rank=rank)
         out = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(state), capture_output=True, timeout=300)
