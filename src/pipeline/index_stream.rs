@@ -254,6 +254,7 @@ impl IndexStream {
             bucket_bytes: self.memory_limit / SPILL_BUCKET_SHARE,
             batch_rows: self.batch_rows,
             options,
+            views: self.views,
         });
         self.spill = Some((spill, rows));
         self.stats.read_by(ReadPlan::Spill);

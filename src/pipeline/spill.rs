@@ -127,6 +127,9 @@ pub(super) struct SpillPlan {
     /// if not): gathers of a multiple of them are cut into batches without a copy.
     pub batch_rows: u64,
     pub options: SpillOptions,
+    /// Gathers give binary columns as views of the mapped bucket (see
+    /// [`super::stream::interleave_viewing`]).
+    pub views: bool,
 }
 
 /// Bucket files one spill writes at most (each is an open file while it is written).
@@ -196,7 +199,7 @@ fn spill_error(what: &str, dir: &Path, e: impl std::fmt::Display) -> Failure {
 
 fn run(plan: SpillPlan, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
     match spill(&plan, stop) {
-        Ok(buckets) => serve(buckets, sender, stop),
+        Ok(buckets) => serve(buckets, plan.views, sender, stop),
         Err(Failure::Spill(why)) => {
             let _ = sender.send(Delivery::Fallback(why));
         }
@@ -762,7 +765,7 @@ impl<'a> Writer<'a> {
 /// hold on its nameless file, and the kernel then drops the file's pages from the page
 /// cache, a fifth of the serving thread's time when it did so itself (`perf`: 256 KiB
 /// rows, in `block_invalidate_folio` and the slab frees under `munmap`).
-fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
+fn serve(spilled: Spilled, views: bool, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
     let Spilled { layout, files } = spilled;
     let (ready, buckets) = sync_channel::<Result<(Vec<RecordBatch>, Vec<u32>)>>(0);
     let (served, to_drop) = std::sync::mpsc::channel::<Vec<RecordBatch>>();
@@ -810,9 +813,15 @@ fn serve(spilled: Spilled, sender: &SyncSender<Delivery>, stop: &AtomicBool) {
                 let sources: Vec<&RecordBatch> = batches.iter().collect();
                 for &(first, n, position) in &layout.gathers[gathers] {
                     let from = (first - first_place) as usize;
-                    let rows =
-                        super::stream::interleave_rows(&sources, &at[from..from + n as usize])
-                            .map_err(|e| Error::Internal(format!("gather failed: {e}")));
+                    let picks = &at[from..from + n as usize];
+                    // As views, the gathers hold the bucket's mapping (not memory of the
+                    // loader's) until their batches are dropped: the serving thread's
+                    // copy of every row was a third of the second pass.
+                    let rows = match views {
+                        true => super::stream::interleave_viewing(&sources, picks),
+                        false => super::stream::interleave_rows(&sources, picks),
+                    }
+                    .map_err(|e| Error::Internal(format!("gather failed: {e}")));
                     if stop.load(Relaxed) || sender.send(Delivery::Gather(position, rows)).is_err()
                     {
                         return Ok(false);
