@@ -350,7 +350,7 @@ fn load(path: &Path, populate: bool) -> std::result::Result<Option<Vec<RecordBat
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.to_string()),
     };
-    let buffer = crate::mapped::map_file(&file, populate)
+    let buffer = crate::mapped::map_shared(&file, populate)
         .map_err(|e| e.to_string())?
         .filter(|b| b.len() >= 18)
         .ok_or("too short")?;

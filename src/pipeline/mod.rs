@@ -49,4 +49,6 @@ pub use random_access::RandomAccess;
 pub use rows::{RowList, RowSet, Share};
 pub use shuffle::DEFAULT_SHUFFLE_BUFFER;
 pub use stats::{ReadPlan, Stats, StatsSnapshot};
-pub use stream::{BatchIter, conform, interleave_rows, unify_schemas, unviewed};
+pub use stream::{
+    BatchIter, conform, interleave_rows, interleave_viewing, unify_schemas, unviewed,
+};
