@@ -273,3 +273,23 @@ def test_binary_values_of_a_shuffle_are_the_files_bytes_in_every_output(tmp_path
     resumed.load_state_dict(first.state_dict())
     rest = [list(zip((int(i) for i in b["id"]), b["blob"])) for b in resumed]
     assert rest == cold[1][1][1:]
+
+
+def test_kept_batches_hold_one_mapping_of_each_unit(tmp_path: Path) -> None:
+    """Batches whose binary values point into the decoded copy hold its units' mappings;
+    a caller keeping every batch of 3 epochs holds each unit's file mapped once, not once
+    per batch that reads from it (toward the system's limit on mappings)."""
+    path = tmp_path / "part.parquet"
+    pq.write_table(pa.table({"id": range(200), "blob": [bytes([i % 256]) * 2000 for i in range(200)]}),
+                   path, row_group_size=5)
+    cache = tmp_path / "decoded"
+    ds = sf.dataset(str(path), decoded_cache=str(cache)).shuffle(seed=0)
+    for _ in sf.DataLoader(ds, batch_size=10):  # writes the copy: 40 units
+        pass
+    loader = sf.DataLoader(ds, batch_size=10)
+    kept = [b for _ in range(3) for b in loader]
+    assert sorted(int(i) for b in kept for i in b["id"]) == sorted(list(range(200)) * 3)
+    assert all(bytes(v) == bytes([int(i) % 256]) * 2000 for b in kept for i, v in zip(b["id"], b["blob"]))
+    mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(cache) in line]
+    assert 0 < len(mapped) <= 40, len(mapped)
+    del kept
