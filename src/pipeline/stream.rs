@@ -39,42 +39,46 @@ pub fn interleave_viewing(
     batches: &[&RecordBatch],
     picks: &[(usize, usize)],
 ) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
-    use arrow_array::cast::AsArray;
-    use arrow_schema::DataType;
     let Some(first) = batches.first() else {
         return interleave_rows(batches, picks);
     };
-    let schema = first.schema();
-    if !schema.fields().iter().any(|f| viewable(f)) {
+    if !first.schema().fields().iter().any(|f| viewable(f)) {
         return interleave_rows(batches, picks);
     }
+    with_columns(first, |i, field| {
+        let arrays: Vec<&dyn arrow_array::Array> =
+            batches.iter().map(|b| b.column(i).as_ref()).collect();
+        match viewable(field) {
+            true => view_values(&arrays, picks),
+            false => arrow_select::interleave::interleave(&arrays, picks),
+        }
+    })
+}
+
+/// `batch`'s schema and metadata with each column made by `column(i, field)`; a field whose
+/// column comes as views is marked with its type before (see [`unviewed`]).
+fn with_columns(
+    batch: &RecordBatch,
+    mut column: impl FnMut(
+        usize,
+        &arrow_schema::Field,
+    ) -> std::result::Result<arrow_array::ArrayRef, arrow_schema::ArrowError>,
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    let schema = batch.schema();
     let mut fields = Vec::with_capacity(schema.fields().len());
     let mut columns = Vec::with_capacity(schema.fields().len());
     for (i, field) in schema.fields().iter().enumerate() {
-        let arrays: Vec<&dyn arrow_array::Array> =
-            batches.iter().map(|b| b.column(i).as_ref()).collect();
-        let column = match field.data_type() {
-            _ if !viewable(field) => arrow_select::interleave::interleave(&arrays, picks)?,
-            DataType::Binary => {
-                let arrays: Vec<_> = arrays.iter().map(|a| a.as_binary::<i32>()).collect();
-                view_values(&arrays, picks)?
-            }
-            DataType::LargeBinary => {
-                let arrays: Vec<_> = arrays.iter().map(|a| a.as_binary::<i64>()).collect();
-                view_values(&arrays, picks)?
-            }
-            _ => arrow_select::interleave::interleave(&arrays, picks)?,
-        };
+        let made = column(i, field)?;
         let mut field = field.as_ref().clone();
-        if column.data_type() != field.data_type() {
+        if made.data_type() != field.data_type() {
             let mut metadata = field.metadata().clone();
             metadata.insert(VIEWED.to_string(), field.data_type().to_string());
             field = field
-                .with_data_type(column.data_type().clone())
+                .with_data_type(made.data_type().clone())
                 .with_metadata(metadata);
         }
         fields.push(field);
-        columns.push(column);
+        columns.push(made);
     }
     let schema = arrow_schema::Schema::new_with_metadata(fields, schema.metadata().clone());
     RecordBatch::try_new(Arc::new(schema), columns)
@@ -99,15 +103,10 @@ pub fn unviewed(batch: &RecordBatch) -> Result<RecordBatch> {
     for (field, column) in schema.fields().iter().zip(batch.columns()) {
         let mut metadata = field.metadata().clone();
         match metadata.remove(VIEWED) {
-            Some(_) => {
-                let data_type = match column.data_type() {
-                    arrow_schema::DataType::BinaryView
-                        if field.metadata()[VIEWED]
-                            == arrow_schema::DataType::LargeBinary.to_string() =>
-                    {
-                        arrow_schema::DataType::LargeBinary
-                    }
-                    _ => arrow_schema::DataType::Binary,
+            Some(from) => {
+                let data_type = match from == arrow_schema::DataType::LargeBinary.to_string() {
+                    true => arrow_schema::DataType::LargeBinary,
+                    false => arrow_schema::DataType::Binary,
                 };
                 columns.push(
                     arrow_cast::cast(column, &data_type)
@@ -137,8 +136,13 @@ pub fn viewing(batch: RecordBatch) -> Result<RecordBatch> {
     if !batch.schema().fields().iter().any(|f| viewable(f)) {
         return Ok(batch);
     }
-    let picks: Vec<(usize, usize)> = (0..batch.num_rows()).map(|row| (0, row)).collect();
-    interleave_viewing(&[&batch], &picks).map_err(|e| Error::Internal(e.to_string()))
+    let every: Vec<(usize, usize)> = (0..batch.num_rows()).map(|row| (0, row)).collect();
+    with_columns(&batch, |i, field| match viewable(field) {
+        true => view_values(&[batch.column(i).as_ref()], &every),
+        // Not gathered again: the other columns stay as they are.
+        false => Ok(batch.column(i).clone()),
+    })
+    .map_err(|e| Error::Internal(e.to_string()))
 }
 
 /// Whether [`interleave_viewing`] gives this column as views: plain binary values, not
@@ -150,8 +154,29 @@ fn viewable(field: &arrow_schema::Field) -> bool {
     ) && field.metadata().is_empty()
 }
 
-/// Values `picks` of `arrays` as a `BinaryView` array over the arrays' value buffers.
-fn view_values<O: arrow_array::OffsetSizeTrait>(
+/// Values `picks` of binary `arrays` as a `BinaryView` array over their value buffers.
+fn view_values(
+    arrays: &[&dyn arrow_array::Array],
+    picks: &[(usize, usize)],
+) -> std::result::Result<arrow_array::ArrayRef, arrow_schema::ArrowError> {
+    use arrow_array::cast::AsArray;
+    match arrays.first().map(|a| a.data_type()) {
+        Some(arrow_schema::DataType::LargeBinary) => {
+            let arrays: Vec<_> = arrays.iter().map(|a| a.as_binary::<i64>()).collect();
+            view_binary(&arrays, picks)
+        }
+        Some(arrow_schema::DataType::Binary) => {
+            let arrays: Vec<_> = arrays.iter().map(|a| a.as_binary::<i32>()).collect();
+            view_binary(&arrays, picks)
+        }
+        other => Err(arrow_schema::ArrowError::InvalidArgumentError(format!(
+            "no views of {other:?} values"
+        ))),
+    }
+}
+
+/// [`view_values`] of arrays of one offset width.
+fn view_binary<O: arrow_array::OffsetSizeTrait>(
     arrays: &[&arrow_array::GenericBinaryArray<O>],
     picks: &[(usize, usize)],
 ) -> std::result::Result<arrow_array::ArrayRef, arrow_schema::ArrowError> {

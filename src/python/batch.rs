@@ -18,11 +18,7 @@ impl PyRecordBatch {
     /// The first `rows` rows as Arrow consumers get them: binary values a shuffle left
     /// as views of its sources copied out into the column's own type.
     fn exported(&self, rows: usize) -> PyResult<RecordBatch> {
-        let batch = match rows == self.batch.num_rows() {
-            true => std::borrow::Cow::Borrowed(&self.batch),
-            false => std::borrow::Cow::Owned(self.batch.slice(0, rows)),
-        };
-        Ok(crate::pipeline::unviewed(&batch)?)
+        Ok(crate::pipeline::unviewed(&self.batch.slice(0, rows))?)
     }
 }
 
