@@ -913,14 +913,15 @@ impl Files {
                 }
             }
         }
-        // Only rows of copies mapped whole are left where they lie (asked before reading:
-        // a read may keep a unit it decoded): a batch in the queue would otherwise hold a
-        // decoded unit's memory past the cache's bound.
-        let views = views
-            && records.is_empty()
-            && units
-                .iter()
-                .all(|(unit, _)| self.prepared.kept(&self.prepared.units[*unit]));
+        // Whether each unit is kept as a decoded copy, asked once per gather (a `stat`).
+        // Before reading: a read may keep a unit it decoded.
+        let kept: Vec<bool> = units
+            .iter()
+            .map(|(unit, _)| self.prepared.kept(&self.prepared.units[*unit]))
+            .collect();
+        // Only rows of copies mapped whole are left where they lie: a batch in the queue
+        // would otherwise hold a decoded unit's memory past the cache's bound.
+        let views = views && records.is_empty() && kept.iter().all(|&k| k);
         let runs = self.runs(records);
         let run_batches = self.read_runs(&runs, io)?;
         // A unit's wanted rows are taken as soon as it is decoded, and the unit let go
@@ -953,7 +954,10 @@ impl Files {
         let keep_whole = !outgrows || units.len() == 1;
         let picked: Vec<Picked> = units
             .iter()
-            .map(|(unit, offsets)| self.unit_rows(*unit, offsets, partial, keep_whole, io))
+            .zip(&kept)
+            .map(|((unit, offsets), &kept)| {
+                self.unit_rows(*unit, offsets, kept, partial, keep_whole, io)
+            })
             .collect::<Result<_>>()?;
         // Each unit's first batch among the sources.
         let mut first_batch = Vec::with_capacity(picked.len());
@@ -982,7 +986,8 @@ impl Files {
         gather(&self.prepared.schema, &sources, &flat)
     }
 
-    /// Rows `offsets` of unit `unit`, in that order. With `partial`, a unit not in the
+    /// Rows `offsets` of unit `unit`, in that order (`kept`: whether the unit is kept as
+    /// a decoded copy). With `partial`, a unit not in the
     /// cache whose rows are mostly not wanted is decoded only where they are, where the
     /// format can (see [`crate::format::UnitJobs::rows_job`]), and those rows kept as
     /// decoded (unless their buffers are much larger than they: then copied); else the
@@ -993,6 +998,7 @@ impl Files {
         &self,
         unit: usize,
         offsets: &[u64],
+        kept: bool,
         partial: bool,
         keep_whole: bool,
         io: &Io,
@@ -1004,7 +1010,6 @@ impl Files {
             wanted.dedup();
             // A unit kept decoded gives its rows as views of its mapped copy: referenced,
             // as their pages are the page cache's, not memory the loader holds.
-            let kept = self.prepared.kept(work);
             let sparse = kept
                 || self.format_reads_rows_alone(unit)
                 || (wanted.len() as u64).saturating_mul(PARTIAL_DECODE_SHARE)
