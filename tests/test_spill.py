@@ -52,6 +52,13 @@ def layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "plain": write(root / "plain", row_group_size=400, compression="none"),
         "snappy": write(root / "snappy"),  # pyarrow's defaults
         "zstd": write(root / "zstd", compression="zstd"),
+        # As HF `datasets` writes it: an offset index, plain pages (here of 4 rows). A row
+        # read alone fetches its page, 4 times its bytes: a visit to its row group.
+        "paged": write(root / "paged", compression="none", use_dictionary=False, write_page_index=True,
+                       data_page_size=8 << 10, write_batch_size=4),
+        # The same with a page per row: a row read alone fetches its own bytes.
+        "row pages": write(root / "row-pages", compression="none", use_dictionary=False, write_page_index=True,
+                           data_page_size=1, write_batch_size=1),
     }
 
 
@@ -64,6 +71,8 @@ PLANS = {
     "gather": ("snappy", {"memory_limit": SMALL, "spill_bytes": 0}),
     "spill": ("snappy", {"memory_limit": SMALL}),
     "spill (zstd)": ("zstd", {"memory_limit": SMALL}),
+    "spill (pages of 4 rows)": ("paged", {"memory_limit": SMALL}),
+    "in_place (a page per row)": ("row pages", {"memory_limit": SMALL}),
     # The units kept decoded (`decoded_cache=`, written by an earlier read): rows taken
     # from the mapped copies, nothing read from the Parquet files.
     "in_place (decoded_cache)": ("snappy", {"memory_limit": SMALL, "decoded_cache": True}),

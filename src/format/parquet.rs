@@ -41,6 +41,11 @@ const COALESCE_GAP: u64 = 64 * 1024;
 /// Decoded batches aim at about this many bytes, so wide rows give short batches.
 const TARGET_BATCH_BYTES: u64 = 1024 * 1024;
 const MAX_BATCH_ROWS: u64 = 64 * 1024;
+/// A row whose read alone fetches more than this many times its stored bytes (pages of
+/// several rows, a dictionary page) is read as a visit to its row group: each visit
+/// fetches and decodes those pages anew, so a full shuffle of such files is planned
+/// like one of files without a page index (a spill reads each page once).
+const ROW_READ_SHARE: f64 = 2.0;
 
 pub struct Parquet;
 
@@ -418,6 +423,35 @@ fn selected_pages(
     Some(ranges)
 }
 
+/// What reading one row of a row group alone fetches, as a multiple of the bytes the row
+/// is stored in, by the file's offset index: per projected column, what comes before its
+/// first page (a dictionary page) and the page holding the row (a row falls in a page
+/// with the share of the rows it holds). `None` without an offset index.
+fn row_read_share(file: &ParquetFile, row_group: usize) -> Option<f64> {
+    let metadata = file.metadata.metadata();
+    let index = metadata.page_index_for_row_group(row_group);
+    let rg = metadata.row_group(row_group);
+    let rows = rg.num_rows().max(1);
+    let (mut read, mut stored) = (0.0, 0.0);
+    for &leaf in &file.leaves {
+        let pages = index.offset_index(leaf)?.page_locations();
+        let chunk = chunk_range(file.size, rg.column(leaf)).ok()?;
+        let first = u64::try_from(pages.first()?.offset).ok()?;
+        read += first.saturating_sub(chunk.start) as f64;
+        let ends = pages
+            .iter()
+            .skip(1)
+            .map(|p| p.first_row_index)
+            .chain([rows]);
+        for (page, end) in pages.iter().zip(ends) {
+            let page_rows = end.saturating_sub(page.first_row_index) as f64;
+            read += page.compressed_page_size.max(0) as f64 * page_rows / rows as f64;
+        }
+        stored += (chunk.end - chunk.start) as f64 / rows as f64;
+    }
+    (stored > 0.0).then(|| read / stored)
+}
+
 /// Rows per decoded batch of a row group, so that batches hold about
 /// `TARGET_BATCH_BYTES`.
 fn batch_rows(file: &ParquetFile, row_group: usize) -> usize {
@@ -441,14 +475,15 @@ impl UnitJobs for PreparedParquet {
         self.row_group_job(unit, None)
     }
 
-    /// With an offset index (pages read as wanted), or where the wide columns are read
-    /// value by value from their dictionary pages and the rest is small.
+    /// With an offset index, where the pages a row is read from are not much larger
+    /// than the row (see [`row_read_share`]); or where the wide columns are read value by
+    /// value from their dictionary pages and the rest is small.
     fn reads_rows_alone(&self, unit: &WorkUnit, shard: &ShardMeta, io: &Io) -> Result<bool> {
         let file = &self.files[unit.shard];
         let rows = unit.rows.unwrap_or(0) as usize;
         let every_row = RowSelection::from(vec![RowSelector::select(rows)]);
         if selected_pages(file, unit.part, &every_row).is_some() {
-            return Ok(true);
+            return Ok(row_read_share(file, unit.part).is_some_and(|s| s <= ROW_READ_SHARE));
         }
         if crate::source::local_path(&shard.url).is_none() {
             return Ok(false);
