@@ -4,24 +4,28 @@ buffer-shuffled, and the read plan the loader chose (``stats()["read_plan"]``).
 
     python benches/full_shuffle.py [--rows 6000 24000] [--row-bytes 262144] [--repeats 3]
         [--compression snappy|zstd|none] [--row-group 64] [--layout pyarrow|hf]
-        [--memory-limit 536870912] [--hows full,none,buffer]
+        [--memory-limit 536870912] [--hows full,none,buffer] [--s3]
 
 Issue 53's setup by default: ROWS rows of ROW_BYTES random bytes (with an id) as 10
 Parquet files as ``pyarrow.parquet.write_table`` writes them (snappy, dictionary pages,
 no page index) with row groups of 64 rows, one epoch of ``DataLoader(ds, batch_size=32)``
 per fresh process, medians of REPEATS. Peak RSS is the process's VmHWM. The spill
-directory is checked empty after every run (its files never have names).
+directory is checked empty after every run (its files never have names). With ``--s3``
+the files are read from a SeaweedFS this script starts on 127.0.0.1 (``weed``, as the
+tests use), the spill local.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 # How HF `datasets` writes Parquet (`Dataset.to_parquet`, Hub conversions): an offset index,
@@ -32,7 +36,7 @@ CHILD = """
 import json, sys, time
 import shardflow as sf
 source, how, memory_limit, spill_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-ds = sf.dataset(source)
+ds = sf.dataset(source, storage_options=json.loads(sys.argv[5]) if len(sys.argv) > 5 else None)
 if how == "full":
     ds = ds.shuffle(seed=0)
 elif how == "buffer":
@@ -69,12 +73,34 @@ def write(directory: Path, rows: int, row_bytes: int, **options: object) -> str:
     return str(directory / "part-*.parquet")
 
 
-def epoch(source: str, how: str, memory_limit: int, spill_dir: Path) -> tuple[int, float, float, int, str]:
-    out = subprocess.run([sys.executable, "-c", CHILD, source, how, str(memory_limit), str(spill_dir)],
+def epoch(source: str, how: str, memory_limit: int, spill_dir: Path,
+          storage_options: dict | None = None) -> tuple[int, float, float, int, str]:
+    options = [json.dumps(storage_options)] if storage_options else []
+    out = subprocess.run([sys.executable, "-c", CHILD, source, how, str(memory_limit), str(spill_dir), *options],
                          check=True, capture_output=True, text=True).stdout
     left = os.listdir(spill_dir) if spill_dir.exists() else []
     assert not left, f"the spill left {left}"
     return tuple(json.loads(out))  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def on_s3(directory: Path, pattern: str) -> Iterator[tuple[str, dict]]:
+    """The files of `pattern` in a bucket of a SeaweedFS started here: yields their URL
+    pattern and the storage options that read them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from servers import Seaweed
+
+    store = directory / "seaweed"
+    store.mkdir()
+    server = Seaweed(store, auth=False)
+    try:
+        client = server.client()
+        client.create_bucket(Bucket="bench")
+        for path in sorted(Path(pattern).parent.glob(Path(pattern).name)):
+            client.upload_file(str(path), "bench", path.name)
+        yield f"s3://bench/{Path(pattern).name}", server.storage_options()
+    finally:
+        server.stop()
 
 
 def main() -> None:
@@ -89,6 +115,7 @@ def main() -> None:
     parser.add_argument("--row-group", type=int, default=64, help="rows per row group")
     parser.add_argument("--memory-limit", type=int, default=512 << 20)
     parser.add_argument("--hows", default="full,none,buffer", help="full (ds.shuffle(seed)), none, buffer (buffer_size=1000)")
+    parser.add_argument("--s3", action="store_true", help="read the files from a local SeaweedFS (S3)")
     args = parser.parse_args()
     hows = args.hows.split(",")
     head = " | ".join(f"{how}: time | first batch | peak RSS" for how in hows)
@@ -101,14 +128,19 @@ def main() -> None:
                            row_group_size=args.row_group, **layout)
             os.sync()  # the files written, not being written back while the loaders run
             spill_dir = Path(tmp) / "spill"
-            cells, times, plan = [], {}, ""
-            for how in hows:
-                runs = [epoch(source, how, args.memory_limit, spill_dir) for _ in range(args.repeats)]
-                assert all(r[0] == rows for r in runs), runs
-                times[how] = statistics.median(r[1] for r in runs)
-                cells += [f"{times[how]:.2f} s", f"{statistics.median(r[2] for r in runs):.2f} s",
-                          f"{statistics.median(r[3] for r in runs) / 2**20:,.0f} MiB"]
-                plan = runs[0][4] if how == "full" else plan
+            with contextlib.ExitStack() as stack:
+                storage_options = None
+                if args.s3:
+                    source, storage_options = stack.enter_context(on_s3(Path(tmp), source))
+                cells, times, plan = [], {}, ""
+                for how in hows:
+                    runs = [epoch(source, how, args.memory_limit, spill_dir, storage_options)
+                            for _ in range(args.repeats)]
+                    assert all(r[0] == rows for r in runs), runs
+                    times[how] = statistics.median(r[1] for r in runs)
+                    cells += [f"{times[how]:.2f} s", f"{statistics.median(r[2] for r in runs):.2f} s",
+                              f"{statistics.median(r[3] for r in runs) / 2**20:,.0f} MiB"]
+                    plan = runs[0][4] if how == "full" else plan
             ratio = f"{times['full'] / times['none']:.2f}x" if {"full", "none"} <= times.keys() else ""
             size = rows * args.row_bytes / 2**30
             print(f"| {size:.2f} GiB ({rows:,} rows) | " + " | ".join(cells) + f" | {ratio} | {plan} |", flush=True)
