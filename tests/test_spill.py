@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -235,14 +236,15 @@ loader = sf.DataLoader(sf.dataset(source).shuffle(seed=7), batch_size=16, rank=r
 loader.set_epoch(1)
 loader.load_state_dict(json.loads(sys.stdin.read()))
 ids = [i for b in loader for i in b["id"].tolist()]
-print(json.dumps([ids, loader.stats()["read_plan"]]))
+print(json.dumps([ids, loader.stats()["read_plan"], loader.stats()["spilled_bytes"]]))
 """
 
 
 def test_a_resume_mid_epoch_in_a_fresh_process_spills_only_the_rest(layouts: dict[str, str], tmp_path: Path) -> None:
     for rank in range(2):
         for worker in range(2):
-            whole = read(part(layouts["snappy"], rank, worker, 1, memory_limit=SMALL, spill_dir=str(tmp_path)))
+            reader = part(layouts["snappy"], rank, worker, 1, memory_limit=SMALL, spill_dir=str(tmp_path))
+            whole = read(reader)
             loader = part(layouts["snappy"], rank, worker, 1, memory_limit=SMALL, spill_dir=str(tmp_path))
             it = iter(loader)
             first = [i for _ in range(5) for i in next(it)["id"].tolist()]
@@ -251,9 +253,78 @@ def test_a_resume_mid_epoch_in_a_fresh_process_spills_only_the_rest(layouts: dic
                 [sys.executable, "-c", RESUME, layouts["snappy"], str(rank), str(worker), str(tmp_path)],
                 input=json.dumps(state), capture_output=True, text=True, check=True, timeout=300,
             ).stdout
-            rest, plan = json.loads(out)
+            rest, plan, spilled = json.loads(out)
             assert plan == "spill"
             assert first + rest == whole, (rank, worker)
+            # The rows delivered before the state are not spilled again.
+            assert spilled <= 1.1 * reader.stats()["spilled_bytes"] * len(rest) / len(whole), (spilled, len(rest))
+
+
+EARLY = """
+import json, sys
+import shardflow as sf
+rank, worker, spill_dir, options = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+taken = int(sys.argv[5]) if len(sys.argv) > 5 else None
+loader = sf.DataLoader(sf.dataset("s3://early/*.parquet", storage_options=options).shuffle(seed=7), batch_size=16,
+                       rank=rank, world_size=2, worker=worker, num_workers=2, memory_limit=2 << 20, num_threads=2,
+                       spill_dir=spill_dir)
+loader.set_epoch(1)
+state = sys.stdin.read()
+if state:
+    loader.load_state_dict(json.loads(state))
+ids, spilled_at_first = [], None
+for batch in loader:
+    ids.append(batch["id"].tolist())
+    if spilled_at_first is None:
+        spilled_at_first = loader.stats()["spilled_bytes"]
+    if len(ids) == taken:
+        break
+stats = loader.stats()
+state = loader.state_dict() if taken else None
+print(json.dumps([ids, stats["read_plan"], spilled_at_first, stats["spilled_bytes"], state]))
+"""
+
+
+def test_a_spills_first_batches_are_read_from_their_pages_while_its_first_pass_runs(
+        layouts: dict[str, str], seaweed: object, proxy: object, tmp_path: Path) -> None:
+    """Files as HF `datasets` writes them (an offset index, pages of a few rows) on S3,
+    every answer 0.1 s late: the spill's first pass over 24 row groups on 2 threads takes
+    1.2 s at least, and the first batches are read from their pages meanwhile (side by
+    side), then dropped from what the spill delivers: the first batch comes while the
+    spill has written a part of the rows. On 2 ranks x 2 workers, with a resume mid-epoch
+    in a fresh process (which reads its first batches so again), every part gets the rows
+    of the local files' plan in its order."""
+    client = seaweed.client()
+    client.create_bucket(Bucket="early")
+    for path in sorted(Path(layouts["paged"]).parent.glob("*.parquet")):
+        client.upload_file(str(path), "early", path.name)
+    proxy.set_faults(latency=0.1)
+    options = json.dumps(seaweed.storage_options(proxy.url))
+
+    def run(rank: int, worker: int, state: dict | None = None, taken: int | None = None) -> list:
+        args = [sys.executable, "-c", EARLY, str(rank), str(worker), str(tmp_path), options]
+        out = subprocess.run(args + ([str(taken)] if taken else []), input=json.dumps(state) if state else "",
+                             capture_output=True, text=True, check=True, timeout=300).stdout
+        return json.loads(out)
+
+    parts = [(rank, worker) for rank in range(2) for worker in range(2)]
+    with ThreadPoolExecutor(len(parts)) as pool:
+        runs = list(pool.map(lambda p: run(*p), parts))
+        heads = list(pool.map(lambda p: run(*p, taken=4), parts[1:3]))
+        rests = list(pool.map(lambda a: run(*a[0], state=a[1][4]), zip(parts[1:3], heads)))
+    seen = []
+    for (rank, worker), (batches, plan, spilled_at_first, spilled, _) in zip(parts, runs):
+        local = part(layouts["row pages"], rank, worker, 1, memory_limit=SMALL)
+        assert batches == [b["id"].tolist() for b in local], (rank, worker)
+        assert plan == "spill"
+        assert spilled_at_first < spilled, (spilled_at_first, spilled)
+        seen += [i for b in batches for i in b]
+    assert sorted(seen) == list(range(ROWS))
+    for (rank, worker), head, rest in zip(parts[1:3], heads, rests):
+        whole = runs[parts.index((rank, worker))][0]
+        assert head[0] + rest[0] == whole, (rank, worker)
+        assert rest[1] == "spill" and rest[2] < rest[3], rest[1:4]
+    assert list(tmp_path.iterdir()) == []
 
 
 TORCH = """

@@ -163,6 +163,10 @@ impl UnitJobs for CachedJobs {
         self.inner.reads_rows_alone(unit, io)
     }
 
+    fn row_read_share(&self, unit: &WorkUnit, _shard: &ShardMeta) -> Option<f64> {
+        self.inner.row_read_share(unit)
+    }
+
     fn record_codec(&self) -> Option<Arc<dyn RecordCodec>> {
         self.inner.record_codec()
     }

@@ -500,6 +500,10 @@ impl UnitJobs for PreparedParquet {
         Ok(dictionaries.iter().any(Option::is_some) && read_whole < MIN_DICTIONARY_BYTES)
     }
 
+    fn row_read_share(&self, unit: &WorkUnit, _shard: &ShardMeta) -> Option<f64> {
+        row_read_share(&self.files[unit.shard], unit.part)
+    }
+
     /// A local file read where the decoder asks, page by page, in batches of a quarter
     /// of the usual bytes: a wide value is then a batch of its own, not one of several
     /// that the decoder's buffer grows by doubling to hold, copied at each step (a tenth

@@ -72,6 +72,12 @@ pub trait UnitJobs: Send + Sync {
     fn reads_rows_alone(&self, _unit: &WorkUnit, _shard: &ShardMeta, _io: &Io) -> Result<bool> {
         Ok(false)
     }
+    /// What reading one row of the unit alone fetches, as a multiple of the bytes the row
+    /// is stored in, where the format reads rows by page and knows its pages from the
+    /// metadata read already (Parquet's offset index); `None` where it does not.
+    fn row_read_share(&self, _unit: &WorkUnit, _shard: &ShardMeta) -> Option<f64> {
+        None
+    }
     /// How a stream format finds and decodes single records, for its record index.
     fn record_codec(&self) -> Option<Arc<dyn RecordCodec>> {
         None
@@ -154,6 +160,11 @@ impl PreparedShards {
     pub fn reads_rows_alone(&self, unit: &WorkUnit, io: &Io) -> Result<bool> {
         self.jobs
             .reads_rows_alone(unit, &self.shards[unit.shard], io)
+    }
+
+    /// See [`UnitJobs::row_read_share`].
+    pub fn row_read_share(&self, unit: &WorkUnit) -> Option<f64> {
+        self.jobs.row_read_share(unit, &self.shards[unit.shard])
     }
 
     /// See [`UnitJobs::kept`].

@@ -40,8 +40,24 @@ pub struct IndexStream {
     /// The spill delivering the rows, with the rows it was given (read another way if
     /// it fails before delivering any).
     spill: Option<(Spill, super::rows::RowList)>,
+    /// The spill's first rows, read where they lie while its first pass runs.
+    early: Option<Early>,
     /// Binary columns come as views of their values (see [`Self::viewing`]).
     views: bool,
+}
+
+/// A spill serves no row before its first pass has read every unit. Where a few rows
+/// are read from their pages alone at little cost (Parquet with an offset index), the
+/// stream reads its first rows there meanwhile (a bucket's worth), a batch at a time, and
+/// drops them from what the spill then delivers: the first batch does not wait for the
+/// first pass.
+struct Early {
+    /// The rows left to read so (the spill's first, in its order), until the spill
+    /// delivers.
+    rows: VecDeque<std::ops::Range<u64>>,
+    /// Rows read so, and rows the spill has delivered since (in the same order).
+    served: u64,
+    delivered: u64,
 }
 
 /// Rows fetched per step of an [`IndexStream`] at most.
@@ -52,6 +68,11 @@ const KEPT_GATHER_BYTES: u64 = 8 << 20;
 /// A spill's buckets, as a share of the memory limit: the bucket served and the next,
 /// read while it is, hold a quarter.
 const SPILL_BUCKET_SHARE: u64 = 8;
+/// A spill's first rows are read where they lie meanwhile (see [`Early`]) where a row
+/// read alone fetches at most this many times its stored bytes.
+const EARLY_ROW_READ_SHARE: f64 = 16.0;
+/// Rows per read of [`Early`] where the loader's batches are not known.
+const EARLY_ROWS: u64 = 64;
 /// Reading ahead or gathering visits each unit about this many times or more before
 /// spilling is chosen: a spill costs a write and a read of local disk besides its visit.
 const SPILL_AT_VISITS: f64 = 2.0;
@@ -143,6 +164,7 @@ impl IndexStream {
             gathered: 0,
             spill_options: (tuning.spill.bytes != Some(0)).then(|| tuning.spill.clone()),
             spill: None,
+            early: None,
             views: false,
             rows: rows.into_iter().filter(|r| r.start < r.end).collect(),
             leaf,
@@ -170,14 +192,7 @@ impl IndexStream {
 
     /// The next `width` rows at most, within one range of the stream's rows.
     fn cut(&mut self, width: u64) -> Option<std::ops::Range<u64>> {
-        let range = self.rows.front_mut()?;
-        let stop = (range.start + width).min(range.end);
-        let cut = range.start..stop;
-        range.start = stop;
-        if range.start >= range.end {
-            self.rows.pop_front();
-        }
-        Some(cut)
+        cut_front(&mut self.rows, width)
     }
 
     /// Chooses how the rows are read, once: by gathers (rows read where they lie, or
@@ -256,8 +271,44 @@ impl IndexStream {
             options,
             views: self.views,
         });
+        if self.access.reads_rows_by_page(EARLY_ROW_READ_SHARE) {
+            // As many rows as a bucket holds: they are read twice (here, and by the first
+            // pass, which they slow), so only enough to cover the first pass where the
+            // consumer takes its time.
+            let row_bytes = match self.size.row_bytes {
+                0 => self.access.stored_row_bytes(),
+                bytes => bytes,
+            };
+            let bucket_rows = self.memory_limit / SPILL_BUCKET_SHARE / row_bytes.max(1);
+            self.early = Some(Early {
+                rows: super::rows::sublist(&rows, 0, bucket_rows.max(self.batch_rows))
+                    .into_iter()
+                    .collect(),
+                served: 0,
+                delivered: 0,
+            });
+        }
         self.spill = Some((spill, rows));
         self.stats.read_by(ReadPlan::Spill);
+    }
+
+    /// The next batch of the spill's rows read where they lie, while its first pass runs
+    /// and rows are left; None once the spill delivers (or no row is left).
+    fn next_early(&mut self) -> Option<(u64, Result<RecordBatch>)> {
+        let (spill, _) = self.spill.as_mut()?;
+        let early = self.early.as_mut()?;
+        if spill.ready() {
+            early.rows.clear();
+        }
+        let width = match self.batch_rows {
+            0 => EARLY_ROWS,
+            rows => rows,
+        };
+        let positions = cut_front(&mut early.rows, width)?;
+        early.served += positions.end - positions.start;
+        let indices: Vec<u64> = positions.clone().collect();
+        let out = self.access.rows_read(&indices, Some(&self.stats.io), false);
+        Some((positions.start, out))
     }
 
     /// Reads ahead from now on (see [`ReadAhead`]).
@@ -270,30 +321,62 @@ impl IndexStream {
     /// The next gather from the spill; None once it has delivered every row, or if it
     /// failed before delivering any (its rows are then read another way).
     fn next_spilled(&mut self) -> Option<(u64, Result<RecordBatch>)> {
-        let (spill, _) = self.spill.as_mut()?;
-        match spill.next() {
-            Some(Delivery::Gather(start, out)) => {
-                if out.is_err() {
-                    self.spill = None;
+        if let Some(early) = self.next_early() {
+            return Some(early);
+        }
+        let served = self.early.as_ref().map_or(0, |e| e.served);
+        if served > 0 && served >= super::rows::list_len(&self.spill.as_ref()?.1) {
+            // Every row was read where it lies: the spill is not waited for.
+            self.spill = None;
+            return None;
+        }
+        loop {
+            let (spill, _) = self.spill.as_mut()?;
+            return match spill.next() {
+                Some(Delivery::Gather(start, out)) => {
+                    let Ok(batch) = out else {
+                        self.spill = None;
+                        return Some((start, out));
+                    };
+                    // Rows read where they lie already are not delivered again.
+                    let rows = batch.num_rows() as u64;
+                    let skip = match self.early.as_mut() {
+                        Some(early) => {
+                            let skip = early.served.saturating_sub(early.delivered).min(rows);
+                            early.delivered += rows;
+                            skip
+                        }
+                        None => 0,
+                    };
+                    match skip {
+                        0 => Some((start, Ok(batch))),
+                        _ if skip == rows => continue,
+                        _ => Some((
+                            start + skip,
+                            Ok(batch.slice(skip as usize, (rows - skip) as usize)),
+                        )),
+                    }
                 }
-                Some((start, out))
-            }
-            Some(Delivery::Fallback(why)) => {
-                // Nothing was delivered: the rows are read by gathers instead.
-                self.stats.notice(format!(
-                    "the full shuffle could not spill ({why}), so its rows are read from the files instead, decoding the data several times; give spill_dir= a directory with room, or spill_bytes= more"
-                ));
-                let (_, rows) = self.spill.take()?;
-                self.rows = rows.into_iter().collect();
-                self.spill_options = None;
-                self.ahead.decided = false;
-                None
-            }
-            None => {
-                self.spill = None;
-                self.rows.clear();
-                None
-            }
+                Some(Delivery::Fallback(why)) => {
+                    // Nothing was delivered: the rows are read by gathers instead.
+                    self.stats.notice(format!(
+                        "the full shuffle could not spill ({why}), so its rows are read from the files instead, decoding the data several times; give spill_dir= a directory with room, or spill_bytes= more"
+                    ));
+                    let (_, rows) = self.spill.take()?;
+                    self.rows = super::rows::sublist(&rows, served, u64::MAX)
+                        .into_iter()
+                        .collect();
+                    self.early = None;
+                    self.spill_options = None;
+                    self.ahead.decided = false;
+                    None
+                }
+                None => {
+                    self.spill = None;
+                    self.rows.clear();
+                    None
+                }
+            };
         }
     }
 
@@ -429,6 +512,21 @@ impl IndexStream {
             .map_err(|e| Error::Internal(format!("gather failed: {e}")));
         Some((start, out))
     }
+}
+
+/// The next `width` rows of `rows` at most, within one range.
+fn cut_front(
+    rows: &mut VecDeque<std::ops::Range<u64>>,
+    width: u64,
+) -> Option<std::ops::Range<u64>> {
+    let range = rows.front_mut()?;
+    let stop = (range.start + width).min(range.end);
+    let cut = range.start..stop;
+    range.start = stop;
+    if range.start >= range.end {
+        rows.pop_front();
+    }
+    Some(cut)
 }
 
 impl Iterator for IndexStream {

@@ -39,6 +39,10 @@ const REMOTE_RUN_GAP_BYTES: u64 = 64 * 1024;
 /// their decoding (about 100 µs per 64 KiB of JSON).
 const LOCAL_RUN_GAP_BYTES: u64 = 4 * 1024;
 
+/// Units of a remote store read side by side by one request (a few pages each): requests
+/// wait on the store's latency, not on the cores.
+const REMOTE_UNIT_READS: usize = 16;
+
 /// Rows read at a time by a filter's pass at most (see `RandomAccess::kept_by`).
 const FILTER_PASS_ROWS: u64 = 8192;
 
@@ -572,6 +576,26 @@ impl RandomAccess {
         bytes.checked_div(rows).unwrap_or(0)
     }
 
+    /// Whether a few rows are read from the pages that hold them at most `share` times
+    /// their stored bytes each (Parquet with an offset index; judged on up to 64 units
+    /// spread over the rows).
+    pub(super) fn reads_rows_by_page(&self, share: f64) -> bool {
+        match &self.rows {
+            Rows::Files(files) => {
+                let units = &files.prepared.units;
+                let step = (units.len() / 64).max(1);
+                !units.is_empty()
+                    && units.iter().step_by(step).all(|unit| {
+                        files
+                            .prepared
+                            .row_read_share(unit)
+                            .is_some_and(|s| s <= share)
+                    })
+            }
+            Rows::Concat { parts, .. } => parts.iter().all(|p| p.reads_rows_by_page(share)),
+        }
+    }
+
     /// Whether rows are taken from decoded units that the cache keeps (as far as the
     /// rows decoded so far tell), not read as records by range or by page.
     pub(super) fn keeps_units(&self) -> bool {
@@ -834,10 +858,19 @@ fn in_parallel<T: Sync, R: Send>(
     items: &[T],
     f: impl Fn(&T) -> Result<R> + Sync,
 ) -> Result<Vec<R>> {
+    in_parallel_on(super::autotune::default_num_threads(), items, f)
+}
+
+/// [`in_parallel`] on `threads` threads at most.
+fn in_parallel_on<T: Sync, R: Send>(
+    threads: usize,
+    items: &[T],
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
     if items.len() <= 1 {
         return items.iter().map(&f).collect();
     }
-    let threads = super::autotune::default_num_threads().min(items.len());
+    let threads = threads.min(items.len());
     let next = std::sync::atomic::AtomicUsize::new(0);
     let slots: Vec<Mutex<Option<Result<R>>>> = items.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|scope| {
@@ -952,13 +985,30 @@ impl Files {
         // A request from one unit holds that unit while it takes its rows anyway: its
         // rows are gathered from it once, not copied out first.
         let keep_whole = !outgrows || units.len() == 1;
-        let picked: Vec<Picked> = units
-            .iter()
-            .zip(&kept)
-            .map(|((unit, offsets), &kept)| {
-                self.unit_rows(*unit, offsets, kept, partial, keep_whole, io)
-            })
-            .collect::<Result<_>>()?;
+        let work: Vec<(&(usize, Vec<u64>), bool)> = units.iter().zip(kept).collect();
+        let pick = |((unit, offsets), kept): &(&(usize, Vec<u64>), bool)| {
+            self.unit_rows(*unit, offsets, *kept, partial, keep_whole, io)
+        };
+        // Units of a remote store read a few pages each (pages its metadata locates) wait
+        // on its answers, not on the cores: they are read side by side (those pages are
+        // all each read holds).
+        let side_by_side = partial
+            && work.len() > 1
+            && work.iter().all(|((unit, offsets), kept)| {
+                let pages_known = *kept
+                    || self
+                        .prepared
+                        .row_read_share(&self.prepared.units[*unit])
+                        .is_some();
+                self.is_remote(*unit)
+                    && pages_known
+                    && !self.is_cached(*unit)
+                    && self.reads_pages_of(*unit, offsets.len() as u64, *kept)
+            });
+        let picked: Vec<Picked> = match side_by_side {
+            true => in_parallel_on(REMOTE_UNIT_READS, &work, pick)?,
+            false => work.iter().map(pick).collect::<Result<_>>()?,
+        };
         // Each unit's first batch among the sources.
         let mut first_batch = Vec::with_capacity(picked.len());
         let mut sources: Vec<&RecordBatch> = run_batches.iter().collect();
@@ -1008,13 +1058,8 @@ impl Files {
             let mut wanted = offsets.to_vec();
             wanted.sort_unstable();
             wanted.dedup();
-            // A unit kept decoded gives its rows as views of its mapped copy: referenced,
-            // as their pages are the page cache's, not memory the loader holds.
-            let sparse = kept
-                || self.format_reads_rows_alone(unit)
-                || (wanted.len() as u64).saturating_mul(PARTIAL_DECODE_SHARE)
-                    <= work.rows.unwrap_or(0);
-            if let Some(job) = sparse
+            if let Some(job) = self
+                .reads_pages_of(unit, wanted.len() as u64, kept)
                 .then(|| self.prepared.rows_job(work, &wanted, io))
                 .flatten()
             {
@@ -1025,6 +1070,9 @@ impl Files {
                     .map(|o| wanted.binary_search(o).unwrap_or(0) as u64)
                     .collect();
                 let held: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
+                // A unit kept decoded gives its rows as views of its mapped copy:
+                // referenced, as their pages are the page cache's, not memory the loader
+                // holds.
                 let compact = kept
                     || held as u64
                         <= 2 * batches
@@ -1036,6 +1084,21 @@ impl Files {
         }
         let batches = self.unit_batches(unit, io)?;
         Picked::from(&self.prepared.schema, &batches, offsets, unit, keep_whole)
+    }
+
+    /// Whether `wanted` rows of a unit not cached are read from the pages holding them
+    /// (where the format can), not by decoding the whole unit: where it is kept decoded,
+    /// where the format reads rows alone, or where they are few of its rows.
+    fn reads_pages_of(&self, unit: usize, wanted: u64, kept: bool) -> bool {
+        kept || self.format_reads_rows_alone(unit)
+            || wanted.saturating_mul(PARTIAL_DECODE_SHARE)
+                <= self.prepared.units[unit].rows.unwrap_or(0)
+    }
+
+    /// Whether the unit's shard is read from a remote store.
+    fn is_remote(&self, unit: usize) -> bool {
+        let shard = &self.prepared.shards[self.prepared.units[unit].shard];
+        crate::source::local_path(&shard.url).is_none()
     }
 
     /// Whether the rows, decoded, may not fit the cache (as far as the rows decoded so far

@@ -313,6 +313,8 @@ impl Dataset {
                 _ => self.part_rows(&head, &split, run),
             }
         };
+        // Rows of this part's stream to pass over (resuming), where the head does not.
+        let mut skip_rows = run.skip_rows;
         // Behind a filter balanced by its pass, the rows it keeps past the part's share
         // are its padding.
         let (mut stream, kept) = match &split {
@@ -337,13 +339,25 @@ impl Dataset {
             Split::Units | Split::Window { .. } => {
                 // The head's batches go straight to re-batching when every op after the
                 // head is a take/skip that the head's plan already applied.
-                let direct = run.skip_rows == 0
-                    && ops.iter().enumerate().all(|(i, op)| split.applies(i, op));
-                let batch_rows = match direct {
+                let applied = ops.iter().enumerate().all(|(i, op)| split.applies(i, op));
+                let mut part = part_of(run)?;
+                // Resuming, an indexed head whose rows are the part's, one for one, leaves
+                // out the rows delivered before rather than reading them to pass over (a
+                // spill then writes only the rest).
+                if let (true, HeadKind::Indexed(_), Some(part)) = (applied, &head.kind, &mut part)
+                    && part.kept.is_none()
+                    && skip_rows > 0
+                {
+                    let rows = rows::list_len(&part.rows);
+                    part.rows = rows::sublist(&part.rows, skip_rows, u64::MAX);
+                    part.padding =
+                        rows::sublist(&part.padding, skip_rows.saturating_sub(rows), u64::MAX);
+                    skip_rows = 0;
+                }
+                let batch_rows = match applied && skip_rows == 0 {
                     true => run.batch_rows,
                     false => window_after(ops, |i, op| split.applies(i, op)),
                 };
-                let part = part_of(run)?;
                 let kept = part.as_ref().and_then(|part| part.kept);
                 (
                     self.head_stream(&head, part, run, &stats, batch_rows)?,
@@ -427,8 +441,8 @@ impl Dataset {
                 stream = dealt(stream, rows_through(head.rows, &ops[..after]));
             }
         }
-        if run.skip_rows > 0 {
-            stream = Box::new(ops::Skip::new(stream, run.skip_rows));
+        if skip_rows > 0 {
+            stream = Box::new(ops::Skip::new(stream, skip_rows));
         }
         if let Some(rows) = run.batch_rows {
             stream = Box::new(Rebatch::new(stream, rows, run.drop_last).joining_on(batch_threads));

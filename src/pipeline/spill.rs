@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::thread::JoinHandle;
 
 use arrow_array::RecordBatch;
@@ -104,6 +104,8 @@ pub(super) enum Delivery {
 /// A spill in progress on its own thread, delivering its gathers in order.
 pub(super) struct Spill {
     receiver: Receiver<Delivery>,
+    /// A delivery taken by [`Self::ready`], not handed out yet.
+    pending: Option<Delivery>,
     stop: Arc<AtomicBool>,
     /// Joined once the last gather is out (see `next`).
     thread: Option<JoinHandle<()>>,
@@ -161,13 +163,29 @@ impl Spill {
         };
         Self {
             receiver,
+            pending: None,
             stop,
             thread,
         }
     }
 
+    /// Whether [`Self::next`] would return without waiting.
+    pub fn ready(&mut self) -> bool {
+        if self.pending.is_none() {
+            match self.receiver.try_recv() {
+                Ok(delivery) => self.pending = Some(delivery),
+                Err(TryRecvError::Empty) => return false,
+                Err(TryRecvError::Disconnected) => {}
+            }
+        }
+        true
+    }
+
     /// The next delivery; None once every gather is out.
     pub fn next(&mut self) -> Option<Delivery> {
+        if let Some(delivery) = self.pending.take() {
+            return Some(delivery);
+        }
         let delivery = self.receiver.recv().ok();
         if delivery.is_none() {
             join_ended(&mut self.thread);
