@@ -53,10 +53,11 @@ def layouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "plain": write(root / "plain", row_group_size=400, compression="none"),
         "snappy": write(root / "snappy"),  # pyarrow's defaults
         "zstd": write(root / "zstd", compression="zstd"),
-        # As HF `datasets` writes it: an offset index, plain pages (here of 4 rows). A row
-        # read alone fetches its page, 4 times its bytes: a visit to its row group.
+        # As HF `datasets` writes it: an offset index, plain pages (here of 12 rows). A row
+        # read alone fetches its page, 12 times its bytes: reading each part's quarter of
+        # the rows where they lie would read the files 3 times over.
         "paged": write(root / "paged", compression="none", use_dictionary=False, write_page_index=True,
-                       data_page_size=8 << 10, write_batch_size=4),
+                       data_page_size=12 * ROW_BYTES, write_batch_size=4),
         # The same with a page per row: a row read alone fetches its own bytes.
         "row pages": write(root / "row-pages", compression="none", use_dictionary=False, write_page_index=True,
                            data_page_size=1, write_batch_size=1),
@@ -72,7 +73,7 @@ PLANS = {
     "gather": ("snappy", {"memory_limit": SMALL, "spill_bytes": 0}),
     "spill": ("snappy", {"memory_limit": SMALL}),
     "spill (zstd)": ("zstd", {"memory_limit": SMALL}),
-    "spill (pages of 4 rows)": ("paged", {"memory_limit": SMALL}),
+    "spill (pages of 12 rows)": ("paged", {"memory_limit": SMALL}),
     "in_place (a page per row)": ("row pages", {"memory_limit": SMALL}),
     # The units kept decoded (`decoded_cache=`, written by an earlier read): rows taken
     # from the mapped copies, nothing read from the Parquet files.
@@ -141,6 +142,27 @@ def test_every_plan_gives_the_same_order_on_2_ranks_x_2_workers_over_epochs(
     assert [i for b in batches for i in b] == permutation
     assert wide.stats()["read_plan"] == "spill"
     assert list(tmp_path.iterdir()) == []  # the bucket files never had names
+
+
+def test_pages_of_several_rows_spill_where_reading_in_place_would_read_the_files_over(tmp_path: Path) -> None:
+    """Pages of 4 rows with an offset index: a reader's full shuffle would fetch each row's
+    page, the files 4 times over, so it spills (each byte read once); a select of a tenth
+    of the rows reads their pages where they lie, a fraction of the files."""
+    source = write(tmp_path / "paged", compression="none", use_dictionary=False, write_page_index=True,
+                   data_page_size=4 * ROW_BYTES, write_batch_size=4)
+    stored = sum(p.stat().st_size for p in (tmp_path / "paged").glob("*.parquet"))
+    permutation = [r["id"] for r in sf.dataset(source, columns=["id"]).shuffle(seed=3)]
+    full = sf.DataLoader(sf.dataset(source).shuffle(seed=3), batch_size=32, memory_limit=SMALL,
+                         spill_dir=str(tmp_path / "spill"))
+    assert read(full) == permutation
+    assert full.stats()["read_plan"] == "spill"
+    assert full.stats()["bytes_read"] < 1.3 * stored
+    wanted = permutation[: ROWS // 10]
+    sparse = sf.DataLoader(sf.dataset(source).select(wanted), batch_size=32, memory_limit=SMALL,
+                           spill_dir=str(tmp_path / "spill"))
+    assert read(sparse) == wanted
+    assert sparse.stats()["read_plan"] != "spill"
+    assert sparse.stats()["bytes_read"] < 0.6 * stored
 
 
 def test_batches_of_one_gather_each_keep_every_parts_order(layouts: dict[str, str], tmp_path: Path) -> None:

@@ -41,11 +41,6 @@ const COALESCE_GAP: u64 = 64 * 1024;
 /// Decoded batches aim at about this many bytes, so wide rows give short batches.
 const TARGET_BATCH_BYTES: u64 = 1024 * 1024;
 const MAX_BATCH_ROWS: u64 = 64 * 1024;
-/// A row whose read alone fetches more than this many times its stored bytes (pages of
-/// several rows, a dictionary page) is read as a visit to its row group: each visit
-/// fetches and decodes those pages anew, so a full shuffle of such files is planned
-/// like one of files without a page index (a spill reads each page once).
-const ROW_READ_SHARE: f64 = 2.0;
 
 pub struct Parquet;
 
@@ -475,15 +470,14 @@ impl UnitJobs for PreparedParquet {
         self.row_group_job(unit, None)
     }
 
-    /// With an offset index, where the pages a row is read from are not much larger
-    /// than the row (see [`row_read_share`]); or where the wide columns are read value by
-    /// value from their dictionary pages and the rest is small.
+    /// With an offset index (pages read as wanted), or where the wide columns are read
+    /// value by value from their dictionary pages and the rest is small.
     fn reads_rows_alone(&self, unit: &WorkUnit, shard: &ShardMeta, io: &Io) -> Result<bool> {
         let file = &self.files[unit.shard];
         let rows = unit.rows.unwrap_or(0) as usize;
         let every_row = RowSelection::from(vec![RowSelector::select(rows)]);
         if selected_pages(file, unit.part, &every_row).is_some() {
-            return Ok(row_read_share(file, unit.part).is_some_and(|s| s <= ROW_READ_SHARE));
+            return Ok(true);
         }
         if crate::source::local_path(&shard.url).is_none() {
             return Ok(false);

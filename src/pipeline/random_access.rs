@@ -552,48 +552,60 @@ impl RandomAccess {
         }
     }
 
+    /// The files' bytes and rows that these rows are read from (0 bytes where a size is
+    /// not known): what they take stored, before any is decoded.
+    pub(super) fn stored(&self) -> (u64, u64) {
+        match &self.rows {
+            Rows::Files(files) => (
+                files
+                    .prepared
+                    .shards
+                    .iter()
+                    .map(|s| s.size.unwrap_or(0))
+                    .sum(),
+                files.starts.last().copied().unwrap_or(0),
+            ),
+            Rows::Concat { parts, .. } => parts
+                .iter()
+                .map(|p| p.stored())
+                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
+        }
+    }
+
     /// The files' bytes per row of the rows these are read from (0 where a size is not
     /// known): what a row takes stored, before any is decoded.
     pub(super) fn stored_row_bytes(&self) -> u64 {
-        fn bytes_and_rows(access: &RandomAccess) -> (u64, u64) {
-            match &access.rows {
-                Rows::Files(files) => (
-                    files
-                        .prepared
-                        .shards
-                        .iter()
-                        .map(|s| s.size.unwrap_or(0))
-                        .sum(),
-                    files.starts.last().copied().unwrap_or(0),
-                ),
-                Rows::Concat { parts, .. } => parts
-                    .iter()
-                    .map(|p| bytes_and_rows(p))
-                    .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
-            }
-        }
-        let (bytes, rows) = bytes_and_rows(self);
+        let (bytes, rows) = self.stored();
         bytes.checked_div(rows).unwrap_or(0)
     }
 
-    /// Whether a few rows are read from the pages that hold them at most `share` times
-    /// their stored bytes each (Parquet with an offset index; judged on up to 64 units
-    /// spread over the rows).
-    pub(super) fn reads_rows_by_page(&self, share: f64) -> bool {
-        match &self.rows {
-            Rows::Files(files) => {
-                let units = &files.prepared.units;
-                let step = (units.len() / 64).max(1);
-                !units.is_empty()
-                    && units.iter().step_by(step).all(|unit| {
-                        files
-                            .prepared
-                            .row_read_share(unit)
-                            .is_some_and(|s| s <= share)
-                    })
+    /// Where rows are read from the pages that hold them (Parquet with an offset index):
+    /// what a row read alone fetches, as a multiple of its stored bytes, on average over
+    /// up to 64 units spread over the rows (see [`crate::format::UnitJobs::row_read_share`]).
+    /// `None` where some unit's pages are not known.
+    pub(super) fn row_read_share(&self) -> Option<f64> {
+        fn shares(access: &RandomAccess) -> Option<(f64, f64)> {
+            match &access.rows {
+                Rows::Files(files) => {
+                    let units = &files.prepared.units;
+                    let step = (units.len() / 64).max(1);
+                    units
+                        .iter()
+                        .step_by(step)
+                        .try_fold((0.0, 0.0), |(sum, n), unit| {
+                            let share = files.prepared.row_read_share(unit)?;
+                            let rows = unit.rows.unwrap_or(0) as f64;
+                            Some((sum + share * rows, n + rows))
+                        })
+                }
+                Rows::Concat { parts, .. } => parts.iter().try_fold((0.0, 0.0), |(sum, n), p| {
+                    let (s, r) = shares(p)?;
+                    Some((sum + s, n + r))
+                }),
             }
-            Rows::Concat { parts, .. } => parts.iter().all(|p| p.reads_rows_by_page(share)),
         }
+        let (sum, rows) = shares(self)?;
+        (rows > 0.0).then(|| sum / rows)
     }
 
     /// Whether rows are taken from decoded units that the cache keeps (as far as the
