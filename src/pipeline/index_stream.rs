@@ -48,10 +48,12 @@ pub struct IndexStream {
 
 /// A spill serves no row before its first pass has read every unit. Where a few rows
 /// are read from their pages alone at little cost (Parquet with an offset index), the
-/// stream reads its first two batches there meanwhile (within a bucket's worth of rows),
-/// and drops them from what the spill then delivers: the first batch does not wait for
-/// the first pass. Only two: those rows are read twice, and their reads slow the first
-/// pass (a bucket's worth from S3 made the epoch 3.5-4.1 s against 3.2 s).
+/// stream reads its first two batches there (within a bucket's worth of rows, one at
+/// least), and drops them from what the spill then delivers: the first batch does not
+/// wait for the first pass. The spill starts once the first is read, which then has the
+/// store to itself (read beside it from S3, a first batch of 256 rows of 256 KiB took
+/// 1.2 s). Only two: those rows are read twice, and their reads slow the first pass (a
+/// bucket's worth from S3 made the epoch 3.5-4.1 s against 3.2 s).
 struct Early {
     /// The rows left to read so (the spill's first, in its order), until the spill
     /// delivers.
@@ -74,7 +76,7 @@ const SPILL_BUCKET_SHARE: u64 = 8;
 const EARLY_ROW_READ_SHARE: f64 = 16.0;
 /// Rows per read of [`Early`] where the loader's batches are not known.
 const EARLY_ROWS: u64 = 64;
-/// Reads of [`Early`] at most, within a bucket's worth of rows.
+/// Reads of [`Early`] at most, within a bucket's worth of rows (one at least).
 const EARLY_BATCHES: u64 = 2;
 /// Reading ahead or gathering visits each unit about this many times or more before
 /// spilling is chosen: a spill costs a write and a read of local disk besides its visit.
@@ -270,7 +272,7 @@ impl IndexStream {
         let rows: super::rows::RowList = self.rows.drain(..).collect();
         // Each unit is visited once: none is worth keeping.
         self.access.bound_cache(1);
-        let spill = Spill::start(SpillPlan {
+        let plan = SpillPlan {
             access: self.access.clone(),
             stats: self.stats.clone(),
             rows: rows.clone(),
@@ -281,20 +283,27 @@ impl IndexStream {
             batch_rows: self.batch_rows,
             options,
             views: self.views,
-        });
-        if self
+        };
+        let early = self
             .access
             .row_read_share()
-            .is_some_and(|share| share <= EARLY_ROW_READ_SHARE)
-        {
+            .is_some_and(|share| share <= EARLY_ROW_READ_SHARE);
+        let spill = match early {
+            // Started once the first batch is read: it then has the disk or the network
+            // to itself.
+            true => Spill::deferred(plan),
+            false => Spill::start(plan),
+        };
+        if early {
             let row_bytes = match self.size.row_bytes {
                 0 => self.access.stored_row_bytes(),
                 bytes => bytes,
             };
+            let width = self.early_width();
             let bucket_rows = self.memory_limit / SPILL_BUCKET_SHARE / row_bytes.max(1);
-            let early_rows = (EARLY_BATCHES * self.early_width()).min(bucket_rows.max(1));
+            let batches = (bucket_rows / width).clamp(1, EARLY_BATCHES);
             self.early = Some(Early {
-                rows: super::rows::sublist(&rows, 0, early_rows)
+                rows: super::rows::sublist(&rows, 0, batches * width)
                     .into_iter()
                     .collect(),
                 served: 0,
@@ -322,10 +331,16 @@ impl IndexStream {
         if spill.ready() {
             early.rows.clear();
         }
-        let positions = cut_front(&mut early.rows, width)?;
+        let Some(positions) = cut_front(&mut early.rows, width) else {
+            spill.begin();
+            return None;
+        };
         early.served += positions.end - positions.start;
         let indices: Vec<u64> = positions.clone().collect();
         let out = self.access.rows_read(&indices, Some(&self.stats.io), false);
+        if let Some((spill, _)) = self.spill.as_mut() {
+            spill.begin();
+        }
         Some((positions.start, out))
     }
 

@@ -106,6 +106,8 @@ pub(super) struct Spill {
     receiver: Receiver<Delivery>,
     /// A delivery taken by [`Self::ready`], not handed out yet.
     pending: Option<Delivery>,
+    /// The plan and its sender, until [`Self::begin`] starts the thread.
+    deferred: Option<(SpillPlan, SyncSender<Delivery>)>,
     stop: Arc<AtomicBool>,
     /// Joined once the last gather is out (see `next`).
     thread: Option<JoinHandle<()>>,
@@ -146,31 +148,47 @@ const WRITE_BUFFER: usize = 256 << 10;
 impl Spill {
     /// Starts spilling `plan`'s rows (on a thread of its own).
     pub fn start(plan: SpillPlan) -> Self {
+        let mut spill = Self::deferred(plan);
+        spill.begin();
+        spill
+    }
+
+    /// A spill of `plan`'s rows that starts at [`Self::begin`] (or when first waited on).
+    pub fn deferred(plan: SpillPlan) -> Self {
         let (sender, receiver) = sync_channel(2);
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
+        Self {
+            receiver,
+            pending: None,
+            deferred: Some((plan, sender)),
+            stop: Arc::new(AtomicBool::new(false)),
+            thread: None,
+        }
+    }
+
+    /// Starts the spill's thread, if not started yet.
+    pub fn begin(&mut self) {
+        let Some((plan, sender)) = self.deferred.take() else {
+            return;
+        };
+        let stopped = self.stop.clone();
         let fallback = sender.clone();
         let spawned = std::thread::Builder::new()
             .name("shardflow-spill".into())
             .spawn(move || run(plan, &sender, &stopped));
-        let thread = match spawned {
-            Ok(thread) => Some(thread),
+        match spawned {
+            Ok(thread) => self.thread = Some(thread),
             Err(e) => {
                 // No thread: the stream reads its rows another way.
                 let _ = fallback.send(Delivery::Fallback(format!("no spill thread: {e}")));
-                None
             }
-        };
-        Self {
-            receiver,
-            pending: None,
-            stop,
-            thread,
         }
     }
 
-    /// Whether [`Self::next`] would return without waiting.
+    /// Whether [`Self::next`] would return without waiting (false before it begins).
     pub fn ready(&mut self) -> bool {
+        if self.deferred.is_some() {
+            return false;
+        }
         if self.pending.is_none() {
             match self.receiver.try_recv() {
                 Ok(delivery) => self.pending = Some(delivery),
@@ -183,6 +201,7 @@ impl Spill {
 
     /// The next delivery; None once every gather is out.
     pub fn next(&mut self) -> Option<Delivery> {
+        self.begin();
         if let Some(delivery) = self.pending.take() {
             return Some(delivery);
         }
