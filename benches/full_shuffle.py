@@ -4,12 +4,13 @@ buffer-shuffled, and the read plan the loader chose (``stats()["read_plan"]``).
 
     python benches/full_shuffle.py [--rows 6000 24000] [--row-bytes 262144] [--repeats 3]
         [--compression snappy|zstd|none] [--row-group 64] [--layout pyarrow|hf]
-        [--memory-limit 536870912] [--hows full,none,buffer] [--s3]
+        [--memory-limit 536870912] [--hows full,none,buffer,pyarrow] [--batch 32] [--s3]
 
 Issue 53's setup by default: ROWS rows of ROW_BYTES random bytes (with an id) as 10
 Parquet files as ``pyarrow.parquet.write_table`` writes them (snappy, dictionary pages,
 no page index) with row groups of 64 rows, one epoch of ``DataLoader(ds, batch_size=32)``
-per fresh process, medians of REPEATS. Peak RSS is the process's VmHWM. The spill
+(``--batch``) per fresh process, medians of REPEATS; ``pyarrow`` is the peer that reads
+the whole table into memory first, then takes batches from it in a permuted order. Peak RSS is the process's VmHWM. The spill
 directory is checked empty after every run (its files never have names). With ``--s3``
 the files are read from a SeaweedFS this script starts on 127.0.0.1 (``weed``, as the
 tests use), the spill local.
@@ -33,24 +34,48 @@ from pathlib import Path
 HF_LAYOUT = {"use_dictionary": False, "write_page_index": True, "use_content_defined_chunking": True}
 
 CHILD = """
-import json, sys, time
+import glob, json, sys, time
 import shardflow as sf
-source, how, memory_limit, spill_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-ds = sf.dataset(source, storage_options=json.loads(sys.argv[5]) if len(sys.argv) > 5 else None)
-if how == "full":
-    ds = ds.shuffle(seed=0)
-elif how == "buffer":
-    ds = ds.shuffle(seed=0, buffer_size=1000)
+source, how, memory_limit, spill_dir, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+options = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
+
+
+def pyarrow_batches():
+    # The whole table read into memory, then taken from in the order of a permutation.
+    import numpy as np
+    import pyarrow.parquet as pq
+    filesystem, paths = None, sorted(glob.glob(source))
+    if options:
+        from pyarrow.fs import FileSelector, S3FileSystem
+        filesystem = S3FileSystem(endpoint_override=options["endpoint_url"].split("://", 1)[1], scheme="http",
+                                  access_key=options["access_key_id"], secret_key=options["secret_access_key"],
+                                  region=options["region"])
+        bucket, pattern = source.removeprefix("s3://").split("/", 1)
+        paths = sorted(f.path for f in filesystem.get_file_info(FileSelector(bucket)) if f.base_name.startswith(pattern.split("*")[0]))
+    table = pq.read_table(paths, filesystem=filesystem)
+    order = np.random.default_rng(0).permutation(table.num_rows)
+    for at in range(0, len(order), batch):
+        yield table.take(order[at : at + batch])
+
+
 start = time.perf_counter()
-loader = sf.DataLoader(ds, batch_size=32, memory_limit=memory_limit, spill_dir=spill_dir)
+if how == "pyarrow":
+    loader, batches = None, pyarrow_batches()
+else:
+    ds = sf.dataset(source, storage_options=options)
+    if how == "full":
+        ds = ds.shuffle(seed=0)
+    elif how == "buffer":
+        ds = ds.shuffle(seed=0, buffer_size=1000)
+    loader = batches = sf.DataLoader(ds, batch_size=batch, memory_limit=memory_limit, spill_dir=spill_dir)
 rows, first = 0, None
-for b in loader:
+for b in batches:
     rows += len(b["id"])
     if first is None:
         first = time.perf_counter() - start
 seconds = time.perf_counter() - start
 peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) << 10
-print(json.dumps([rows, seconds, first, peak, loader.stats()["read_plan"]]))
+print(json.dumps([rows, seconds, first, peak, loader.stats()["read_plan"] if loader else ""]))
 """
 
 
@@ -73,11 +98,11 @@ def write(directory: Path, rows: int, row_bytes: int, **options: object) -> str:
     return str(directory / "part-*.parquet")
 
 
-def epoch(source: str, how: str, memory_limit: int, spill_dir: Path,
+def epoch(source: str, how: str, memory_limit: int, spill_dir: Path, batch: int,
           storage_options: dict | None = None) -> tuple[int, float, float, int, str]:
     options = [json.dumps(storage_options)] if storage_options else []
-    out = subprocess.run([sys.executable, "-c", CHILD, source, how, str(memory_limit), str(spill_dir), *options],
-                         check=True, capture_output=True, text=True).stdout
+    args = [sys.executable, "-c", CHILD, source, how, str(memory_limit), str(spill_dir), str(batch), *options]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     left = os.listdir(spill_dir) if spill_dir.exists() else []
     assert not left, f"the spill left {left}"
     return tuple(json.loads(out))  # type: ignore[return-value]
@@ -114,7 +139,10 @@ def main() -> None:
     parser.add_argument("--compression", default="snappy", help="the column chunks' codec (pyarrow's default: snappy)")
     parser.add_argument("--row-group", type=int, default=64, help="rows per row group")
     parser.add_argument("--memory-limit", type=int, default=512 << 20)
-    parser.add_argument("--hows", default="full,none,buffer", help="full (ds.shuffle(seed)), none, buffer (buffer_size=1000)")
+    parser.add_argument("--hows", default="full,none,buffer",
+                        help="full (ds.shuffle(seed)), none, buffer (buffer_size=1000), "
+                        "pyarrow (pq.read_table, then Table.take in the order of a permutation)")
+    parser.add_argument("--batch", type=int, default=32, help="rows per batch")
     parser.add_argument("--s3", action="store_true", help="read the files from a local SeaweedFS (S3)")
     args = parser.parse_args()
     hows = args.hows.split(",")
@@ -134,7 +162,7 @@ def main() -> None:
                     source, storage_options = stack.enter_context(on_s3(Path(tmp), source))
                 cells, times, plan = [], {}, ""
                 for how in hows:
-                    runs = [epoch(source, how, args.memory_limit, spill_dir, storage_options)
+                    runs = [epoch(source, how, args.memory_limit, spill_dir, args.batch, storage_options)
                             for _ in range(args.repeats)]
                     assert all(r[0] == rows for r in runs), runs
                     times[how] = statistics.median(r[1] for r in runs)
