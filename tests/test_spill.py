@@ -239,6 +239,11 @@ def test_a_spill_without_room_falls_back_to_reading_ahead_with_a_warning(layouts
     with pytest.warns(UserWarning, match="could not spill .*spill_bytes"):
         assert read(loader) == reference
     assert loader.stats()["read_plan"] == "read_ahead"
+    # Pages of a few rows: the first batches were read from their pages before the spill
+    # gave up; the rows after them are read by gathers, none twice or lost.
+    paged = part(layouts["paged"], 1, 0, 0, memory_limit=1 << 20, spill_dir=str(tmp_path), spill_bytes=100_000)
+    with pytest.warns(UserWarning, match="could not spill .*spill_bytes"):
+        assert read(paged) == reference
     # A directory that cannot be made: the same.
     blocked = tmp_path / "file"
     blocked.write_bytes(b"")
