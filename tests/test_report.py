@@ -159,6 +159,10 @@ def test_headspace_reads_without_a_step_and_leaves_the_loader_alone(tmp_path: Pa
     list(again)
     assert [b["id"].tolist() for b in loader] == [b["id"].tolist() for b in again]
     assert sorted(sum(first, [])) == list(range(20_000))
+    # A time that is not a number of seconds is refused, not read forever.
+    for seconds in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="seconds="):
+            loader.headspace(seconds=seconds)
 
 
 def test_ranks_combine_and_the_straggler_is_named(tmp_path: Path) -> None:

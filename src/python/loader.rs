@@ -744,12 +744,8 @@ impl PyDataLoader {
         py: Python<'py>,
         seconds: Option<f64>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        if let Some(s) = seconds
-            && !(s.is_finite() && s >= 0.0)
-        {
-            return Err(PyValueError::new_err(format!(
-                "seconds={s}: a number of seconds, 0 or more"
-            )));
+        if let Some(s) = seconds {
+            checked_seconds(s)?;
         }
         let Some((counters, wall)) = lock(&self.report).window(&self.stats, seconds) else {
             return Ok(None);
@@ -788,6 +784,8 @@ impl PyDataLoader {
     /// and its `report`. Compare its rate with the rate your training consumes.
     #[pyo3(signature = (seconds=10.0))]
     fn headspace<'py>(&self, py: Python<'py>, seconds: f64) -> PyResult<Bound<'py, PyAny>> {
+        // NaN or infinity would read forever.
+        checked_seconds(seconds)?;
         let fresh = Py::new(py, self.fresh())?;
         py.import("shardflow.report")?
             .getattr("headspace")?
@@ -1124,5 +1122,15 @@ impl Drop for PyDataLoader {
         if let Some(trace) = self.stats.trace() {
             let _ = trace.write();
         }
+    }
+}
+
+/// `seconds` where it is a number of seconds, 0 or more (not NaN or infinite).
+fn checked_seconds(seconds: f64) -> PyResult<f64> {
+    match seconds.is_finite() && seconds >= 0.0 {
+        true => Ok(seconds),
+        false => Err(PyValueError::new_err(format!(
+            "seconds={seconds}: a number of seconds, 0 or more"
+        ))),
     }
 }
