@@ -221,17 +221,19 @@ impl IndexStream {
         let revisited = next.is_some_and(|p| self.access.revisited_unit(p).is_some());
         let rows = super::rows::list_len(self.rows.make_contiguous()) as f64;
         let cache = (self.memory_limit / CACHE_SHARE) as f64;
-        // Rows read from their pages, where each page holds several: reading them where
-        // they lie reads a row's page for each row, which for this many rows may come to
-        // the files read more than SPILL_AT_VISITS times over (one reader's full shuffle
-        // of pages of 4 rows reads them 4 times), where a spill reads them once.
-        let rereads = !revisited
-            && self.access.row_read_share().is_some_and(|share| {
-                rows * share > SPILL_AT_VISITS * self.access.stored().1 as f64
-            });
         if self.size.row_bytes == 0 {
             let stored = rows * self.access.stored_row_bytes() as f64;
-            if (revisited || rereads) && stored > cache * 0.75 && self.spill_options.is_some() {
+            // Rows read from their pages, where each page holds several: reading them
+            // where they lie reads a row's page for each row, which for this many rows
+            // may come to the files read more than SPILL_AT_VISITS times over (one
+            // reader's full shuffle of pages of 4 rows reads them 4 times), where a spill
+            // reads them once.
+            let rereads = || {
+                self.access.row_read_share().is_some_and(|share| {
+                    rows * share > SPILL_AT_VISITS * self.access.stored().1 as f64
+                })
+            };
+            if stored > cache * 0.75 && self.spill_options.is_some() && (revisited || rereads()) {
                 self.ahead.decided = true;
                 self.start_spill_or_read_ahead();
             }

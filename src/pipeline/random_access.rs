@@ -1001,21 +1001,15 @@ impl Files {
         let pick = |((unit, offsets), kept): &(&(usize, Vec<u64>), bool)| {
             self.unit_rows(*unit, offsets, *kept, partial, keep_whole, io)
         };
-        // Units of a remote store read a few pages each (pages its metadata locates) wait
-        // on its answers, not on the cores: they are read side by side (those pages are
-        // all each read holds).
+        // Units of a remote store read by the pages that hold the rows (pages its metadata
+        // locates) wait on its answers, not on the cores: they are read side by side
+        // (those pages are all each read holds).
         let side_by_side = partial
             && work.len() > 1
-            && work.iter().all(|((unit, offsets), kept)| {
-                let pages_known = *kept
-                    || self
-                        .prepared
-                        .row_read_share(&self.prepared.units[*unit])
-                        .is_some();
-                self.is_remote(*unit)
-                    && pages_known
+            && work.iter().all(|((unit, _), kept)| {
+                self.is_remote(self.prepared.units[*unit].shard)
                     && !self.is_cached(*unit)
-                    && self.reads_pages_of(*unit, offsets.len() as u64, *kept)
+                    && (*kept || self.format_reads_rows_alone(*unit))
             });
         let picked: Vec<Picked> = match side_by_side {
             true => in_parallel_on(REMOTE_UNIT_READS, &work, pick)?,
@@ -1107,10 +1101,9 @@ impl Files {
                 <= self.prepared.units[unit].rows.unwrap_or(0)
     }
 
-    /// Whether the unit's shard is read from a remote store.
-    fn is_remote(&self, unit: usize) -> bool {
-        let shard = &self.prepared.shards[self.prepared.units[unit].shard];
-        crate::source::local_path(&shard.url).is_none()
+    /// Whether shard `shard` is read from a remote store.
+    fn is_remote(&self, shard: usize) -> bool {
+        source::local_path(&self.prepared.shards[shard].url).is_none()
     }
 
     /// Whether the rows, decoded, may not fit the cache (as far as the rows decoded so far
@@ -1179,9 +1172,9 @@ impl Files {
             wanted.sort_unstable();
             wanted.dedup();
             let offsets = &access.indexes[shard].offsets;
-            let gap = match source::local_path(&self.prepared.shards[shard].url) {
-                Some(_) => LOCAL_RUN_GAP_BYTES,
-                None => REMOTE_RUN_GAP_BYTES,
+            let gap = match self.is_remote(shard) {
+                true => REMOTE_RUN_GAP_BYTES,
+                false => LOCAL_RUN_GAP_BYTES,
             };
             for record in wanted {
                 match runs.last_mut() {
@@ -1286,7 +1279,7 @@ impl Files {
     /// Shard `shard`'s source, charging `io`'s counters: kept open if local.
     fn source(&self, shard: usize, io: &Io) -> Result<Arc<dyn source::Source>> {
         let meta = &self.prepared.shards[shard];
-        if source::local_path(&meta.url).is_none() {
+        if self.is_remote(shard) {
             return io.open(meta);
         }
         let mut open = self.open_files.lock().unwrap_or_else(|p| p.into_inner());
